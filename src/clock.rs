@@ -1,0 +1,260 @@
+//! Monotonic clocks, injected everywhere the lease needs time.
+//!
+//! The lease argument needs clocks that never go backwards and that run at a rate
+//! within `1 ± ρ` of real time. Wall clocks are never used.
+//!
+//! - [`MonotonicClock`]: `std::time::Instant` (`CLOCK_MONOTONIC` on Linux). It stops during
+//!   system suspend, so a suspended lease holder undercounts elapsed time.
+//! - [`BootClock`]: `CLOCK_BOOTTIME` on Linux, which keeps counting through suspend.
+//!   Prefer it in production on Linux.
+//! - [`SimClock`]: simulated, advanced by hand, with a drift rate, steps and pauses.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+/// A source of monotonic time in nanoseconds since an arbitrary origin.
+///
+/// Implementations must never go backwards. The production clocks assert it.
+pub trait Clock: Send + Sync {
+    /// Nanoseconds since this clock's origin. Never decreases between calls.
+    fn now_ns(&self) -> u64;
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now_ns(&self) -> u64 {
+        (**self).now_ns()
+    }
+}
+
+/// Asserts that a production clock never goes backwards.
+///
+/// The previous reading is loaded *before* the new one is taken, so a reading published by another
+/// thread earlier always precedes ours and the check holds under concurrency.
+#[derive(Debug, Default)]
+struct MonotonicGuard {
+    /// The largest reading published so far, in nanoseconds.
+    last_ns: AtomicU64,
+}
+
+impl MonotonicGuard {
+    fn check(&self, read: impl FnOnce() -> u64) -> u64 {
+        let prev_ns = self.last_ns.load(Ordering::Acquire);
+        let now_ns = read();
+        assert!(
+            now_ns >= prev_ns,
+            "clock went backwards: {now_ns} ns after {prev_ns} ns"
+        );
+        self.last_ns.fetch_max(now_ns, Ordering::AcqRel);
+        now_ns
+    }
+}
+
+/// `std::time::Instant`-based clock (`CLOCK_MONOTONIC` on Linux). Stops during suspend.
+#[derive(Debug)]
+pub struct MonotonicClock {
+    origin: Instant,
+    guard: MonotonicGuard,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        MonotonicClock {
+            origin: Instant::now(),
+            guard: MonotonicGuard::default(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_ns(&self) -> u64 {
+        self.guard.check(|| self.origin.elapsed().as_nanos() as u64)
+    }
+}
+
+/// `CLOCK_BOOTTIME` clock: like [`MonotonicClock`] but keeps counting through system suspend.
+///
+/// On targets other than Linux and Android it falls back to `CLOCK_MONOTONIC`.
+#[derive(Debug, Default)]
+pub struct BootClock {
+    guard: MonotonicGuard,
+}
+
+impl BootClock {
+    /// A boot-time clock. Its origin is the system boot.
+    pub fn new() -> Self {
+        BootClock::default()
+    }
+
+    fn read_ns() -> u64 {
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        let clock_id = libc::CLOCK_BOOTTIME;
+        #[cfg(not(any(target_os = "linux", target_os = "android")))]
+        let clock_id = libc::CLOCK_MONOTONIC;
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec and `clock_id` is a clock this target supports.
+        let rc = unsafe { libc::clock_gettime(clock_id, &mut ts) };
+        assert_eq!(
+            rc,
+            0,
+            "clock_gettime failed: {}",
+            std::io::Error::last_os_error()
+        );
+        assert!(
+            ts.tv_sec >= 0 && ts.tv_nsec >= 0,
+            "negative boot time {ts:?}"
+        );
+        (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+    }
+}
+
+impl Clock for BootClock {
+    fn now_ns(&self) -> u64 {
+        self.guard.check(Self::read_ns)
+    }
+}
+
+/// The state behind a [`SimClock`].
+#[derive(Debug)]
+struct SimClockState {
+    /// This clock's reading, in nanoseconds.
+    local_ns: u64,
+    /// Rate error in parts per million: the clock advances `1 + drift_ppm/1e6` per real nanosecond.
+    drift_ppm: i64,
+    /// Sub-nanosecond remainder carried between advances, in units of 1e-6 ns.
+    carry: i128,
+    /// While paused, the clock does not advance (like `CLOCK_MONOTONIC` in suspend).
+    paused: bool,
+}
+
+/// A simulated clock, advanced by hand. Clones share one clock.
+///
+/// A simulator advances every node's clock by the same real duration; each clock turns it into
+/// local time at its own drift rate. [`SimClock::step`] jumps forward, [`SimClock::pause`] stops it.
+#[derive(Debug, Clone)]
+pub struct SimClock {
+    state: Arc<Mutex<SimClockState>>,
+}
+
+impl SimClock {
+    /// A clock reading `start_ns`, running at `1 + drift_ppm/1e6` of real time.
+    ///
+    /// Panics if the rate would not be positive (`drift_ppm <= -1_000_000`).
+    pub fn new(start_ns: u64, drift_ppm: i64) -> Self {
+        assert!(
+            drift_ppm > -1_000_000,
+            "clock rate must be positive, got {drift_ppm} ppm"
+        );
+        SimClock {
+            state: Arc::new(Mutex::new(SimClockState {
+                local_ns: start_ns,
+                drift_ppm,
+                carry: 0,
+                paused: false,
+            })),
+        }
+    }
+
+    /// Advance by `real_ns` of real time, scaled by this clock's rate. No-op while paused.
+    pub fn advance(&self, real_ns: u64) {
+        let mut s = self.state.lock();
+        if s.paused {
+            return;
+        }
+        let scaled = real_ns as i128 * (1_000_000 + s.drift_ppm as i128) + s.carry;
+        let whole_ns = scaled.div_euclid(1_000_000);
+        s.carry = scaled.rem_euclid(1_000_000);
+        debug_assert!(whole_ns >= 0, "a positive rate never moves the clock back");
+        s.local_ns += whole_ns as u64;
+    }
+
+    /// Jump forward by `delta_ns` (a clock step). Monotonic clocks never step backwards.
+    pub fn step(&self, delta_ns: u64) {
+        self.state.lock().local_ns += delta_ns;
+    }
+
+    /// Change the drift rate from now on.
+    pub fn set_drift_ppm(&self, drift_ppm: i64) {
+        assert!(
+            drift_ppm > -1_000_000,
+            "clock rate must be positive, got {drift_ppm} ppm"
+        );
+        self.state.lock().drift_ppm = drift_ppm;
+    }
+
+    /// Stop the clock until [`SimClock::resume`] (a suspended machine's `CLOCK_MONOTONIC`).
+    pub fn pause(&self) {
+        self.state.lock().paused = true;
+    }
+
+    /// Let a paused clock run again. It does not catch up on the time it missed.
+    pub fn resume(&self) {
+        self.state.lock().paused = false;
+    }
+}
+
+impl Clock for SimClock {
+    fn now_ns(&self) -> u64 {
+        self.state.lock().local_ns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn production_clocks_are_monotonic() {
+        let m = MonotonicClock::new();
+        let b = BootClock::new();
+        let (m1, b1) = (m.now_ns(), b.now_ns());
+        let (m2, b2) = (m.now_ns(), b.now_ns());
+        assert!(m2 >= m1 && b2 >= b1);
+        assert!(b1 > 0, "boot time counts from boot");
+    }
+
+    #[test]
+    #[should_panic(expected = "clock went backwards")]
+    fn guard_catches_a_backwards_clock() {
+        let g = MonotonicGuard::default();
+        g.check(|| 10);
+        g.check(|| 9);
+    }
+
+    #[test]
+    fn sim_clock_drifts_exactly() {
+        let fast = SimClock::new(0, 1_000); // +0.1%
+        let slow = SimClock::new(0, -1_000);
+        for _ in 0..1_000 {
+            fast.advance(1_000_000);
+            slow.advance(1_000_000);
+        }
+        assert_eq!(fast.now_ns(), 1_001_000_000);
+        assert_eq!(slow.now_ns(), 999_000_000);
+    }
+
+    #[test]
+    fn sim_clock_pause_step_and_shared_clones() {
+        let c = SimClock::new(5, 0);
+        let view = c.clone();
+        c.pause();
+        c.advance(100);
+        assert_eq!(view.now_ns(), 5, "a paused clock does not advance");
+        c.resume();
+        c.advance(100);
+        c.step(1_000);
+        assert_eq!(view.now_ns(), 1_105);
+    }
+}

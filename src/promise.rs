@@ -1,0 +1,148 @@
+//! A node's promise not to vote: a pure state machine. Time comes in as arguments.
+//!
+//! When a node accepts a message from the leader of its current term (append, heartbeat, snapshot),
+//! it refuses `MsgRequestVote` and `MsgRequestPreVote` from every other candidate until its own clock
+//! has advanced `P` from the moment of receipt. A node that boots refuses every vote for `P`.
+//! The leader applies the same rule to itself from each round it sends.
+
+/// Whether a vote request may be considered by raft.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VoteDecision {
+    /// Pass the request to raft, which applies its own rules.
+    Allow,
+    /// Drop the request: the promise still holds.
+    Refuse {
+        /// How long the promise still holds, in nanoseconds. Positive.
+        remaining_ns: u64,
+        /// The leader the promise was made to (`None`: the promise made at boot).
+        holder: Option<u64>,
+    },
+}
+
+/// The promise one node has made.
+#[derive(Debug, Clone)]
+pub struct FollowerPromise {
+    /// `P`, in nanoseconds.
+    promise_ns: u64,
+    /// Votes for anyone but `holder` are refused before this local instant (exclusive).
+    /// Only ever moves later.
+    until_ns: u64,
+    /// The leader promised to; its own vote requests are allowed.
+    holder: Option<u64>,
+}
+
+impl FollowerPromise {
+    /// The promise of a node that booted at local instant `boot_ns`: refuse every vote for `P`.
+    pub fn at_boot(promise_ns: u64, boot_ns: u64) -> Self {
+        assert!(promise_ns > 0, "the promise must be positive");
+        FollowerPromise {
+            promise_ns,
+            until_ns: boot_ns.saturating_add(promise_ns),
+            holder: None,
+        }
+    }
+
+    /// A promise that binds nothing, for nodes configured to skip the boot promise.
+    pub fn none(promise_ns: u64) -> Self {
+        FollowerPromise {
+            promise_ns,
+            until_ns: 0,
+            holder: None,
+        }
+    }
+
+    /// Accepted a message from `leader_id`, leader of the current term, read at `receipt_ns`.
+    ///
+    /// `receipt_ns` must be read at or after processing the message, never before.
+    pub fn on_leader_message(&mut self, leader_id: u64, receipt_ns: u64) {
+        assert_ne!(leader_id, 0, "raft uses 0 for no leader");
+        self.until_ns = self
+            .until_ns
+            .max(receipt_ns.saturating_add(self.promise_ns));
+        self.holder = Some(leader_id);
+    }
+
+    /// May a vote request from `candidate` at local instant `now_ns` go to raft?
+    pub fn check_vote(&self, candidate: u64, now_ns: u64) -> VoteDecision {
+        if now_ns >= self.until_ns || self.holder == Some(candidate) {
+            return VoteDecision::Allow;
+        }
+        let remaining_ns = self.until_ns - now_ns;
+        debug_assert!(remaining_ns > 0 && remaining_ns <= self.promise_ns || self.holder.is_none());
+        VoteDecision::Refuse {
+            remaining_ns,
+            holder: self.holder,
+        }
+    }
+
+    /// The instant the promise ends (exclusive).
+    pub fn until_ns(&self) -> u64 {
+        self.until_ns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 1_000;
+
+    #[test]
+    fn refuses_others_until_exactly_p_after_receipt() {
+        let mut p = FollowerPromise::none(P);
+        assert_eq!(
+            p.check_vote(3, 0),
+            VoteDecision::Allow,
+            "no promise made yet"
+        );
+        p.on_leader_message(1, 500);
+        assert_eq!(
+            p.check_vote(3, 500 + P - 1),
+            VoteDecision::Refuse {
+                remaining_ns: 1,
+                holder: Some(1)
+            }
+        );
+        assert_eq!(
+            p.check_vote(3, 500 + P),
+            VoteDecision::Allow,
+            "P has passed"
+        );
+        assert_eq!(
+            p.check_vote(1, 600),
+            VoteDecision::Allow,
+            "the holder itself may campaign"
+        );
+    }
+
+    #[test]
+    fn refuses_for_p_after_boot() {
+        let p = FollowerPromise::at_boot(P, 10_000);
+        assert!(matches!(
+            p.check_vote(2, 10_000),
+            VoteDecision::Refuse {
+                remaining_ns: P,
+                holder: None
+            }
+        ));
+        assert!(matches!(
+            p.check_vote(1, 10_000 + P - 1),
+            VoteDecision::Refuse { .. }
+        ));
+        assert_eq!(p.check_vote(1, 10_000 + P), VoteDecision::Allow);
+    }
+
+    #[test]
+    fn an_older_receipt_never_shortens_the_promise() {
+        let mut p = FollowerPromise::none(P);
+        p.on_leader_message(1, 900);
+        p.on_leader_message(1, 100);
+        assert_eq!(p.until_ns(), 900 + P);
+        p.on_leader_message(2, 950);
+        assert_eq!(p.until_ns(), 950 + P);
+        assert!(
+            matches!(p.check_vote(1, 1_500), VoteDecision::Refuse { .. }),
+            "the holder moved to 2"
+        );
+    }
+}
