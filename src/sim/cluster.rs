@@ -1,0 +1,671 @@
+//! A deterministic in-process cluster of [`LeaseNode`]s with simulated clocks and network.
+
+use std::collections::{HashMap, HashSet};
+
+use raft::eraftpb::{ConfChangeV2, Message};
+use raft::storage::MemStorage;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use slog::Logger;
+
+use crate::clock::{Clock, SimClock};
+use crate::config::LeaseConfig;
+use crate::node::LeaseNode;
+use crate::read::{ReadId, ReadMode};
+use crate::sim::history::{CheckReport, History, OpId, OpKind, OpResult};
+use crate::sim::kv::{encode_put, Applier, KvState};
+use crate::sim::net::{NetConfig, SimNet};
+
+/// How to build a simulated cluster.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Number of nodes, with ids `1..=nodes`.
+    pub nodes: u64,
+    /// The initial voters (default: every node). Other nodes start empty and wait to be added.
+    pub voters: Option<Vec<u64>>,
+    /// Seed for every random choice (network, election timeouts).
+    pub seed: u64,
+    /// Real-time interval between ticks, on each node's own clock.
+    pub tick_ms: u64,
+    /// raft's `election_tick`.
+    pub election_tick: usize,
+    /// raft's `heartbeat_tick`.
+    pub heartbeat_tick: usize,
+    /// Each node's election timeout is pinned to `election_tick + k` ticks, with `k` drawn from
+    /// the seed in `0..=election_spread_ticks` (raft-rs would otherwise randomize it unseeded).
+    pub election_spread_ticks: usize,
+    /// raft's pre-vote.
+    pub pre_vote: bool,
+    /// The lease configuration of every node.
+    pub lease: LeaseConfig,
+    /// Clock drift per node in ppm, indexed by `id - 1` (missing: 0).
+    pub drift_ppm: Vec<i64>,
+    /// Simulation quantum in microseconds of real time.
+    pub step_us: u64,
+    /// Network faults.
+    pub net: NetConfig,
+}
+
+impl Default for SimConfig {
+    /// 3 nodes, 10 ms ticks, 100 ms election timeout, 20 ms heartbeats, `P` = 100 ms, ρ = 1%,
+    /// ε = 2 ms, a 100 µs quantum and 0.5–2 ms network delay.
+    fn default() -> Self {
+        SimConfig {
+            nodes: 3,
+            voters: None,
+            seed: 0,
+            tick_ms: 10,
+            election_tick: 10,
+            heartbeat_tick: 2,
+            election_spread_ticks: 5,
+            pre_vote: true,
+            lease: LeaseConfig {
+                promise_ms: 100,
+                drift_ppm: 10_000,
+                margin_ms: 2,
+                ..LeaseConfig::default()
+            },
+            drift_ppm: Vec::new(),
+            step_us: 100,
+            net: NetConfig::default(),
+        }
+    }
+}
+
+/// One simulated node: its raft state survives a crash, its memory does not.
+struct SimNode {
+    id: u64,
+    node: Option<LeaseNode<MemStorage, SimClock>>,
+    storage: MemStorage,
+    clock: SimClock,
+    kv: KvState,
+    paused: bool,
+    ticks_stalled: bool,
+    /// Local time of the next tick.
+    next_tick_ns: u64,
+    /// Messages that arrived while paused, delivered on resume.
+    held: Vec<Message>,
+    writes: HashSet<OpId>,
+    reads: HashMap<ReadId, (OpId, Vec<u8>)>,
+    /// Pinned election timeout, in ticks.
+    election_ticks: usize,
+}
+
+/// A deterministic cluster: the same config and the same calls give the same history.
+pub struct SimCluster {
+    config: SimConfig,
+    rng: ChaCha8Rng,
+    now_ns: u64,
+    nodes: Vec<SimNode>,
+    net: SimNet,
+    history: History,
+    logger: Logger,
+}
+
+impl SimCluster {
+    /// Build and boot the cluster at real time 0. Panics on an invalid config (a test bug).
+    pub fn new(config: SimConfig) -> Self {
+        Self::with_logger(config, Logger::root(slog::Discard, slog::o!()))
+    }
+
+    /// Like [`SimCluster::new`], logging through `logger`.
+    pub fn with_logger(config: SimConfig, logger: Logger) -> Self {
+        assert!(
+            config.nodes > 0 && config.step_us > 0 && config.tick_ms > 0,
+            "bad sim config {config:?}"
+        );
+        let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let voters = config
+            .voters
+            .clone()
+            .unwrap_or_else(|| (1..=config.nodes).collect());
+        let nodes = (1..=config.nodes)
+            .map(|id| {
+                let storage = if voters.contains(&id) {
+                    MemStorage::new_with_conf_state((voters.clone(), vec![]))
+                } else {
+                    MemStorage::new()
+                };
+                let drift = config.drift_ppm.get(id as usize - 1).copied().unwrap_or(0);
+                SimNode {
+                    id,
+                    node: None,
+                    storage,
+                    clock: SimClock::new(0, drift),
+                    kv: KvState::new(),
+                    paused: false,
+                    ticks_stalled: false,
+                    next_tick_ns: 0,
+                    held: Vec::new(),
+                    writes: HashSet::new(),
+                    reads: HashMap::new(),
+                    election_ticks: config.election_tick
+                        + rng.gen_range(0..=config.election_spread_ticks),
+                }
+            })
+            .collect();
+        let net = SimNet::new(config.net.clone());
+        let mut cluster = SimCluster {
+            config,
+            rng,
+            now_ns: 0,
+            nodes,
+            net,
+            history: History::default(),
+            logger,
+        };
+        for idx in 0..cluster.nodes.len() {
+            cluster.boot(idx);
+        }
+        cluster
+    }
+
+    fn boot(&mut self, idx: usize) {
+        let c = &self.config;
+        let n = &mut self.nodes[idx];
+        let rc = raft::Config {
+            id: n.id,
+            election_tick: c.election_tick,
+            heartbeat_tick: c.heartbeat_tick,
+            min_election_tick: n.election_ticks,
+            max_election_tick: n.election_ticks + 1,
+            check_quorum: true,
+            pre_vote: c.pre_vote,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..raft::Config::default()
+        };
+        let node = LeaseNode::new(
+            &rc,
+            n.storage.clone(),
+            c.lease.clone(),
+            c.tick_ms,
+            n.clock.clone(),
+            &self.logger,
+        )
+        .unwrap_or_else(|e| panic!("node {} failed to start: {e}", n.id));
+        n.next_tick_ns = n.clock.now_ns() + c.tick_ms * 1_000_000;
+        n.kv.clear();
+        n.node = Some(node);
+    }
+
+    // ----- time -------------------------------------------------------------------------------
+
+    /// Real simulated time, in nanoseconds since the start.
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    /// Advance one quantum: clocks, deliveries, ticks, and each node's ready loop.
+    pub fn step(&mut self) {
+        let dt_ns = self.config.step_us * 1_000;
+        self.now_ns += dt_ns;
+        for n in &self.nodes {
+            n.clock.advance(dt_ns);
+        }
+        for m in self.net.due(self.now_ns) {
+            self.deliver(m);
+        }
+        for idx in 0..self.nodes.len() {
+            self.tick_node(idx);
+            self.process(idx);
+        }
+    }
+
+    /// Run for `ms` of real time.
+    pub fn run_for_ms(&mut self, ms: u64) {
+        let end_ns = self.now_ns + ms * 1_000_000;
+        while self.now_ns < end_ns {
+            self.step();
+        }
+    }
+
+    /// Run until `done` holds (checked each quantum) or `max_ms` pass. Returns whether it held.
+    pub fn run_until(&mut self, max_ms: u64, mut done: impl FnMut(&SimCluster) -> bool) -> bool {
+        let end_ns = self.now_ns + max_ms * 1_000_000;
+        while self.now_ns < end_ns {
+            if done(self) {
+                return true;
+            }
+            self.step();
+        }
+        done(self)
+    }
+
+    fn deliver(&mut self, m: Message) {
+        let Some(idx) = self.index(m.to) else { return };
+        let n = &mut self.nodes[idx];
+        let Some(node) = n.node.as_mut() else { return };
+        if n.paused {
+            n.held.push(m);
+            return;
+        }
+        let _ = node.step(m); // a peer's bad message is raft's to refuse; the node keeps running
+        self.process(idx);
+    }
+
+    fn tick_node(&mut self, idx: usize) {
+        let tick_ns = self.config.tick_ms * 1_000_000;
+        let n = &mut self.nodes[idx];
+        let (Some(node), false) = (n.node.as_mut(), n.paused) else {
+            return;
+        };
+        let now_ns = n.clock.now_ns();
+        if n.ticks_stalled {
+            n.next_tick_ns = now_ns + tick_ns; // a stalled ticker drops its ticks
+            return;
+        }
+        while now_ns >= n.next_tick_ns {
+            node.tick();
+            n.next_tick_ns += tick_ns;
+        }
+    }
+
+    /// Drain the node's ready loop, then hand back finished reads.
+    fn process(&mut self, idx: usize) {
+        let SimCluster {
+            nodes,
+            net,
+            rng,
+            history,
+            now_ns,
+            ..
+        } = self;
+        let n = &mut nodes[idx];
+        let (Some(node), false) = (n.node.as_mut(), n.paused) else {
+            return;
+        };
+        while node.has_ready() {
+            let mut rd = node.ready();
+            for m in node.take_messages(&mut rd) {
+                net.send(m, *now_ns, rng);
+            }
+            let committed = rd.take_committed_entries();
+            let mut applier = Applier {
+                id: n.id,
+                node,
+                storage: &n.storage,
+                kv: &mut n.kv,
+                writes: &mut n.writes,
+            };
+            applier.apply(committed, history, *now_ns);
+            n.storage
+                .wl()
+                .append(rd.entries())
+                .expect("append to MemStorage");
+            if let Some(hs) = rd.hs() {
+                n.storage.wl().set_hardstate(hs.clone());
+            }
+            for m in node.take_persisted_messages(&mut rd) {
+                net.send(m, *now_ns, rng);
+            }
+            let mut light = node.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                n.storage.wl().mut_hard_state().set_commit(commit);
+            }
+            for m in node.take_light_messages(&mut light) {
+                net.send(m, *now_ns, rng);
+            }
+            let committed = light.take_committed_entries();
+            let mut applier = Applier {
+                id: n.id,
+                node,
+                storage: &n.storage,
+                kv: &mut n.kv,
+                writes: &mut n.writes,
+            };
+            applier.apply(committed, history, *now_ns);
+            node.advance_apply();
+        }
+        let (kv, reads) = (&n.kv, &mut n.reads);
+        let served =
+            node.serve_reads(|rid| reads.get(&rid).and_then(|(_, key)| kv.get(key).cloned()));
+        for s in served {
+            let Some((op, _)) = reads.remove(&s.id) else {
+                continue;
+            };
+            let result = match s.result {
+                Ok((value, served)) => OpResult::Read { value, served },
+                Err(e) => OpResult::Failed(e.to_string()),
+            };
+            history.complete(op, result, *now_ns);
+        }
+    }
+
+    // ----- clients ----------------------------------------------------------------------------
+
+    /// Write a unique value to `key` through `node`. Acknowledged when `node` applies it.
+    pub fn put(&mut self, node: u64, key: &[u8]) -> OpId {
+        let op_placeholder = self.history.ops().len() as OpId;
+        let value = format!("v{op_placeholder}").into_bytes();
+        let op = self.history.invoke(
+            node,
+            OpKind::Put {
+                key: key.to_vec(),
+                value: value.clone(),
+            },
+            self.now_ns,
+        );
+        debug_assert_eq!(op, op_placeholder);
+        let Some(idx) = self.live_index(node) else {
+            self.history
+                .complete(op, OpResult::Failed("unavailable".into()), self.now_ns);
+            return op;
+        };
+        let n = &mut self.nodes[idx];
+        let lease_node = n.node.as_mut().expect("live");
+        if !lease_node.is_leader() {
+            self.history
+                .complete(op, OpResult::Failed("not leader".into()), self.now_ns);
+            return op;
+        }
+        match lease_node.propose(vec![], encode_put(op, key, &value)) {
+            Ok(()) => {
+                n.writes.insert(op);
+            }
+            Err(e) => self
+                .history
+                .complete(op, OpResult::Failed(e.to_string()), self.now_ns),
+        }
+        self.process(idx);
+        op
+    }
+
+    /// Read `key` through `node` in `mode`.
+    pub fn get(&mut self, node: u64, key: &[u8], mode: ReadMode) -> OpId {
+        let op = self
+            .history
+            .invoke(node, OpKind::Get { key: key.to_vec() }, self.now_ns);
+        let Some(idx) = self.live_index(node) else {
+            self.history
+                .complete(op, OpResult::Failed("unavailable".into()), self.now_ns);
+            return op;
+        };
+        let n = &mut self.nodes[idx];
+        match n.node.as_mut().expect("live").read(mode) {
+            Ok(rid) => {
+                n.reads.insert(rid, (op, key.to_vec()));
+            }
+            Err(e) => self
+                .history
+                .complete(op, OpResult::Failed(e.to_string()), self.now_ns),
+        }
+        self.process(idx);
+        op
+    }
+
+    /// Read `key` through `node`'s [`crate::ReadHandle`], as an application thread would.
+    pub fn handle_get(&mut self, node: u64, key: &[u8]) -> OpId {
+        let op = self
+            .history
+            .invoke(node, OpKind::Get { key: key.to_vec() }, self.now_ns);
+        let result = match self.live_index(node) {
+            None => OpResult::Failed("unavailable".into()),
+            Some(idx) => {
+                let n = &self.nodes[idx];
+                let handle = n.node.as_ref().expect("live").read_handle();
+                match handle.try_read(|| n.kv.get(key).cloned()) {
+                    Ok(value) => OpResult::Read {
+                        value,
+                        served: crate::ReadKind::Lease,
+                    },
+                    Err(e) => OpResult::Failed(e.to_string()),
+                }
+            }
+        };
+        self.history.complete(op, result, self.now_ns);
+        op
+    }
+
+    // ----- faults -----------------------------------------------------------------------------
+
+    /// Cut every link between the groups `a` and `b`, both ways.
+    pub fn partition(&mut self, a: &[u64], b: &[u64]) {
+        for &x in a {
+            for &y in b {
+                self.net.block(x, y);
+                self.net.block(y, x);
+            }
+        }
+    }
+
+    /// Cut the link `from → to` only.
+    pub fn block(&mut self, from: u64, to: u64) {
+        self.net.block(from, to);
+    }
+
+    /// Restore every link.
+    pub fn heal(&mut self) {
+        self.net.heal();
+    }
+
+    /// Pause a node (a GC pause or `SIGSTOP`): its clock runs on, it processes nothing, and
+    /// messages to it wait.
+    pub fn pause(&mut self, node: u64) {
+        let idx = self.index(node).expect("known node");
+        self.nodes[idx].paused = true;
+    }
+
+    /// Resume a paused node: it first serves any waiting client work, then gets its messages.
+    pub fn resume(&mut self, node: u64) {
+        let idx = self.index(node).expect("known node");
+        self.nodes[idx].paused = false;
+        let held = std::mem::take(&mut self.nodes[idx].held);
+        for m in held {
+            self.deliver(m);
+        }
+    }
+
+    /// Resume a paused node but keep its held messages for one more quantum, so that client
+    /// requests sent right after this call reach it before its network traffic does.
+    pub fn resume_clients_first(&mut self, node: u64) {
+        let idx = self.index(node).expect("known node");
+        self.nodes[idx].paused = false;
+        let held = std::mem::take(&mut self.nodes[idx].held);
+        for m in held {
+            self.net.send(m, self.now_ns, &mut self.rng);
+        }
+    }
+
+    /// Stall or restart the node's tick thread while its clock runs on (etcd-io/etcd#13527).
+    pub fn stall_ticks(&mut self, node: u64, stalled: bool) {
+        let idx = self.index(node).expect("known node");
+        self.nodes[idx].ticks_stalled = stalled;
+    }
+
+    /// Crash a node: it loses its memory and messages in flight to it; its raft storage stays.
+    pub fn crash(&mut self, node: u64) {
+        let idx = self.index(node).expect("known node");
+        let n = &mut self.nodes[idx];
+        n.node = None;
+        n.paused = false;
+        n.held.clear();
+        n.reads.clear();
+        n.writes.clear(); // their outcome is unknown to the client: they stay incomplete
+        self.net.drop_to(node);
+    }
+
+    /// Restart a crashed node from its persisted raft state.
+    pub fn restart(&mut self, node: u64) {
+        let idx = self.index(node).expect("known node");
+        assert!(self.nodes[idx].node.is_none(), "node {node} is running");
+        self.boot(idx);
+    }
+
+    /// The node's clock (to change its drift or step it).
+    pub fn clock(&self, node: u64) -> &SimClock {
+        &self.nodes[self.index(node).expect("known node")].clock
+    }
+
+    /// The network (to change delays, loss or duplication, or to delay one message type).
+    pub fn net_mut(&mut self) -> &mut SimNet {
+        &mut self.net
+    }
+
+    /// The network, read-only.
+    pub fn net(&self) -> &SimNet {
+        &self.net
+    }
+
+    /// Ask `from` (the leader) to transfer leadership to `to`.
+    pub fn transfer_leader(&mut self, from: u64, to: u64) {
+        let idx = self.live_index(from).expect("live node");
+        self.nodes[idx]
+            .node
+            .as_mut()
+            .expect("live")
+            .transfer_leader(to);
+        self.process(idx);
+    }
+
+    /// Start an election on `node` now.
+    pub fn campaign(&mut self, node: u64) {
+        let idx = self.live_index(node).expect("live node");
+        let _ = self.nodes[idx].node.as_mut().expect("live").campaign();
+        self.process(idx);
+    }
+
+    /// Propose a membership change through `node`.
+    pub fn propose_conf_change(&mut self, node: u64, cc: ConfChangeV2) -> raft::Result<()> {
+        let idx = self.live_index(node).expect("live node");
+        let r = self.nodes[idx]
+            .node
+            .as_mut()
+            .expect("live")
+            .propose_conf_change(vec![], cc);
+        self.process(idx);
+        r
+    }
+
+    // ----- inspection -------------------------------------------------------------------------
+
+    /// The running node `id`, if it is up.
+    pub fn node(&self, id: u64) -> Option<&LeaseNode<MemStorage, SimClock>> {
+        self.nodes.get(self.index(id)?)?.node.as_ref()
+    }
+
+    /// The live, unpaused leader with the highest term.
+    pub fn leader(&self) -> Option<u64> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.paused)
+            .filter_map(|n| n.node.as_ref())
+            .filter(|n| n.is_leader())
+            .max_by_key(|n| n.raw().raft.term)
+            .map(|n| n.id())
+    }
+
+    /// Every node that believes it leads (up and unpaused).
+    pub fn self_believed_leaders(&self) -> Vec<u64> {
+        let up = self
+            .nodes
+            .iter()
+            .filter(|n| !n.paused)
+            .filter_map(|n| n.node.as_ref());
+        up.filter(|n| n.is_leader()).map(|n| n.id()).collect()
+    }
+
+    /// The history recorded so far.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Check the history for linearizability.
+    pub fn check(&self) -> CheckReport {
+        self.history.check()
+    }
+
+    /// Ids of every node.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|n| n.id).collect()
+    }
+
+    /// Whether `node` is up (not crashed).
+    pub fn is_up(&self, node: u64) -> bool {
+        self.node(node).is_some()
+    }
+
+    /// Whether `node` is paused.
+    pub fn is_paused(&self, node: u64) -> bool {
+        self.index(node).is_some_and(|i| self.nodes[i].paused)
+    }
+
+    /// The seeded RNG, for drivers that want their choices reproducible too.
+    pub fn rng(&mut self) -> &mut ChaCha8Rng {
+        &mut self.rng
+    }
+
+    /// The configuration the cluster was built with.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    fn index(&self, id: u64) -> Option<usize> {
+        (1..=self.nodes.len() as u64)
+            .contains(&id)
+            .then(|| id as usize - 1)
+    }
+
+    fn live_index(&self, id: u64) -> Option<usize> {
+        let idx = self.index(id)?;
+        let n = &self.nodes[idx];
+        (n.node.is_some() && !n.paused).then_some(idx)
+    }
+}
+
+/// A steady client load for scenarios: reads at every node that believes it leads, writes at
+/// the leader with the highest term.
+#[derive(Debug, Clone)]
+pub struct Load {
+    /// Mode of the reads sent through the raft thread.
+    pub read_mode: ReadMode,
+    /// Also read through each believed leader's read handle.
+    pub handle_reads: bool,
+    /// Read every this many microseconds.
+    pub read_every_us: u64,
+    /// Write every this many microseconds.
+    pub write_every_us: u64,
+    /// Keys used: `k0..k{keys-1}`.
+    pub keys: u64,
+}
+
+impl Default for Load {
+    /// Strict lease reads and handle reads every 1 ms, a write every 5 ms, one key.
+    fn default() -> Self {
+        Load {
+            read_mode: ReadMode::Lease,
+            handle_reads: true,
+            read_every_us: 1_000,
+            write_every_us: 5_000,
+            keys: 1,
+        }
+    }
+}
+
+impl SimCluster {
+    /// Run for `ms` under `load`.
+    pub fn run_with_load(&mut self, ms: u64, load: &Load) {
+        let end_ns = self.now_ns + ms * 1_000_000;
+        let (read_ns, write_ns) = (load.read_every_us * 1_000, load.write_every_us * 1_000);
+        let (mut next_read, mut next_write) = (self.now_ns, self.now_ns);
+        while self.now_ns < end_ns {
+            let key = format!("k{}", self.rng.gen_range(0..load.keys.max(1))).into_bytes();
+            if self.now_ns >= next_write {
+                next_write += write_ns;
+                if let Some(leader) = self.leader() {
+                    self.put(leader, &key);
+                }
+            }
+            if self.now_ns >= next_read {
+                next_read += read_ns;
+                for node in self.self_believed_leaders() {
+                    self.get(node, &key, load.read_mode);
+                    if load.handle_reads {
+                        self.handle_get(node, &key);
+                    }
+                }
+            }
+            self.step();
+        }
+    }
+}

@@ -1,0 +1,425 @@
+//! A history of client operations and a linearizability checker for a KV register per key.
+//!
+//! Every write carries a unique value, and raft gives writes a total order: the log index that
+//! committed them (their revision). With the write order known, a history is linearizable iff:
+//! - **no stale read**: a read returns a revision at least as new as every write to its key that
+//!   was acknowledged before the read was invoked;
+//! - **no read from the future**: a read returns a write that was invoked before the read
+//!   completed, with that write's value;
+//! - **reads never go back**: a read invoked after another read of the same key completed
+//!   returns a revision at least as new;
+//! - **writes keep real-time order**: a write invoked after another write was acknowledged gets a
+//!   larger revision.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use crate::read::ReadKind;
+
+/// Identifies an operation in a [`History`].
+pub type OpId = u64;
+
+/// What a client asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpKind {
+    /// Write `value` (unique in the history) to `key`.
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value, unique across the history.
+        value: Vec<u8>,
+    },
+    /// Read `key`.
+    Get {
+        /// The key.
+        key: Vec<u8>,
+    },
+}
+
+/// How an operation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpResult {
+    /// The write was acknowledged: committed at log index `revision` and applied.
+    Written {
+        /// The raft index that committed the write.
+        revision: u64,
+    },
+    /// The read returned `value` written at `revision` (`None`: the key was absent).
+    Read {
+        /// Value and revision, or `None` when absent.
+        value: Option<(Vec<u8>, u64)>,
+        /// How the read was served.
+        served: ReadKind,
+    },
+    /// The operation failed. A failed write may still take effect later.
+    Failed(String),
+}
+
+/// One operation: invoked at `invoke_ns`, completed at `complete_ns` (real simulated time).
+#[derive(Debug, Clone)]
+pub struct Op {
+    /// Its id.
+    pub id: OpId,
+    /// The node it was sent to.
+    pub node: u64,
+    /// What it asked for.
+    pub kind: OpKind,
+    /// Real time of invocation.
+    pub invoke_ns: u64,
+    /// Real time of completion and the result; `None` while outstanding.
+    pub done: Option<(u64, OpResult)>,
+}
+
+/// Records operations as they are invoked and completed.
+#[derive(Debug, Default, Clone)]
+pub struct History {
+    ops: Vec<Op>,
+    /// Revisions at which each write was seen applied on any node (writes may outlive their client).
+    applied_revision: HashMap<OpId, u64>,
+}
+
+/// One way the history is not linearizable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// A read missed a write acknowledged before it started.
+    StaleRead {
+        /// The read.
+        read: OpId,
+        /// The node that served it.
+        node: u64,
+        /// How it was served.
+        served: ReadKind,
+        /// The revision it returned (0: absent).
+        got_revision: u64,
+        /// An acknowledged write it should have seen.
+        missed_write: OpId,
+        /// That write's revision.
+        missed_revision: u64,
+    },
+    /// A read returned a value no write had been invoked for by then, or the wrong value.
+    FutureOrBogusRead {
+        /// The read.
+        read: OpId,
+        /// The revision it returned.
+        got_revision: u64,
+    },
+    /// A read returned an older revision than a read that completed before it started.
+    ReadWentBack {
+        /// The earlier read.
+        earlier: OpId,
+        /// The later read.
+        later: OpId,
+    },
+    /// A write acknowledged before another was invoked got a larger revision.
+    WritesReordered {
+        /// The write acknowledged first.
+        first: OpId,
+        /// The write invoked after it.
+        second: OpId,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// What the checker found.
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    /// Every violation found (empty: linearizable).
+    pub violations: Vec<Violation>,
+    /// Reads that returned a value and were checked.
+    pub reads_checked: usize,
+    /// Of those, reads served under the lease.
+    pub lease_reads_checked: usize,
+    /// Acknowledged writes.
+    pub writes_acked: usize,
+}
+
+impl CheckReport {
+    /// Stale reads only.
+    pub fn stale_reads(&self) -> usize {
+        self.violations
+            .iter()
+            .filter(|v| matches!(v, Violation::StaleRead { .. }))
+            .count()
+    }
+}
+
+impl History {
+    /// Record an invocation; returns its id.
+    pub fn invoke(&mut self, node: u64, kind: OpKind, now_ns: u64) -> OpId {
+        let id = self.ops.len() as OpId;
+        self.ops.push(Op {
+            id,
+            node,
+            kind,
+            invoke_ns: now_ns,
+            done: None,
+        });
+        id
+    }
+
+    /// Record a completion. Panics if the op is unknown or already complete (a harness bug).
+    pub fn complete(&mut self, id: OpId, result: OpResult, now_ns: u64) {
+        let op = &mut self.ops[id as usize];
+        assert!(op.done.is_none(), "op {id} completed twice: {op:?}");
+        assert!(
+            now_ns >= op.invoke_ns,
+            "op {id} completed before it was invoked"
+        );
+        if let OpResult::Written { revision } = result {
+            self.applied_revision.insert(id, revision);
+        }
+        op.done = Some((now_ns, result));
+    }
+
+    /// Record that write `id` was applied at `revision` on some node. Panics if two nodes disagree.
+    pub fn applied(&mut self, id: OpId, revision: u64) {
+        let prev = self.applied_revision.insert(id, revision);
+        assert!(
+            prev.is_none_or(|r| r == revision),
+            "write {id} applied at {prev:?} and {revision}"
+        );
+    }
+
+    /// Every operation so far.
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    /// Check the history. See the module docs for the conditions.
+    pub fn check(&self) -> CheckReport {
+        let mut report = CheckReport::default();
+        let by_key = self.index_by_key();
+        for (key, (writes, reads)) in &by_key {
+            let _ = key;
+            self.check_key(writes, reads, &mut report);
+        }
+        report
+    }
+
+    fn index_by_key(&self) -> BTreeMap<&[u8], (Vec<&Op>, Vec<&Op>)> {
+        let mut by_key: BTreeMap<&[u8], (Vec<&Op>, Vec<&Op>)> = BTreeMap::new();
+        for op in &self.ops {
+            match &op.kind {
+                OpKind::Put { key, .. } => by_key.entry(key).or_default().0.push(op),
+                OpKind::Get { key } => by_key.entry(key).or_default().1.push(op),
+            }
+        }
+        by_key
+    }
+
+    fn check_key(&self, writes: &[&Op], reads: &[&Op], report: &mut CheckReport) {
+        let acked = acked_writes(writes);
+        report.writes_acked += acked.len();
+        self.check_write_order(&acked, report);
+        let mut checked: Vec<(&Op, u64, u64)> = Vec::new(); // (read, complete_ns, revision)
+        for read in reads {
+            let Some((complete_ns, OpResult::Read { value, served })) = &read.done else {
+                continue;
+            };
+            let got_revision = value.as_ref().map_or(0, |(_, r)| *r);
+            report.reads_checked += 1;
+            report.lease_reads_checked += usize::from(*served == ReadKind::Lease);
+            self.check_read_source(read, value, *complete_ns, writes, report);
+            check_not_stale(read, *served, got_revision, &acked, report);
+            checked.push((read, *complete_ns, got_revision));
+        }
+        check_reads_monotonic(&mut checked, report);
+    }
+
+    fn check_read_source(
+        &self,
+        read: &Op,
+        value: &Option<(Vec<u8>, u64)>,
+        complete_ns: u64,
+        writes: &[&Op],
+        report: &mut CheckReport,
+    ) {
+        let Some((value, revision)) = value else {
+            return;
+        };
+        let source = writes
+            .iter()
+            .find(|w| self.applied_revision.get(&w.id) == Some(revision));
+        let ok = source.is_some_and(|w| {
+            w.invoke_ns <= complete_ns
+                && matches!(&w.kind, OpKind::Put { value: v, .. } if v == value)
+        });
+        if !ok {
+            report.violations.push(Violation::FutureOrBogusRead {
+                read: read.id,
+                got_revision: *revision,
+            });
+        }
+    }
+
+    fn check_write_order(&self, acked: &[(u64, u64, &Op)], report: &mut CheckReport) {
+        // acked is sorted by completion time; any later-invoked write needs a larger revision.
+        let mut max_before: Option<(u64, OpId)> = None; // (revision, op) of writes acked so far
+        let mut by_invoke: Vec<&(u64, u64, &Op)> = acked.iter().collect();
+        by_invoke.sort_by_key(|(_, _, op)| op.invoke_ns);
+        let mut i = 0;
+        for (_, revision, op) in by_invoke {
+            while i < acked.len() && acked[i].0 < op.invoke_ns {
+                max_before = max_before.max(Some((acked[i].1, acked[i].2.id)));
+                i += 1;
+            }
+            if let Some((prev_revision, first)) = max_before {
+                if prev_revision >= *revision {
+                    report.violations.push(Violation::WritesReordered {
+                        first,
+                        second: op.id,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Acknowledged writes as (complete_ns, revision, op), sorted by completion time.
+fn acked_writes<'a>(writes: &[&'a Op]) -> Vec<(u64, u64, &'a Op)> {
+    let mut acked: Vec<_> = writes
+        .iter()
+        .filter_map(|w| match &w.done {
+            Some((t, OpResult::Written { revision })) => Some((*t, *revision, *w)),
+            _ => None,
+        })
+        .collect();
+    acked.sort_by_key(|(t, r, _)| (*t, *r));
+    acked
+}
+
+fn check_not_stale(
+    read: &Op,
+    served: ReadKind,
+    got_revision: u64,
+    acked: &[(u64, u64, &Op)],
+    report: &mut CheckReport,
+) {
+    let newest_before = acked
+        .iter()
+        .take_while(|(t, _, _)| *t < read.invoke_ns)
+        .max_by_key(|(_, r, _)| *r);
+    if let Some((_, missed_revision, w)) = newest_before {
+        if *missed_revision > got_revision {
+            report.violations.push(Violation::StaleRead {
+                read: read.id,
+                node: read.node,
+                served,
+                got_revision,
+                missed_write: w.id,
+                missed_revision: *missed_revision,
+            });
+        }
+    }
+}
+
+fn check_reads_monotonic(checked: &mut [(&Op, u64, u64)], report: &mut CheckReport) {
+    checked.sort_by_key(|(_, complete_ns, _)| *complete_ns);
+    let mut by_invoke: Vec<_> = checked.iter().collect();
+    by_invoke.sort_by_key(|(op, _, _)| op.invoke_ns);
+    let mut best: Option<(u64, OpId)> = None; // newest revision among reads completed so far
+    let mut i = 0;
+    for (op, _, revision) in by_invoke {
+        while i < checked.len() && checked[i].1 < op.invoke_ns {
+            best = best.max(Some((checked[i].2, checked[i].0.id)));
+            i += 1;
+        }
+        if let Some((best_revision, earlier)) = best {
+            if best_revision > *revision {
+                report.violations.push(Violation::ReadWentBack {
+                    earlier,
+                    later: op.id,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(h: &mut History, v: &str, t0: u64, t1: u64, rev: u64) -> OpId {
+        let id = h.invoke(
+            1,
+            OpKind::Put {
+                key: b"k".to_vec(),
+                value: v.into(),
+            },
+            t0,
+        );
+        h.complete(id, OpResult::Written { revision: rev }, t1);
+        id
+    }
+
+    fn get(h: &mut History, got: Option<(&str, u64)>, t0: u64, t1: u64) -> OpId {
+        let id = h.invoke(2, OpKind::Get { key: b"k".to_vec() }, t0);
+        let value = got.map(|(v, r)| (v.as_bytes().to_vec(), r));
+        h.complete(
+            id,
+            OpResult::Read {
+                value,
+                served: ReadKind::Lease,
+            },
+            t1,
+        );
+        id
+    }
+
+    #[test]
+    fn a_linearizable_history_passes() {
+        let mut h = History::default();
+        put(&mut h, "a", 0, 10, 5);
+        get(&mut h, Some(("a", 5)), 5, 8); // concurrent with the write: may see it
+        put(&mut h, "b", 20, 30, 7);
+        get(&mut h, Some(("a", 5)), 25, 26); // concurrent with "b": may miss it
+        get(&mut h, Some(("b", 7)), 31, 32);
+        let r = h.check();
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!((r.reads_checked, r.writes_acked), (3, 2));
+    }
+
+    #[test]
+    fn the_checker_catches_each_violation() {
+        let mut h = History::default();
+        put(&mut h, "a", 0, 10, 5);
+        let w = put(&mut h, "b", 20, 30, 7);
+        let stale = get(&mut h, Some(("a", 5)), 31, 32);
+        let r = h.check();
+        assert_eq!(r.stale_reads(), 1);
+        assert!(
+            matches!(r.violations[0], Violation::StaleRead { read, missed_write, .. } if read == stale && missed_write == w)
+        );
+
+        let mut h = History::default();
+        get(&mut h, Some(("a", 5)), 0, 1);
+        put(&mut h, "a", 2, 3, 5);
+        assert!(matches!(
+            h.check().violations[0],
+            Violation::FutureOrBogusRead { .. }
+        ));
+
+        let mut h = History::default();
+        put(&mut h, "a", 0, 1, 5);
+        put(&mut h, "b", 0, 100, 7);
+        get(&mut h, Some(("b", 7)), 2, 3);
+        get(&mut h, Some(("a", 5)), 4, 5);
+        assert!(matches!(
+            h.check().violations[..],
+            [Violation::ReadWentBack { .. }]
+        ));
+
+        let mut h = History::default();
+        put(&mut h, "a", 0, 1, 9);
+        put(&mut h, "b", 2, 3, 7);
+        assert!(matches!(
+            h.check().violations[..],
+            [Violation::WritesReordered { .. }]
+        ));
+    }
+}
