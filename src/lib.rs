@@ -53,7 +53,7 @@ pub use clock::{BootClock, Clock, MonotonicClock, SimClock};
 pub use config::{ConfigError, Derived, LeaseConfig, UnsafeMode};
 pub use handle::ReadHandle;
 pub use lease::{LeaderLease, LeaseState};
-pub use node::{LeaseNode, NodeError};
+pub use node::{CampaignError, LeaseNode, NodeError};
 pub use promise::{FollowerPromise, VoteDecision};
 pub use read::{ReadError, ReadId, ReadKind, ReadMode, ServedRead};
 pub use status::{CounterSnapshot, Counters, LeaseStatus};

@@ -46,6 +46,20 @@ pub enum NodeError {
     UnsafeReadOption,
 }
 
+/// Why [`LeaseNode::campaign`] did not start an election.
+#[derive(Debug, Error)]
+pub enum CampaignError {
+    /// This node promised a leader not to vote for anyone else yet, itself included.
+    #[error("promise holds for {remaining_ns} ns more")]
+    PromiseHolds {
+        /// Time left on the promise, in nanoseconds.
+        remaining_ns: u64,
+    },
+    /// raft refused.
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+}
+
 /// A raft node with a real-time leader lease. See the module docs for how to drive it.
 pub struct LeaseNode<S: Storage, C: Clock> {
     raw: RawNode<S>,
@@ -127,7 +141,14 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     // ----- raft traffic -------------------------------------------------------------------
 
     /// Advance raft's logical clock by one tick. The lease itself never counts ticks.
+    ///
+    /// A node whose promise still holds does not campaign either: its vote for itself is a vote.
+    /// The tick that would start the election is held back until the promise ends.
     pub fn tick(&mut self) -> bool {
+        if self.campaign_blocked() {
+            self.sync();
+            return false;
+        }
         let more = self.raw.tick();
         self.ticks_since_round += 1;
         self.retry_dropped_round();
@@ -160,6 +181,24 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
         self.sync();
         result
+    }
+
+    /// Would this tick start an election while the promise forbids this node's own vote?
+    fn campaign_blocked(&mut self) -> bool {
+        let r = &self.raw.raft;
+        let would_campaign = r.state != StateRole::Leader
+            && r.promotable()
+            && r.election_elapsed + 1 >= r.randomized_election_timeout();
+        if !would_campaign || !self.promise_enforced() {
+            return false;
+        }
+        let decision = self.promise.check_vote(r.id, self.clock.now_ns());
+        debug_assert!(matches!(decision, VoteDecision::Allow) || self.promise.until_ns() > 0);
+        matches!(decision, VoteDecision::Refuse { .. })
+    }
+
+    fn promise_enforced(&self) -> bool {
+        !matches!(self.config.unsafe_mode, UnsafeMode::NoPromise | UnsafeMode::RaftLeaseBased)
     }
 
     fn vote_allowed(&mut self, m: &Message) -> bool {
@@ -353,10 +392,18 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 
     /// Start an election now.
-    pub fn campaign(&mut self) -> raft::Result<()> {
+    ///
+    /// Refused while this node's promise holds: its vote for itself would break the promise.
+    pub fn campaign(&mut self) -> Result<(), CampaignError> {
+        if self.promise_enforced() {
+            let decision = self.promise.check_vote(self.raw.raft.id, self.clock.now_ns());
+            if let VoteDecision::Refuse { remaining_ns, .. } = decision {
+                return Err(CampaignError::PromiseHolds { remaining_ns });
+            }
+        }
         let r = self.raw.campaign();
         self.sync();
-        r
+        Ok(r?)
     }
 
     /// Transfer leadership. The lease is revoked for the rest of this term *before* raft can
@@ -455,7 +502,11 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         {
             self.reads.index_ready.pop_front();
             let value = read_state(id);
-            Counters::bump(&self.shared.counters.index_reads);
+            let counters = &self.shared.counters;
+            Counters::bump(match kind {
+                ReadKind::Lease => &counters.lease_reads,
+                ReadKind::Index => &counters.index_reads,
+            });
             out.push(ServedRead {
                 id,
                 result: Ok((value, kind)),

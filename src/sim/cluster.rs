@@ -21,7 +21,7 @@ use crate::sim::net::{NetConfig, SimNet};
 pub struct SimConfig {
     /// Number of nodes, with ids `1..=nodes`.
     pub nodes: u64,
-    /// The initial voters (default: every node). Other nodes start empty and wait to be added.
+    /// The initial voters (default: every node). Other nodes are not voters until added.
     pub voters: Option<Vec<u64>>,
     /// Seed for every random choice (network, election timeouts).
     pub seed: u64,
@@ -121,11 +121,8 @@ impl SimCluster {
             .unwrap_or_else(|| (1..=config.nodes).collect());
         let nodes = (1..=config.nodes)
             .map(|id| {
-                let storage = if voters.contains(&id) {
-                    MemStorage::new_with_conf_state((voters.clone(), vec![]))
-                } else {
-                    MemStorage::new()
-                };
+                // Every node starts from the same initial configuration; a non-voter waits to be added.
+                let storage = MemStorage::new_with_conf_state((voters.clone(), vec![]));
                 let drift = config.drift_ppm.get(id as usize - 1).copied().unwrap_or(0);
                 SimNode {
                     id,
@@ -252,8 +249,7 @@ impl SimCluster {
         };
         let now_ns = n.clock.now_ns();
         if n.ticks_stalled {
-            n.next_tick_ns = now_ns + tick_ns; // a stalled ticker drops its ticks
-            return;
+            return; // missed ticks fire in a burst when the ticker runs again (tokio's default)
         }
         while now_ns >= n.next_tick_ns {
             node.tick();
@@ -468,6 +464,7 @@ impl SimCluster {
     }
 
     /// Stall or restart the node's tick thread while its clock runs on (etcd-io/etcd#13527).
+    /// When it runs again, the missed ticks fire in one burst, as a catching-up timer does.
     pub fn stall_ticks(&mut self, node: u64, stalled: bool) {
         let idx = self.index(node).expect("known node");
         self.nodes[idx].ticks_stalled = stalled;
@@ -623,7 +620,7 @@ pub struct Load {
     pub handle_reads: bool,
     /// Read every this many microseconds.
     pub read_every_us: u64,
-    /// Write every this many microseconds.
+    /// Write every this many microseconds (0: no writes).
     pub write_every_us: u64,
     /// Keys used: `k0..k{keys-1}`.
     pub keys: u64,
@@ -650,7 +647,7 @@ impl SimCluster {
         let (mut next_read, mut next_write) = (self.now_ns, self.now_ns);
         while self.now_ns < end_ns {
             let key = format!("k{}", self.rng.gen_range(0..load.keys.max(1))).into_bytes();
-            if self.now_ns >= next_write {
+            if write_ns > 0 && self.now_ns >= next_write {
                 next_write += write_ns;
                 if let Some(leader) = self.leader() {
                     self.put(leader, &key);
