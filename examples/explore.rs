@@ -3,7 +3,10 @@ use raft_lease::*;
 fn main() {
     for mode in [UnsafeMode::Safe, UnsafeMode::RaftLeaseBased] {
         for seed in 0..10 {
-            let mut cfg = SimConfig { seed, ..SimConfig::default() };
+            let mut cfg = SimConfig {
+                seed,
+                ..SimConfig::default()
+            };
             cfg.lease.unsafe_mode = mode;
             let mut sim = SimCluster::new(cfg);
             assert!(sim.run_until(2_000, |s| s.leader().is_some()));

@@ -161,10 +161,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// acknowledgements extend the lease; a leader's message renews this node's promise.
     pub fn step(&mut self, mut m: Message) -> raft::Result<()> {
         match m.get_msg_type() {
-            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote => {
-                if !self.vote_allowed(&m) {
-                    return Ok(());
-                }
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+                if !self.vote_allowed(&m) =>
+            {
+                return Ok(());
             }
             MessageType::MsgHeartbeatResponse => self.on_heartbeat_response(&mut m),
             MessageType::MsgTransferLeader => self.fence_for_transfer("transfer requested by peer"),
@@ -198,7 +198,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 
     fn promise_enforced(&self) -> bool {
-        !matches!(self.config.unsafe_mode, UnsafeMode::NoPromise | UnsafeMode::RaftLeaseBased)
+        !matches!(
+            self.config.unsafe_mode,
+            UnsafeMode::NoPromise | UnsafeMode::RaftLeaseBased
+        )
     }
 
     fn vote_allowed(&mut self, m: &Message) -> bool {
@@ -396,7 +399,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Refused while this node's promise holds: its vote for itself would break the promise.
     pub fn campaign(&mut self) -> Result<(), CampaignError> {
         if self.promise_enforced() {
-            let decision = self.promise.check_vote(self.raw.raft.id, self.clock.now_ns());
+            let decision = self
+                .promise
+                .check_vote(self.raw.raft.id, self.clock.now_ns());
             if let VoteDecision::Refuse { remaining_ns, .. } = decision {
                 return Err(CampaignError::PromiseHolds { remaining_ns });
             }
@@ -578,6 +583,16 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Renewal normally rides on raft's heartbeats. Only a lease already past its renew point,
     /// with no round sent for a heartbeat interval, asks raft for an early heartbeat.
     fn renew_if_due(&mut self) {
+        let r = &self.raw.raft;
+        if r.state == StateRole::Leader && r.prs().is_singleton() {
+            // The only voter: no other leader can arise without a membership change, which
+            // drops the lease. Its own acknowledgement is the quorum.
+            let (term, now_ns) = (r.term, self.clock.now_ns());
+            if self.lease.on_quorum_ack(term, now_ns) == AckOutcome::Extended {
+                Counters::bump(&self.shared.counters.renewals);
+            }
+            return;
+        }
         let suspect = self.lease.state(self.clock.now_ns()) == LeaseState::Suspect;
         if suspect && self.ticks_since_round >= self.heartbeat_tick.max(1) && !self.in_ready {
             self.raw.ping();

@@ -4,7 +4,9 @@
 //! nothing, and as a negative control with one safety deliberately switched off, where the same
 //! scenario and the same checker must catch a stale read. A check that cannot fail proves nothing.
 
-use raft::eraftpb::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, MessageType};
+use raft::eraftpb::{
+    ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, MessageType,
+};
 use raft_lease::sim::{CheckReport, Load, SimCluster, SimConfig};
 use raft_lease::{LeaseState, ReadMode, UnsafeMode};
 
@@ -12,13 +14,19 @@ use raft_lease::{LeaseState, ReadMode, UnsafeMode};
 const SEEDS: std::ops::Range<u64> = 0..8;
 
 fn config(seed: u64, mode: UnsafeMode) -> SimConfig {
-    let mut c = SimConfig { seed, ..SimConfig::default() };
+    let mut c = SimConfig {
+        seed,
+        ..SimConfig::default()
+    };
     c.lease.unsafe_mode = mode;
     c
 }
 
 fn elect(sim: &mut SimCluster) -> u64 {
-    assert!(sim.run_until(3_000, |s| s.leader().is_some()), "no leader elected");
+    assert!(
+        sim.run_until(3_000, |s| s.leader().is_some()),
+        "no leader elected"
+    );
     sim.leader().unwrap()
 }
 
@@ -31,7 +39,10 @@ fn run_seeds(mode: UnsafeMode, scenario: impl Fn(&mut SimCluster)) -> Vec<(u64, 
     run_seeds_with(|seed| config(seed, mode), scenario)
 }
 
-fn run_seeds_with(cfg: impl Fn(u64) -> SimConfig, scenario: impl Fn(&mut SimCluster)) -> Vec<(u64, CheckReport)> {
+fn run_seeds_with(
+    cfg: impl Fn(u64) -> SimConfig,
+    scenario: impl Fn(&mut SimCluster),
+) -> Vec<(u64, CheckReport)> {
     SEEDS
         .map(|seed| {
             let mut sim = SimCluster::new(cfg(seed));
@@ -44,17 +55,35 @@ fn run_seeds_with(cfg: impl Fn(u64) -> SimConfig, scenario: impl Fn(&mut SimClus
 /// Safe runs: no violation on any seed, and lease reads were really served and checked.
 fn assert_safe(runs: &[(u64, CheckReport)]) {
     for (seed, r) in runs {
-        assert!(r.violations.is_empty(), "seed {seed}: {} violations, first: {:?}", r.violations.len(), r.violations[0]);
-        assert!(r.lease_reads_checked > 0, "seed {seed}: no lease read was checked; the scenario proves nothing");
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {} violations, first: {:?}",
+            r.violations.len(),
+            r.violations[0]
+        );
+        assert!(
+            r.lease_reads_checked > 0,
+            "seed {seed}: no lease read was checked; the scenario proves nothing"
+        );
         assert!(r.writes_acked > 0, "seed {seed}: no write was acknowledged");
     }
 }
 
 /// Negative controls: the same checker catches a stale read on at least one seed.
 fn assert_caught(runs: &[(u64, CheckReport)]) -> usize {
-    let caught: Vec<u64> = runs.iter().filter(|(_, r)| r.stale_reads() > 0).map(|(s, _)| *s).collect();
-    assert!(!caught.is_empty(), "the checker caught no stale read on any seed: the control failed to fail");
-    eprintln!("negative control caught stale reads on seeds {caught:?} of {:?}", SEEDS);
+    let caught: Vec<u64> = runs
+        .iter()
+        .filter(|(_, r)| r.stale_reads() > 0)
+        .map(|(s, _)| *s)
+        .collect();
+    assert!(
+        !caught.is_empty(),
+        "the checker caught no stale read on any seed: the control failed to fail"
+    );
+    eprintln!(
+        "negative control caught stale reads on seeds {caught:?} of {:?}",
+        SEEDS
+    );
     caught.len()
 }
 
@@ -77,7 +106,10 @@ fn partitioned_old_leader_never_serves_stale_reads() {
 
 #[test]
 fn control_raft_lease_based_serves_stale_reads_after_a_partition() {
-    assert_caught(&run_seeds(UnsafeMode::RaftLeaseBased, partitioned_old_leader));
+    assert_caught(&run_seeds(
+        UnsafeMode::RaftLeaseBased,
+        partitioned_old_leader,
+    ));
 }
 
 // ----- a paused leader (the GC pause) ----------------------------------------------------------
@@ -103,7 +135,11 @@ fn paused_leader_resumes_after_lease_expiry_without_stale_reads() {
 #[test]
 fn control_raft_lease_based_serves_stale_reads_after_a_pause() {
     let caught = assert_caught(&run_seeds(UnsafeMode::RaftLeaseBased, paused_leader));
-    assert_eq!(caught, SEEDS.count(), "a paused LeaseBased leader is stale every time");
+    assert_eq!(
+        caught,
+        SEEDS.count(),
+        "a paused LeaseBased leader is stale every time"
+    );
 }
 
 // ----- a stalled tick thread (etcd-io/etcd#13527) ----------------------------------------------
@@ -127,8 +163,15 @@ fn stalled_leader_ticker_does_not_stretch_the_lease() {
 
 #[test]
 fn control_raft_lease_based_stretches_with_a_stalled_ticker() {
-    let caught = assert_caught(&run_seeds(UnsafeMode::RaftLeaseBased, stalled_leader_ticker));
-    assert_eq!(caught, SEEDS.count(), "a leader with no ticks never steps down");
+    let caught = assert_caught(&run_seeds(
+        UnsafeMode::RaftLeaseBased,
+        stalled_leader_ticker,
+    ));
+    assert_eq!(
+        caught,
+        SEEDS.count(),
+        "a leader with no ticks never steps down"
+    );
 }
 
 /// A follower's ticker stalls, then fires its missed ticks in a burst: tick-counted "lease"
@@ -165,7 +208,8 @@ fn delayed_timeout_now(sim: &mut SimCluster) {
     sim.run_with_load(300, &Load::default());
     let rest = others(sim, leader);
     let (target, other) = (rest[0], rest[1]);
-    sim.net_mut().delay_type(MessageType::MsgTimeoutNow, 250_000_000);
+    sim.net_mut()
+        .delay_type(MessageType::MsgTimeoutNow, 250_000_000);
     sim.transfer_leader(leader, target);
     // The transfer times out; the old leader keeps leading and renewing in its term.
     sim.run_with_load(200, &Load::default());
@@ -183,8 +227,15 @@ fn delayed_timeout_now(sim: &mut SimCluster) {
 fn delayed_timeout_now_never_gives_two_holders() {
     let runs = run_seeds(UnsafeMode::Safe, delayed_timeout_now);
     for (seed, r) in &runs {
-        assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations.first());
-        assert!(r.reads_checked > 0 && r.writes_acked > 0, "seed {seed}: nothing checked");
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {:?}",
+            r.violations.first()
+        );
+        assert!(
+            r.reads_checked > 0 && r.writes_acked > 0,
+            "seed {seed}: nothing checked"
+        );
     }
 }
 
@@ -202,7 +253,13 @@ fn follower_restart(sim: &mut SimCluster) {
     sim.run_with_load(300, &Load::default());
     // The lease rests on c's acknowledgements. No writes meanwhile, so b's log stays up to date.
     sim.partition(&[leader], &[b]);
-    sim.run_with_load(400, &Load { write_every_us: 0, ..Load::default() });
+    sim.run_with_load(
+        400,
+        &Load {
+            write_every_us: 0,
+            ..Load::default()
+        },
+    );
     sim.partition(&[leader], &[c]);
     sim.crash(c);
     sim.restart(c); // forgets its promise; b is campaigning
@@ -237,7 +294,10 @@ fn partition_node_1(sim: &mut SimCluster) {
     if sim.leader() != Some(1) {
         let l = sim.leader().unwrap();
         sim.transfer_leader(l, 1);
-        assert!(sim.run_until(3_000, |s| s.leader() == Some(1)), "transfer to node 1 failed");
+        assert!(
+            sim.run_until(3_000, |s| s.leader() == Some(1)),
+            "transfer to node 1 failed"
+        );
     }
     sim.run_with_load(400, &Load::default());
     sim.partition(&[1], &[2, 3]);
@@ -248,12 +308,18 @@ fn partition_node_1(sim: &mut SimCluster) {
 
 #[test]
 fn drift_at_the_bound_is_safe() {
-    assert_safe(&run_seeds_with(|seed| drift_config(seed, 10_000), partition_node_1));
+    assert_safe(&run_seeds_with(
+        |seed| drift_config(seed, 10_000),
+        partition_node_1,
+    ));
 }
 
 #[test]
 fn control_drift_beyond_the_bound_serves_stale_reads() {
-    assert_caught(&run_seeds_with(|seed| drift_config(seed, 150_000), partition_node_1));
+    assert_caught(&run_seeds_with(
+        |seed| drift_config(seed, 150_000),
+        partition_node_1,
+    ));
 }
 
 // ----- a membership change ---------------------------------------------------------------------
@@ -266,40 +332,98 @@ fn single(ty: ConfChangeType, node: u64) -> ConfChangeSingle {
 }
 
 fn lease_state(sim: &SimCluster, node: u64) -> LeaseState {
-    sim.node(node).map_or(LeaseState::Expired, |n| n.lease_status().state)
+    sim.node(node)
+        .map_or(LeaseState::Expired, |n| n.lease_status().state)
 }
 
 /// Voters {1,2,3} → joint ({L,X,R}, {L,X,4}) → {L,X,4}. In the joint configuration the lease
 /// needs both quorums: with only L and R answering, the old configuration alone would grant it.
 #[test]
 fn membership_change_reestablishes_the_lease_under_both_quorums() {
-    let mut sim = SimCluster::new(SimConfig { nodes: 4, voters: Some(vec![1, 2, 3]), seed: 3, ..SimConfig::default() });
+    let mut sim = SimCluster::new(SimConfig {
+        nodes: 4,
+        voters: Some(vec![1, 2, 3]),
+        seed: 3,
+        ..SimConfig::default()
+    });
     let l = elect(&mut sim);
-    assert!(sim.run_until(500, |s| lease_state(s, l).is_held()), "no lease before the change");
+    assert!(
+        sim.run_until(500, |s| lease_state(s, l).is_held()),
+        "no lease before the change"
+    );
     let old: Vec<u64> = [1, 2, 3].into_iter().filter(|&id| id != l).collect();
     let (x, r) = (old[0], old[1]);
 
     let mut cc = ConfChangeV2::default();
     cc.set_transition(ConfChangeTransition::Explicit);
-    cc.set_changes(vec![single(ConfChangeType::AddNode, 4), single(ConfChangeType::RemoveNode, r)].into());
+    cc.set_changes(
+        vec![
+            single(ConfChangeType::AddNode, 4),
+            single(ConfChangeType::RemoveNode, r),
+        ]
+        .into(),
+    );
     sim.propose_conf_change(l, cc).unwrap();
-    let joint = |s: &SimCluster| s.node(l).is_some_and(|n| !n.raw().raft.prs().conf().to_conf_state().voters_outgoing.is_empty());
-    assert!(sim.run_until(500, joint), "joint configuration never applied");
-    assert_eq!(lease_state(&sim, l), LeaseState::Expired, "the change must drop the lease");
+    let joint = |s: &SimCluster| {
+        s.node(l).is_some_and(|n| {
+            !n.raw()
+                .raft
+                .prs()
+                .conf()
+                .to_conf_state()
+                .voters_outgoing
+                .is_empty()
+        })
+    };
+    assert!(
+        sim.run_until(500, joint),
+        "joint configuration never applied"
+    );
+    assert_eq!(
+        lease_state(&sim, l),
+        LeaseState::Expired,
+        "the change must drop the lease"
+    );
 
     // Only L and R (old quorum, not a new one) can acknowledge now.
     sim.block(x, l);
     sim.block(4, l);
     sim.run_for_ms(80);
-    assert!(sim.node(l).unwrap().is_leader(), "the test needs L still leading");
-    assert_eq!(lease_state(&sim, l), LeaseState::Expired, "an old-configuration quorum alone granted the lease");
+    assert!(
+        sim.node(l).unwrap().is_leader(),
+        "the test needs L still leading"
+    );
+    assert_eq!(
+        lease_state(&sim, l),
+        LeaseState::Expired,
+        "an old-configuration quorum alone granted the lease"
+    );
 
     sim.heal();
-    assert!(sim.run_until(200, |s| lease_state(s, l).is_held()), "joint quorum never re-established the lease");
+    assert!(
+        sim.run_until(200, |s| lease_state(s, l).is_held()),
+        "joint quorum never re-established the lease"
+    );
     sim.propose_conf_change(l, ConfChangeV2::default()).unwrap(); // leave the joint configuration
-    let left = |s: &SimCluster| s.node(l).is_some_and(|n| n.raw().raft.prs().conf().to_conf_state().voters_outgoing.is_empty());
-    assert!(sim.run_until(500, left), "never left the joint configuration");
-    assert!(sim.run_until(200, |s| lease_state(s, l).is_held()), "new quorum never re-established the lease");
+    let left = |s: &SimCluster| {
+        s.node(l).is_some_and(|n| {
+            n.raw()
+                .raft
+                .prs()
+                .conf()
+                .to_conf_state()
+                .voters_outgoing
+                .is_empty()
+        })
+    };
+    assert!(
+        sim.run_until(500, left),
+        "never left the joint configuration"
+    );
+    assert!(
+        sim.run_until(200, |s| lease_state(s, l).is_held()),
+        "new quorum never re-established the lease"
+    );
     sim.run_with_load(300, &Load::default());
     let report = sim.check();
     assert!(report.violations.is_empty(), "{:?}", report.violations);
@@ -312,7 +436,13 @@ fn membership_change_reestablishes_the_lease_under_both_quorums() {
 fn auto_reads_fall_back_to_read_index_while_no_lease_is_held() {
     let mut sim = SimCluster::new(config(1, UnsafeMode::Safe));
     let leader = elect(&mut sim);
-    sim.run_with_load(200, &Load { read_mode: ReadMode::Auto, ..Load::default() });
+    sim.run_with_load(
+        200,
+        &Load {
+            read_mode: ReadMode::Auto,
+            ..Load::default()
+        },
+    );
     let before = sim.node(leader).unwrap().counters();
     assert!(before.lease_reads > 0, "{before:?}");
     sim.transfer_leader(leader, others(&sim, leader)[0]); // fences the lease for this term
@@ -328,7 +458,9 @@ fn auto_reads_fall_back_to_read_index_while_no_lease_is_held() {
             assert_eq!(*served, raft_lease::ReadKind::Index);
             assert!(c.fallbacks > before.fallbacks);
         }
-        (Some((_, raft_lease::sim::OpResult::Failed(e))), _) => assert!(e.contains("not the leader"), "{e}"),
+        (Some((_, raft_lease::sim::OpResult::Failed(e))), _) => {
+            assert!(e.contains("not the leader"), "{e}")
+        }
         other => panic!("the read neither finished nor failed: {other:?}"),
     }
 }
@@ -347,6 +479,9 @@ fn idle_lease_adds_no_messages_beyond_raft_heartbeats() {
     let (with_lease, leader) = run(UnsafeMode::Safe);
     let (raft_only, _) = run(UnsafeMode::RaftLeaseBased);
     assert!(leader.is_some());
-    assert_eq!(with_lease, raft_only, "the lease must ride on raft's own heartbeats at idle");
+    assert_eq!(
+        with_lease, raft_only,
+        "the lease must ride on raft's own heartbeats at idle"
+    );
     assert!(with_lease > 0);
 }
