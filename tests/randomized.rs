@@ -5,10 +5,10 @@
 //! - `RAFT_LEASE_SEEDS=N` runs seeds `0..N` (default 32).
 //! - `RAFT_LEASE_LONG=1` runs 500 seeds with a longer safety phase.
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use raft_lease::sim::{CheckReport, Load, NetConfig, OpResult, SimCluster, SimConfig};
 use raft_lease::{ReadMode, UnsafeMode};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 struct Outcome {
     report: CheckReport,
@@ -22,7 +22,9 @@ fn seeds() -> Vec<u64> {
         return vec![seed.parse().expect("RAFT_LEASE_SEED must be a number")];
     }
     let long = std::env::var("RAFT_LEASE_LONG").is_ok();
-    let n = std::env::var("RAFT_LEASE_SEEDS").ok().and_then(|s| s.parse().ok());
+    let n = std::env::var("RAFT_LEASE_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok());
     (0..n.unwrap_or(if long { 500 } else { 32 })).collect()
 }
 
@@ -35,7 +37,11 @@ fn safety_ms() -> u64 {
 }
 
 fn config(seed: u64, mode: UnsafeMode, rng: &mut ChaCha8Rng) -> SimConfig {
-    let mut c = SimConfig { seed, nodes: 3 + 2 * rng.gen_range(0..2), ..SimConfig::default() };
+    let mut c = SimConfig {
+        seed,
+        nodes: 3 + 2 * rng.gen_range(0..2),
+        ..SimConfig::default()
+    };
     c.lease.unsafe_mode = mode;
     let rho = c.lease.drift_ppm as i64;
     c.drift_ppm = (0..c.nodes).map(|_| rng.gen_range(-rho..=rho)).collect();
@@ -124,12 +130,27 @@ fn run_seed(seed: u64, mode: UnsafeMode) -> Outcome {
             faults.push(inject(&mut sim, &mut rng, &mut paused));
         }
         let read_mode = [ReadMode::Lease, ReadMode::Auto, ReadMode::ReadIndex][rng.gen_range(0..3)];
-        sim.run_with_load(20, &Load { read_mode, keys: 3, ..Load::default() });
+        sim.run_with_load(
+            20,
+            &Load {
+                read_mode,
+                keys: 3,
+                ..Load::default()
+            },
+        );
     }
     heal_everything(&mut sim, &paused);
     let liveness = liveness_phase(&mut sim);
-    assert!(liveness.is_ok(), "seed {seed}: liveness failed: {}\nfaults: {faults:#?}", liveness.unwrap_err());
-    Outcome { report: sim.check(), ops: sim.history().ops().len(), faults }
+    assert!(
+        liveness.is_ok(),
+        "seed {seed}: liveness failed: {}\nfaults: {faults:#?}",
+        liveness.unwrap_err()
+    );
+    Outcome {
+        report: sim.check(),
+        ops: sim.history().ops().len(),
+        faults,
+    }
 }
 
 fn heal_everything(sim: &mut SimCluster, paused: &[(u64, u64)]) {
@@ -151,7 +172,14 @@ fn liveness_phase(sim: &mut SimCluster) -> Result<(), String> {
     if !sim.run_until(5_000, |s| s.leader().is_some()) {
         return Err("no leader within 5 s of healing".into());
     }
-    sim.run_with_load(1_000, &Load { read_mode: ReadMode::Auto, keys: 3, ..Load::default() });
+    sim.run_with_load(
+        1_000,
+        &Load {
+            read_mode: ReadMode::Auto,
+            keys: 3,
+            ..Load::default()
+        },
+    );
     let leader = sim.leader().ok_or("leader lost while healed")?;
     let write = sim.put(leader, b"liveness");
     sim.run_for_ms(200);
@@ -159,7 +187,9 @@ fn liveness_phase(sim: &mut SimCluster) -> Result<(), String> {
     sim.run_for_ms(200);
     let ops = sim.history().ops();
     match (&ops[write as usize].done, &ops[read as usize].done) {
-        (Some((_, OpResult::Written { .. })), Some((_, OpResult::Read { value: Some(_), .. }))) => Ok(()),
+        (Some((_, OpResult::Written { .. })), Some((_, OpResult::Read { value: Some(_), .. }))) => {
+            Ok(())
+        }
         (w, r) => Err(format!("write {w:?}, read {r:?}")),
     }
 }
@@ -186,10 +216,20 @@ fn randomized_faults_never_produce_a_stale_read() {
 
 #[test]
 fn control_randomized_faults_catch_raft_lease_based() {
-    let caught: Vec<u64> =
-        seeds().into_iter().filter(|&seed| run_seed(seed, UnsafeMode::RaftLeaseBased).report.stale_reads() > 0).collect();
+    let caught: Vec<u64> = seeds()
+        .into_iter()
+        .filter(|&seed| {
+            run_seed(seed, UnsafeMode::RaftLeaseBased)
+                .report
+                .stale_reads()
+                > 0
+        })
+        .collect();
     eprintln!("randomized control: raft-rs LeaseBased served stale reads on seeds {caught:?}");
     if std::env::var("RAFT_LEASE_SEED").is_err() {
-        assert!(!caught.is_empty(), "random faults never caught raft-rs LeaseBased: the simulation is too gentle");
+        assert!(
+            !caught.is_empty(),
+            "random faults never caught raft-rs LeaseBased: the simulation is too gentle"
+        );
     }
 }

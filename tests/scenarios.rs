@@ -3,10 +3,10 @@
 //! Every safety scenario runs twice: as designed, where the linearizability checker must find
 //! nothing, and as a negative control with one safety deliberately switched off, where the same
 //! scenario and the same checker must catch a stale read. A check that cannot fail proves nothing.
+//! The scenarios themselves live in `raft_lease::sim::scenarios`.
 
-use raft::eraftpb::{
-    ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, MessageType,
-};
+use raft::eraftpb::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2};
+use raft_lease::sim::scenarios::{self, elect, others, Scenario};
 use raft_lease::sim::{CheckReport, Load, SimCluster, SimConfig};
 use raft_lease::{LeaseState, ReadMode, UnsafeMode};
 
@@ -22,34 +22,16 @@ fn config(seed: u64, mode: UnsafeMode) -> SimConfig {
     c
 }
 
-fn elect(sim: &mut SimCluster) -> u64 {
-    assert!(
-        sim.run_until(3_000, |s| s.leader().is_some()),
-        "no leader elected"
-    );
-    sim.leader().unwrap()
+fn scenario(name: &str) -> Scenario {
+    scenarios::all()
+        .into_iter()
+        .find(|s| s.name == name)
+        .expect("known scenario")
 }
 
-fn others(sim: &SimCluster, node: u64) -> Vec<u64> {
-    sim.ids().into_iter().filter(|&id| id != node).collect()
-}
-
-/// Runs `scenario` on every seed and returns (seed, report) pairs.
-fn run_seeds(mode: UnsafeMode, scenario: impl Fn(&mut SimCluster)) -> Vec<(u64, CheckReport)> {
-    run_seeds_with(|seed| config(seed, mode), scenario)
-}
-
-fn run_seeds_with(
-    cfg: impl Fn(u64) -> SimConfig,
-    scenario: impl Fn(&mut SimCluster),
-) -> Vec<(u64, CheckReport)> {
-    SEEDS
-        .map(|seed| {
-            let mut sim = SimCluster::new(cfg(seed));
-            scenario(&mut sim);
-            (seed, sim.check())
-        })
-        .collect()
+fn run_seeds(name: &str, safe: bool) -> Vec<(u64, CheckReport)> {
+    let s = scenario(name);
+    SEEDS.map(|seed| (seed, s.check(seed, safe))).collect()
 }
 
 /// Safe runs: no violation on any seed, and lease reads were really served and checked.
@@ -62,10 +44,21 @@ fn assert_safe(runs: &[(u64, CheckReport)]) {
             r.violations[0]
         );
         assert!(
-            r.lease_reads_checked > 0,
-            "seed {seed}: no lease read was checked; the scenario proves nothing"
+            r.reads_checked > 0,
+            "seed {seed}: no read was checked; the scenario proves nothing"
         );
         assert!(r.writes_acked > 0, "seed {seed}: no write was acknowledged");
+    }
+}
+
+/// Safe runs of a scenario where the lease serves reads before the fault.
+fn assert_safe_with_lease_reads(runs: &[(u64, CheckReport)]) {
+    assert_safe(runs);
+    for (seed, r) in runs {
+        assert!(
+            r.lease_reads_checked > 0,
+            "seed {seed}: no lease read was checked"
+        );
     }
 }
 
@@ -80,61 +73,41 @@ fn assert_caught(runs: &[(u64, CheckReport)]) -> usize {
         !caught.is_empty(),
         "the checker caught no stale read on any seed: the control failed to fail"
     );
-    eprintln!(
-        "negative control caught stale reads on seeds {caught:?} of {:?}",
-        SEEDS
-    );
+    eprintln!("negative control caught stale reads on seeds {caught:?} of {SEEDS:?}");
     caught.len()
 }
 
-// ----- a partitioned old leader ----------------------------------------------------------------
-
-fn partitioned_old_leader(sim: &mut SimCluster) {
-    let leader = elect(sim);
-    sim.run_with_load(300, &Load::default());
-    let rest = others(sim, leader);
-    sim.partition(&[leader], &rest);
-    sim.run_with_load(800, &Load::default());
-    sim.heal();
-    sim.run_with_load(300, &Load::default());
+#[test]
+fn every_scenario_has_a_negative_control() {
+    let all = scenarios::all();
+    assert_eq!(all.len(), 7);
+    for s in &all {
+        assert!(
+            !matches!(s.control, scenarios::Control::Mode(UnsafeMode::Safe)),
+            "{} has no control",
+            s.name
+        );
+    }
 }
 
 #[test]
 fn partitioned_old_leader_never_serves_stale_reads() {
-    assert_safe(&run_seeds(UnsafeMode::Safe, partitioned_old_leader));
+    assert_safe_with_lease_reads(&run_seeds("partitioned old leader", true));
 }
 
 #[test]
 fn control_raft_lease_based_serves_stale_reads_after_a_partition() {
-    assert_caught(&run_seeds(
-        UnsafeMode::RaftLeaseBased,
-        partitioned_old_leader,
-    ));
-}
-
-// ----- a paused leader (the GC pause) ----------------------------------------------------------
-
-fn paused_leader(sim: &mut SimCluster) {
-    let leader = elect(sim);
-    sim.run_with_load(300, &Load::default());
-    sim.pause(leader);
-    sim.run_with_load(600, &Load::default()); // a new leader is elected and writes
-    sim.resume_clients_first(leader);
-    for _ in 0..5 {
-        sim.get(leader, b"k0", ReadMode::Lease); // a client was waiting on the paused leader
-        sim.handle_get(leader, b"k0");
-    }
-    sim.run_with_load(300, &Load::default());
+    assert_caught(&run_seeds("partitioned old leader", false));
 }
 
 #[test]
 fn paused_leader_resumes_after_lease_expiry_without_stale_reads() {
-    assert_safe(&run_seeds(UnsafeMode::Safe, paused_leader));
+    assert_safe_with_lease_reads(&run_seeds("paused leader", true));
 }
 
 #[test]
 fn control_raft_lease_based_serves_stale_reads_after_a_pause() {
-    let caught = assert_caught(&run_seeds(UnsafeMode::RaftLeaseBased, paused_leader));
+    let caught = assert_caught(&run_seeds("paused leader", false));
     assert_eq!(
         caught,
         SEEDS.count(),
@@ -142,31 +115,14 @@ fn control_raft_lease_based_serves_stale_reads_after_a_pause() {
     );
 }
 
-// ----- a stalled tick thread (etcd-io/etcd#13527) ----------------------------------------------
-
-fn stalled_leader_ticker(sim: &mut SimCluster) {
-    let leader = elect(sim);
-    sim.run_with_load(300, &Load::default());
-    sim.stall_ticks(leader, true);
-    let rest = others(sim, leader);
-    sim.partition(&[leader], &rest);
-    sim.run_with_load(800, &Load::default());
-    sim.stall_ticks(leader, false);
-    sim.heal();
-    sim.run_with_load(300, &Load::default());
-}
-
 #[test]
 fn stalled_leader_ticker_does_not_stretch_the_lease() {
-    assert_safe(&run_seeds(UnsafeMode::Safe, stalled_leader_ticker));
+    assert_safe_with_lease_reads(&run_seeds("stalled leader ticker", true));
 }
 
 #[test]
 fn control_raft_lease_based_stretches_with_a_stalled_ticker() {
-    let caught = assert_caught(&run_seeds(
-        UnsafeMode::RaftLeaseBased,
-        stalled_leader_ticker,
-    ));
+    let caught = assert_caught(&run_seeds("stalled leader ticker", false));
     assert_eq!(
         caught,
         SEEDS.count(),
@@ -174,152 +130,45 @@ fn control_raft_lease_based_stretches_with_a_stalled_ticker() {
     );
 }
 
-/// A follower's ticker stalls, then fires its missed ticks in a burst: tick-counted "lease"
-/// checks expire at once although the leader was heard a moment ago. The clock-based promise does not.
-fn follower_tick_burst(sim: &mut SimCluster) {
-    let leader = elect(sim);
-    let rest = others(sim, leader);
-    let (b, c) = (rest[0], rest[1]);
-    sim.partition(&[leader], &[b]); // b keeps campaigning; c keeps following the leader
-    sim.run_with_load(300, &Load::default());
-    sim.stall_ticks(c, true);
-    sim.run_with_load(300, &Load::default());
-    sim.partition(&[leader], &[c]); // the leader is now isolated, its lease acked by c
-    sim.stall_ticks(c, false); // the burst
-    sim.run_with_load(500, &Load::default());
-    sim.heal();
-    sim.run_with_load(300, &Load::default());
-}
-
 #[test]
 fn follower_tick_burst_never_shortens_the_promise() {
-    assert_safe(&run_seeds(UnsafeMode::Safe, follower_tick_burst));
+    assert_safe_with_lease_reads(&run_seeds("follower tick burst", true));
 }
 
 #[test]
 fn control_no_promise_is_broken_by_a_tick_burst() {
-    assert_caught(&run_seeds(UnsafeMode::NoPromise, follower_tick_burst));
-}
-
-// ----- a delayed MsgTimeoutNow (tikv/raft-rs#234) ----------------------------------------------
-
-fn delayed_timeout_now(sim: &mut SimCluster) {
-    let leader = elect(sim);
-    sim.run_with_load(300, &Load::default());
-    let rest = others(sim, leader);
-    let (target, other) = (rest[0], rest[1]);
-    sim.net_mut()
-        .delay_type(MessageType::MsgTimeoutNow, 250_000_000);
-    sim.transfer_leader(leader, target);
-    // The transfer times out; the old leader keeps leading and renewing in its term.
-    sim.run_with_load(200, &Load::default());
-    // Replies to the old leader are cut, but its messages still reach the target, so the late
-    // MsgTimeoutNow arrives and starts a forced election.
-    sim.block(target, leader);
-    sim.block(other, leader);
-    sim.block(leader, other);
-    sim.run_with_load(600, &Load::default());
-    sim.heal();
-    sim.run_with_load(300, &Load::default());
+    assert_caught(&run_seeds("follower tick burst", false));
 }
 
 #[test]
 fn delayed_timeout_now_never_gives_two_holders() {
-    let runs = run_seeds(UnsafeMode::Safe, delayed_timeout_now);
-    for (seed, r) in &runs {
-        assert!(
-            r.violations.is_empty(),
-            "seed {seed}: {:?}",
-            r.violations.first()
-        );
-        assert!(
-            r.reads_checked > 0 && r.writes_acked > 0,
-            "seed {seed}: nothing checked"
-        );
-    }
+    // The transfer fences the lease for the rest of the term, so reads there go to ReadIndex.
+    assert_safe(&run_seeds("delayed MsgTimeoutNow", true));
 }
 
 #[test]
 fn control_no_transfer_fence_gives_two_holders() {
-    assert_caught(&run_seeds(UnsafeMode::NoTransferFence, delayed_timeout_now));
-}
-
-// ----- a follower restart (tikv/tikv#15035) ----------------------------------------------------
-
-fn follower_restart(sim: &mut SimCluster) {
-    let leader = elect(sim);
-    let rest = others(sim, leader);
-    let (b, c) = (rest[0], rest[1]);
-    sim.run_with_load(300, &Load::default());
-    // The lease rests on c's acknowledgements. No writes meanwhile, so b's log stays up to date.
-    sim.partition(&[leader], &[b]);
-    sim.run_with_load(
-        400,
-        &Load {
-            write_every_us: 0,
-            ..Load::default()
-        },
-    );
-    sim.partition(&[leader], &[c]);
-    sim.crash(c);
-    sim.restart(c); // forgets its promise; b is campaigning
-    sim.run_with_load(600, &Load::default());
-    sim.heal();
-    sim.run_with_load(300, &Load::default());
+    assert_caught(&run_seeds("delayed MsgTimeoutNow", false));
 }
 
 #[test]
 fn restarted_follower_refuses_votes_for_p_after_boot() {
-    assert_safe(&run_seeds(UnsafeMode::Safe, follower_restart));
+    assert_safe_with_lease_reads(&run_seeds("follower restart", true));
 }
 
 #[test]
 fn control_no_boot_promise_lets_a_restarted_follower_vote_at_once() {
-    assert_caught(&run_seeds(UnsafeMode::NoBootPromise, follower_restart));
-}
-
-// ----- clock drift at the bound and beyond -----------------------------------------------------
-
-/// The worst case for the lease: the leader's clock slow, the followers' fast.
-fn drift_config(seed: u64, actual_ppm: i64) -> SimConfig {
-    let mut c = config(seed, UnsafeMode::Safe);
-    c.lease.drift_ppm = 10_000; // ρ = 1% configured
-    c.drift_ppm = vec![-actual_ppm, actual_ppm, actual_ppm];
-    c
-}
-
-fn partition_node_1(sim: &mut SimCluster) {
-    assert!(sim.run_until(3_000, |s| s.leader().is_some()));
-    // Make node 1 (the slow clock) the leader.
-    if sim.leader() != Some(1) {
-        let l = sim.leader().unwrap();
-        sim.transfer_leader(l, 1);
-        assert!(
-            sim.run_until(3_000, |s| s.leader() == Some(1)),
-            "transfer to node 1 failed"
-        );
-    }
-    sim.run_with_load(400, &Load::default());
-    sim.partition(&[1], &[2, 3]);
-    sim.run_with_load(800, &Load::default());
-    sim.heal();
-    sim.run_with_load(300, &Load::default());
+    assert_caught(&run_seeds("follower restart", false));
 }
 
 #[test]
 fn drift_at_the_bound_is_safe() {
-    assert_safe(&run_seeds_with(
-        |seed| drift_config(seed, 10_000),
-        partition_node_1,
-    ));
+    assert_safe_with_lease_reads(&run_seeds("clock drift", true));
 }
 
 #[test]
 fn control_drift_beyond_the_bound_serves_stale_reads() {
-    assert_caught(&run_seeds_with(
-        |seed| drift_config(seed, 150_000),
-        partition_node_1,
-    ));
+    assert_caught(&run_seeds("clock drift", false));
 }
 
 // ----- a membership change ---------------------------------------------------------------------

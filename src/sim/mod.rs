@@ -24,6 +24,7 @@ mod cluster;
 pub mod history;
 pub mod kv;
 pub mod net;
+pub mod scenarios;
 
 pub use cluster::{Load, SimCluster, SimConfig};
 pub use history::{CheckReport, History, Op, OpId, OpKind, OpResult, Violation};
