@@ -57,3 +57,8 @@ pub use node::{CampaignError, LeaseNode, NodeError};
 pub use promise::{FollowerPromise, VoteDecision};
 pub use read::{ReadError, ReadId, ReadKind, ReadMode, ServedRead};
 pub use status::{CounterSnapshot, Counters, LeaseStatus};
+
+/// The README's embedding example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
