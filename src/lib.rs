@@ -39,6 +39,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod grant;
 pub mod handle;
 pub mod lease;
 pub mod node;

@@ -1,0 +1,93 @@
+//! General lease primitives, independent of raft: a grantor, a holder with a renewer thread,
+//! fencing tokens, and sessions with batched keep-alive. They use the same [`Clock`](crate::Clock).
+//!
+//! The argument is the raft lease's, for any resource: the grantor holds the lease for
+//! `d·(1+ρ) + ε` from when it granted it, on its own clock; the holder believes in it only for
+//! `d·(1−ρ) − ε` from *before it sent the request*, on its own clock. With both clocks within
+//! `1 ± ρ` of real time, the holder's belief always ends first. Expiry means only that the old
+//! holder *should* have stopped, so writes carry the fencing token and storage rejects lower ones.
+//!
+//! ```
+//! use raft_lease::grant::{FencedStore, GrantConfig, LeaseHolder, LeaseServer};
+//! use raft_lease::{Clock, SimClock};
+//!
+//! let config = GrantConfig { drift_ppm: 1_000, margin_ms: 10, max_term_ms: 60_000 };
+//! let (client_clock, server_clock) = (SimClock::new(0, 0), SimClock::new(0, 0));
+//! let mut server = LeaseServer::new(server_clock.clone(), config, 0);
+//! let mut holder = LeaseHolder::new(config);
+//! let mut storage = FencedStore::new(String::new());
+//!
+//! // Acquire: read sent_at before the request leaves.
+//! let sent_at = client_clock.now_ns();
+//! let grant = server.acquire_now(7, 3_000).expect("free");
+//! holder.on_grant(sent_at, grant);
+//! let token = holder.token(client_clock.now_ns()).expect("held");
+//! storage.write(token, "written under the lease".into()).expect("current token");
+//!
+//! // Renew when a third is left; the token stays the same.
+//! client_clock.advance(2_100_000_000);
+//! server_clock.advance(2_100_000_000);
+//! assert!(holder.should_renew(client_clock.now_ns()));
+//! let sent_at = client_clock.now_ns();
+//! holder.on_grant(sent_at, server.acquire_now(7, 3_000).expect("renewal"));
+//! assert_eq!(holder.token(client_clock.now_ns()), Some(token));
+//!
+//! // Someone else later gets a larger token; our late write is then rejected.
+//! server_clock.advance(10_000_000_000);
+//! let other = server.acquire_now(8, 3_000).expect("expired, so free");
+//! storage.write(other.token, "new owner".into()).unwrap();
+//! assert!(storage.write(token, "late write from a paused ex-holder".into()).is_err());
+//! ```
+
+pub mod fence;
+pub mod holder;
+pub mod renewer;
+pub mod server;
+pub mod session;
+
+pub use fence::{FencedStore, StaleToken};
+pub use holder::LeaseHolder;
+pub use renewer::{ClockSleeper, LeaseEvent, LossReason, Renewer, SimSleeper, Sleeper, Transport};
+pub use server::{AcquireError, ClientId, Grant, LeaseServer};
+pub use session::{KeepAlive, Revoked, SessionError, SessionId, Sessions};
+
+const PPM: u128 = 1_000_000;
+const NS_PER_MS: u128 = 1_000_000;
+
+/// Drift bound, margin and largest term, shared by grantor and holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantConfig {
+    /// `ρ`, the bound on each clock's rate error, in parts per million.
+    pub drift_ppm: u64,
+    /// `ε`, the safety margin, in milliseconds.
+    pub margin_ms: u64,
+    /// The largest lease term or session TTL granted, in milliseconds.
+    pub max_term_ms: u64,
+}
+
+impl Default for GrantConfig {
+    /// ρ = 500 ppm, ε = 10 ms, terms up to 60 s.
+    fn default() -> Self {
+        GrantConfig {
+            drift_ppm: 500,
+            margin_ms: 10,
+            max_term_ms: 60_000,
+        }
+    }
+}
+
+impl GrantConfig {
+    /// How long the grantor holds a lease of `term_ms`: `d·(1+ρ) + ε`, rounded up, in ns.
+    pub fn grantor_hold_ns(&self, term_ms: u64) -> u64 {
+        let d = term_ms as u128 * NS_PER_MS;
+        let scaled = (d * (PPM + self.drift_ppm as u128)).div_ceil(PPM);
+        (scaled + self.margin_ms as u128 * NS_PER_MS) as u64
+    }
+
+    /// How long the holder believes a lease of `term_ms`: `d·(1−ρ) − ε`, rounded down, at least 0.
+    pub fn holder_valid_ns(&self, term_ms: u64) -> u64 {
+        let d = term_ms as u128 * NS_PER_MS;
+        let scaled = d * PPM.saturating_sub(self.drift_ppm as u128) / PPM;
+        scaled.saturating_sub(self.margin_ms as u128 * NS_PER_MS) as u64
+    }
+}

@@ -1,0 +1,353 @@
+//! Sessions: one lease shared by many keys and locks (as with Chubby sessions and etcd leases),
+//! kept alive in batches. Pure: time is an argument, on the grantor's clock.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use thiserror::Error;
+
+use crate::grant::fence::StaleToken;
+use crate::grant::GrantConfig;
+
+/// Identifies a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+/// Why a session call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SessionError {
+    /// No live session has this id (never granted, expired or revoked).
+    #[error("unknown or expired session {0:?}")]
+    Unknown(SessionId),
+    /// The TTL is zero or above the maximum.
+    #[error("ttl {ttl_ms} ms is outside 1..={max_ttl_ms} ms")]
+    BadTtl {
+        /// The requested TTL.
+        ttl_ms: u64,
+        /// The largest TTL granted.
+        max_ttl_ms: u64,
+    },
+    /// Another session holds the lock.
+    #[error("lock {name:?} is held by session {holder:?}")]
+    LockHeld {
+        /// The lock.
+        name: String,
+        /// Its holder.
+        holder: SessionId,
+    },
+}
+
+/// What ending a session revoked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Revoked {
+    /// Keys attached to the session: delete them.
+    pub keys: Vec<Vec<u8>>,
+    /// Locks the session held: now free.
+    pub locks: Vec<String>,
+}
+
+/// The result of a batched keep-alive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Sessions refreshed.
+    pub refreshed: usize,
+    /// Ids that named no live session.
+    pub unknown: Vec<SessionId>,
+}
+
+#[derive(Debug, Clone)]
+struct Session {
+    ttl_ms: u64,
+    /// On the grantor's clock, exclusive: last refresh + ttl·(1+ρ) + ε.
+    expiry_ns: u64,
+    keys: BTreeSet<Vec<u8>>,
+    locks: BTreeSet<String>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Lock {
+    holder: SessionId,
+    token: u64,
+}
+
+/// Every session, key attachment and lock of one grantor. Replicate it (e.g. through raft) so that
+/// a new grantor can take over with [`Sessions::takeover`].
+#[derive(Debug, Clone)]
+pub struct Sessions {
+    config: GrantConfig,
+    next_id: u64,
+    sessions: BTreeMap<SessionId, Session>,
+    /// (expiry, id) for every session: expiry in order without a scan.
+    by_expiry: BTreeSet<(u64, SessionId)>,
+    locks: BTreeMap<String, Lock>,
+    /// The highest token ever issued per lock. Never decreases, even after the lock is freed.
+    lock_tokens: BTreeMap<String, u64>,
+}
+
+impl Sessions {
+    /// No sessions. TTLs are bounded by `config.max_term_ms`.
+    pub fn new(config: GrantConfig) -> Self {
+        Sessions {
+            config,
+            next_id: 0,
+            sessions: BTreeMap::new(),
+            by_expiry: BTreeSet::new(),
+            locks: BTreeMap::new(),
+            lock_tokens: BTreeMap::new(),
+        }
+    }
+
+    /// Start a session with `ttl_ms` at `now_ns`.
+    pub fn grant(&mut self, ttl_ms: u64, now_ns: u64) -> Result<SessionId, SessionError> {
+        let max_ttl_ms = self.config.max_term_ms;
+        if ttl_ms == 0 || ttl_ms > max_ttl_ms {
+            return Err(SessionError::BadTtl { ttl_ms, max_ttl_ms });
+        }
+        self.next_id += 1;
+        let id = SessionId(self.next_id);
+        let expiry_ns = now_ns + self.config.grantor_hold_ns(ttl_ms);
+        let session = Session {
+            ttl_ms,
+            expiry_ns,
+            keys: BTreeSet::new(),
+            locks: BTreeSet::new(),
+        };
+        self.sessions.insert(id, session);
+        self.by_expiry.insert((expiry_ns, id));
+        Ok(id)
+    }
+
+    /// Refresh many sessions in one call, each to a full TTL from `now_ns`.
+    pub fn keepalive(&mut self, ids: &[SessionId], now_ns: u64) -> KeepAlive {
+        let mut out = KeepAlive::default();
+        for &id in ids {
+            if self.is_live(id, now_ns) {
+                self.extend(id, now_ns);
+                out.refreshed += 1;
+            } else {
+                out.unknown.push(id);
+            }
+        }
+        out
+    }
+
+    /// Move session `id`'s expiry to a full TTL from `now_ns`, never earlier than it was.
+    fn extend(&mut self, id: SessionId, now_ns: u64) {
+        let config = self.config;
+        let s = self.sessions.get_mut(&id).expect("extend a known session");
+        let old_ns = s.expiry_ns;
+        s.expiry_ns = old_ns.max(now_ns + config.grantor_hold_ns(s.ttl_ms));
+        let new_ns = s.expiry_ns;
+        self.by_expiry.remove(&(old_ns, id));
+        self.by_expiry.insert((new_ns, id));
+        debug_assert!(new_ns >= old_ns && new_ns > now_ns);
+    }
+
+    fn live_mut(&mut self, id: SessionId, now_ns: u64) -> Option<&mut Session> {
+        self.sessions.get_mut(&id).filter(|s| now_ns < s.expiry_ns)
+    }
+
+    /// Tie `key` to session `id`: it is deleted when the session ends.
+    pub fn attach_key(
+        &mut self,
+        id: SessionId,
+        key: &[u8],
+        now_ns: u64,
+    ) -> Result<(), SessionError> {
+        let s = self.live_mut(id, now_ns).ok_or(SessionError::Unknown(id))?;
+        s.keys.insert(key.to_vec());
+        Ok(())
+    }
+
+    /// Acquire lock `name` for session `id`. Returns its fencing token: the same while the session
+    /// holds it, larger for every new holder.
+    pub fn lock(&mut self, name: &str, id: SessionId, now_ns: u64) -> Result<u64, SessionError> {
+        if self.live_mut(id, now_ns).is_none() {
+            return Err(SessionError::Unknown(id));
+        }
+        if let Some(l) = self.locks.get(name) {
+            if l.holder == id {
+                return Ok(l.token);
+            }
+            return Err(SessionError::LockHeld {
+                name: name.to_string(),
+                holder: l.holder,
+            });
+        }
+        let token = self.lock_tokens.get(name).copied().unwrap_or(0) + 1;
+        self.lock_tokens.insert(name.to_string(), token);
+        self.locks
+            .insert(name.to_string(), Lock { holder: id, token });
+        self.sessions
+            .get_mut(&id)
+            .expect("live")
+            .locks
+            .insert(name.to_string());
+        Ok(token)
+    }
+
+    /// Release lock `name` if session `id` holds it. Returns whether it did.
+    pub fn unlock(&mut self, name: &str, id: SessionId) -> bool {
+        if self.locks.get(name).is_none_or(|l| l.holder != id) {
+            return false;
+        }
+        self.locks.remove(name);
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.locks.remove(name);
+        }
+        true
+    }
+
+    /// Whether a write fenced with `token` for lock `name` is current: not below the highest
+    /// token ever issued for that lock.
+    pub fn check_fence(&self, name: &str, token: u64) -> Result<(), StaleToken> {
+        let highest = self.lock_tokens.get(name).copied().unwrap_or(0);
+        if token < highest {
+            return Err(StaleToken { token, highest });
+        }
+        Ok(())
+    }
+
+    /// End session `id` now; returns what it held, or `None` if there was no such session.
+    pub fn revoke(&mut self, id: SessionId) -> Option<Revoked> {
+        let s = self.sessions.remove(&id)?;
+        self.by_expiry.remove(&(s.expiry_ns, id));
+        for name in &s.locks {
+            self.locks.remove(name);
+        }
+        Some(Revoked {
+            keys: s.keys.into_iter().collect(),
+            locks: s.locks.into_iter().collect(),
+        })
+    }
+
+    /// End every session whose TTL ran out by `now_ns`; returns what each held.
+    pub fn expire(&mut self, now_ns: u64) -> Vec<(SessionId, Revoked)> {
+        let due: Vec<SessionId> = self
+            .by_expiry
+            .iter()
+            .take_while(|(t, _)| *t <= now_ns)
+            .map(|(_, id)| *id)
+            .collect();
+        due.into_iter()
+            .filter_map(|id| Some((id, self.revoke(id)?)))
+            .collect()
+    }
+
+    /// A new grantor takes over at `now_ns` (on its own clock): every outstanding session is
+    /// extended to a full TTL from now, so nothing the previous grantor promised expires early and
+    /// no lock it granted is handed to someone else while its holder may still believe in it.
+    pub fn takeover(&mut self, now_ns: u64) {
+        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for id in ids {
+            self.extend(id, now_ns);
+        }
+    }
+
+    /// Whether session `id` is live at `now_ns`.
+    pub fn is_live(&self, id: SessionId, now_ns: u64) -> bool {
+        self.sessions.get(&id).is_some_and(|s| now_ns < s.expiry_ns)
+    }
+
+    /// The holder and token of lock `name`.
+    pub fn lock_holder(&self, name: &str) -> Option<(SessionId, u64)> {
+        self.locks.get(name).map(|l| (l.holder, l.token))
+    }
+
+    /// Sessions not yet expired or revoked (expired ones linger until [`Sessions::expire`]).
+    pub fn len(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Whether there is no session.
+    pub fn is_empty(&self) -> bool {
+        self.sessions.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn sessions() -> Sessions {
+        Sessions::new(GrantConfig {
+            drift_ppm: 0,
+            margin_ms: 0,
+            max_term_ms: 60_000,
+        })
+    }
+
+    #[test]
+    fn expiry_revokes_attached_keys_and_locks() {
+        let mut s = sessions();
+        let a = s.grant(100, 0).unwrap();
+        s.attach_key(a, b"k1", 0).unwrap();
+        assert_eq!(s.lock("L", a, 0), Ok(1));
+        assert_eq!(
+            s.lock("L", a, 0),
+            Ok(1),
+            "re-locking by the holder keeps the token"
+        );
+        assert!(s.expire(100 * MS - 1).is_empty());
+        let gone = s.expire(100 * MS);
+        assert_eq!(
+            gone,
+            vec![(
+                a,
+                Revoked {
+                    keys: vec![b"k1".to_vec()],
+                    locks: vec!["L".into()]
+                }
+            )]
+        );
+        assert_eq!(
+            s.attach_key(a, b"k2", 100 * MS),
+            Err(SessionError::Unknown(a))
+        );
+        let b = s.grant(100, 100 * MS).unwrap();
+        assert_eq!(
+            s.lock("L", b, 100 * MS),
+            Ok(2),
+            "a new owner gets a larger token"
+        );
+        assert_eq!(
+            s.check_fence("L", 1),
+            Err(StaleToken {
+                token: 1,
+                highest: 2
+            })
+        );
+        assert_eq!(s.check_fence("L", 2), Ok(()));
+    }
+
+    #[test]
+    fn a_held_lock_is_refused_and_released_locks_move_on() {
+        let mut s = sessions();
+        let (a, b) = (s.grant(1_000, 0).unwrap(), s.grant(1_000, 0).unwrap());
+        s.lock("L", a, 0).unwrap();
+        assert_eq!(
+            s.lock("L", b, 0),
+            Err(SessionError::LockHeld {
+                name: "L".into(),
+                holder: a
+            })
+        );
+        assert!(!s.unlock("L", b));
+        assert!(s.unlock("L", a));
+        assert_eq!(s.lock("L", b, 0), Ok(2));
+        assert_eq!(s.lock_holder("L"), Some((b, 2)));
+        assert!(matches!(s.grant(0, 0), Err(SessionError::BadTtl { .. })));
+    }
+
+    #[test]
+    fn takeover_extends_every_session_to_a_full_ttl() {
+        let mut s = sessions();
+        let a = s.grant(100, 0).unwrap();
+        s.lock("L", a, 0).unwrap();
+        s.takeover(90 * MS); // the new grantor cannot know how long the old one promised
+        assert!(s.expire(150 * MS).is_empty());
+        assert!(s.is_live(a, 189 * MS));
+        assert_eq!(s.expire(190 * MS).len(), 1);
+    }
+}

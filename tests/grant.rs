@@ -1,0 +1,283 @@
+//! The general lease primitives, in simulated time.
+
+use std::sync::Arc;
+
+use raft_lease::grant::{
+    FencedStore, GrantConfig, LeaseEvent, LeaseHolder, LeaseServer, LossReason, Renewer, SessionId,
+    Sessions, SimSleeper, StaleToken,
+};
+use raft_lease::{Clock, SimClock};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const MS: u64 = 1_000_000;
+const PPM: u128 = 1_000_000;
+
+/// The first real instant (ns from the start) at which a clock that read `start_ns` at real 0 and
+/// runs at `1 + ppm/1e6` reads at least `local_ns`.
+fn real_when(local_ns: u64, start_ns: u64, ppm: i64) -> u128 {
+    let elapsed = local_ns.saturating_sub(start_ns) as u128;
+    (elapsed * PPM).div_ceil((PPM as i128 + ppm as i128) as u128)
+}
+
+struct Case {
+    config: GrantConfig,
+    term_ms: u64,
+    holder_ppm: i64,
+    grantor_ppm: i64,
+    request_delay_ns: u64,
+    response_delay_ns: u64,
+}
+
+fn random_case(rng: &mut ChaCha8Rng) -> Case {
+    let rho = rng.gen_range(0..=20_000u64);
+    let config = GrantConfig {
+        drift_ppm: rho,
+        margin_ms: rng.gen_range(1..=20),
+        max_term_ms: 60_000,
+    };
+    let rho = rho as i64;
+    Case {
+        config,
+        term_ms: rng.gen_range(50..=20_000),
+        holder_ppm: rng.gen_range(-rho..=rho),
+        grantor_ppm: rng.gen_range(-rho..=rho),
+        request_delay_ns: rng.gen_range(0..=500 * MS),
+        response_delay_ns: rng.gen_range(0..=500 * MS),
+    }
+}
+
+/// Real end instants of (holder's view, grantor's hold). `from_response` is the bug: the holder
+/// starts its timer when the answer arrives instead of before the request.
+fn ends(case: &Case, from_response: bool) -> (u128, u128) {
+    let holder_clock = SimClock::new(5 * MS, case.holder_ppm);
+    let grantor_clock = SimClock::new(9 * MS, case.grantor_ppm);
+    let (h0, g0) = (holder_clock.now_ns(), grantor_clock.now_ns());
+    let mut server = LeaseServer::new(grantor_clock.clone(), case.config, 0);
+    let mut holder = LeaseHolder::new(case.config);
+    let sent_at_ns = holder_clock.now_ns();
+    for c in [&holder_clock, &grantor_clock] {
+        c.advance(case.request_delay_ns);
+    }
+    let grant = server.acquire_now(1, case.term_ms).expect("free");
+    let (_, grantor_expiry_ns) = server.holder(grantor_clock.now_ns()).expect("held");
+    for c in [&holder_clock, &grantor_clock] {
+        c.advance(case.response_delay_ns);
+    }
+    let start_ns = if from_response {
+        holder_clock.now_ns()
+    } else {
+        sent_at_ns
+    };
+    holder.on_grant(start_ns, grant);
+    let holder_until_ns = holder.valid_until_ns().expect("held");
+    (
+        real_when(holder_until_ns, h0, case.holder_ppm),
+        real_when(grantor_expiry_ns, g0, case.grantor_ppm),
+    )
+}
+
+fn violations(from_response: bool) -> usize {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x6a27);
+    (0..5_000)
+        .filter(|_| {
+            let case = random_case(&mut rng);
+            let (holder_end, grantor_end) = ends(&case, from_response);
+            holder_end > grantor_end
+        })
+        .count()
+}
+
+#[test]
+fn property_the_holders_view_always_ends_before_the_grantors() {
+    assert_eq!(
+        violations(false),
+        0,
+        "the holder outlived the grantor's hold"
+    );
+}
+
+#[test]
+fn control_a_holder_timing_from_the_response_outlives_the_grantor() {
+    let bad = violations(true);
+    assert!(
+        bad > 0,
+        "the property test cannot tell a response-timed holder apart"
+    );
+    eprintln!("response-timed holder outlived the grantor in {bad} of 5000 cases");
+}
+
+#[test]
+fn a_paused_ex_holders_late_write_is_fenced() {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = LeaseServer::new(clock.clone(), config, 0);
+    let mut storage = FencedStore::new("initial");
+    let mut a = LeaseHolder::new(config);
+    a.on_grant(clock.now_ns(), server.acquire_now(1, 1_000).unwrap());
+    let token_a = a.token(clock.now_ns()).expect("held");
+    storage.write(token_a, "from a").unwrap();
+    // `a` checked its lease, then paused (GC) for 5 s before writing again.
+    clock.advance(5_000 * MS);
+    let grant_b = server
+        .acquire_now(2, 1_000)
+        .expect("a's lease expired at the grantor");
+    assert!(grant_b.token > token_a);
+    storage.write(grant_b.token, "from b").unwrap();
+    assert_eq!(
+        storage.write(token_a, "late from a"),
+        Err(StaleToken {
+            token: token_a,
+            highest: grant_b.token
+        })
+    );
+    assert_eq!(*storage.read(), "from b");
+}
+
+/// A renewer on a simulated clock, fed by `answer(call_number, server)`. Returns its events.
+fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<LeaseEvent>, u64) {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = LeaseServer::new(clock.clone(), config, 0);
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(clock.now_ns(), server.acquire_now(1, 3_000).unwrap());
+    let first_until = holder.valid_until_ns().unwrap();
+    let mut calls = 0u32;
+    let transport = move |term_ms: u64| {
+        calls += 1;
+        match answer(calls) {
+            Some(0) => server.acquire_now(1, term_ms).map_err(|e| e.to_string()),
+            Some(token) => Ok(raft_lease::grant::Grant { token, term_ms }),
+            None => Err(format!("renewal {calls} lost")),
+        }
+    };
+    let renewer = Renewer::spawn(
+        Arc::new(clock.clone()),
+        holder,
+        3_000,
+        transport,
+        SimSleeper(clock),
+    );
+    let mut events = Vec::new();
+    loop {
+        let e = renewer
+            .events()
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("renewer hung");
+        let lost = matches!(e, LeaseEvent::Lost { .. });
+        events.push(e);
+        if lost {
+            break;
+        }
+    }
+    renewer.stop();
+    (events, first_until)
+}
+
+#[test]
+fn renewing_at_a_third_left_survives_one_lost_renewal() {
+    // Renewals 1–3 succeed, 4 is lost, 5–8 succeed, then the grantor is gone for good.
+    let (events, first_until) = run_renewer(|n| if n == 4 || n > 8 { None } else { Some(0) });
+    let mut valid_until = first_until;
+    let (mut renewed, mut failed) = (0, 0);
+    for e in &events {
+        match e {
+            LeaseEvent::Renewed {
+                valid_until_ns,
+                at_ns,
+                token,
+            } => {
+                assert_eq!(*token, 1, "a renewal keeps the token");
+                assert!(
+                    *at_ns < valid_until,
+                    "renewed only after the lease had lapsed: {events:#?}"
+                );
+                valid_until = *valid_until_ns;
+                renewed += 1;
+            }
+            LeaseEvent::RenewFailed { .. } => failed += 1,
+            LeaseEvent::Lost { .. } => {}
+        }
+    }
+    assert_eq!(renewed, 7, "{events:#?}");
+    assert!(
+        failed >= 2,
+        "the final outage fails at least twice before giving up: {events:#?}"
+    );
+}
+
+#[test]
+fn losing_the_lease_signals_the_owner_before_the_holders_expiry() {
+    let (events, first_until) = run_renewer(|_| None);
+    let Some(LeaseEvent::Lost { reason, at_ns }) = events.last() else {
+        panic!("{events:#?}")
+    };
+    assert_eq!(
+        *reason,
+        LossReason::RenewalsFailed {
+            valid_until_ns: first_until
+        }
+    );
+    assert!(
+        *at_ns < first_until,
+        "signalled at {at_ns}, after the view ended at {first_until}"
+    );
+    let failures = events
+        .iter()
+        .filter(|e| matches!(e, LeaseEvent::RenewFailed { .. }))
+        .count();
+    assert!(failures >= 3, "it retried: {events:#?}");
+}
+
+#[test]
+fn a_changed_token_is_a_lost_lease() {
+    let (events, _) = run_renewer(|n| if n == 1 { Some(0) } else { Some(99) });
+    let last = events.last().unwrap();
+    assert!(
+        matches!(
+            last,
+            LeaseEvent::Lost {
+                reason: LossReason::TokenChanged {
+                    old: Some(1),
+                    new: 99
+                },
+                ..
+            }
+        ),
+        "{events:#?}"
+    );
+}
+
+#[test]
+fn a_batched_keepalive_of_10000_sessions_refreshes_them_all() {
+    let mut sessions = Sessions::new(GrantConfig {
+        drift_ppm: 500,
+        margin_ms: 10,
+        max_term_ms: 60_000,
+    });
+    let ids: Vec<SessionId> = (0..10_000)
+        .map(|_| sessions.grant(12_000, 0).unwrap())
+        .collect();
+    for (i, id) in ids.iter().enumerate() {
+        sessions
+            .attach_key(*id, format!("key{i}").as_bytes(), 0)
+            .unwrap();
+        sessions.lock(&format!("lock{i}"), *id, 0).unwrap();
+    }
+    // At 8 s, keep the even half alive in one call; at 14 s the odd half has expired.
+    let even: Vec<SessionId> = ids.iter().copied().step_by(2).collect();
+    let ka = sessions.keepalive(&even, 8_000 * MS);
+    assert_eq!((ka.refreshed, ka.unknown.len()), (5_000, 0));
+    let expired = sessions.expire(14_000 * MS);
+    assert_eq!(expired.len(), 5_000);
+    for (id, revoked) in &expired {
+        let i = ids.iter().position(|x| x == id).unwrap();
+        assert_eq!(i % 2, 1, "a refreshed session expired");
+        assert_eq!(revoked.keys, vec![format!("key{i}").into_bytes()]);
+        assert_eq!(revoked.locks, vec![format!("lock{i}")]);
+        assert_eq!(sessions.lock_holder(&format!("lock{i}")), None);
+    }
+    assert!(even.iter().all(|id| sessions.is_live(*id, 14_000 * MS)));
+    let ka = sessions.keepalive(&ids, 14_000 * MS);
+    assert_eq!((ka.refreshed, ka.unknown.len()), (5_000, 5_000));
+}
