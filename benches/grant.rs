@@ -32,7 +32,9 @@ fn grantor(c: &mut Criterion) {
 
 fn sessions(c: &mut Criterion) {
     let mut sessions = Sessions::new(GrantConfig::default());
-    let ids: Vec<SessionId> = (0..10_000).map(|_| sessions.grant(12_000, 0).expect("ttl")).collect();
+    let ids: Vec<SessionId> = (0..10_000)
+        .map(|_| sessions.grant(12_000, 0).expect("ttl"))
+        .collect();
     let mut now_ns = 0u64;
     c.bench_function("keepalive_10k_sessions", |b| {
         b.iter(|| {

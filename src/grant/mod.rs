@@ -49,7 +49,9 @@ pub use fence::{FencedStore, StaleToken};
 pub use holder::LeaseHolder;
 pub use renewer::{ClockSleeper, LeaseEvent, LossReason, Renewer, SimSleeper, Sleeper, Transport};
 pub use server::{AcquireError, ClientId, Grant, LeaseServer};
-pub use session::{KeepAlive, Revoked, SessionError, SessionId, Sessions};
+pub use session::{
+    KeepAlive, Revoked, SessionError, SessionId, SessionImage, Sessions, SessionsImage,
+};
 
 const PPM: u128 = 1_000_000;
 const NS_PER_MS: u128 = 1_000_000;

@@ -264,6 +264,92 @@ impl Sessions {
     }
 }
 
+/// A plain copy of one session, for snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionImage {
+    /// The session.
+    pub id: SessionId,
+    /// Its TTL.
+    pub ttl_ms: u64,
+    /// Its expiry on the grantor's clock.
+    pub expiry_ns: u64,
+    /// Attached keys.
+    pub keys: Vec<Vec<u8>>,
+    /// Held locks.
+    pub locks: Vec<String>,
+}
+
+/// A plain copy of a [`Sessions`], for snapshots: serialize it however you like.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionsImage {
+    /// The last session id handed out.
+    pub next_id: u64,
+    /// Every session.
+    pub sessions: Vec<SessionImage>,
+    /// Held locks: (name, holder, token).
+    pub locks: Vec<(String, SessionId, u64)>,
+    /// Highest token ever issued per lock.
+    pub lock_tokens: Vec<(String, u64)>,
+}
+
+impl Sessions {
+    /// A plain copy of everything, for a snapshot.
+    pub fn image(&self) -> SessionsImage {
+        SessionsImage {
+            next_id: self.next_id,
+            sessions: self
+                .sessions
+                .iter()
+                .map(|(id, s)| SessionImage {
+                    id: *id,
+                    ttl_ms: s.ttl_ms,
+                    expiry_ns: s.expiry_ns,
+                    keys: s.keys.iter().cloned().collect(),
+                    locks: s.locks.iter().cloned().collect(),
+                })
+                .collect(),
+            locks: self
+                .locks
+                .iter()
+                .map(|(n, l)| (n.clone(), l.holder, l.token))
+                .collect(),
+            lock_tokens: self
+                .lock_tokens
+                .iter()
+                .map(|(n, t)| (n.clone(), *t))
+                .collect(),
+        }
+    }
+
+    /// Rebuild from an [`Sessions::image`].
+    pub fn from_image(config: GrantConfig, image: SessionsImage) -> Self {
+        let mut s = Sessions::new(config);
+        s.next_id = image.next_id;
+        for si in image.sessions {
+            s.by_expiry.insert((si.expiry_ns, si.id));
+            let session = Session {
+                ttl_ms: si.ttl_ms,
+                expiry_ns: si.expiry_ns,
+                keys: si.keys.into_iter().collect(),
+                locks: si.locks.into_iter().collect(),
+            };
+            s.sessions.insert(si.id, session);
+        }
+        s.locks = image
+            .locks
+            .into_iter()
+            .map(|(n, holder, token)| (n, Lock { holder, token }))
+            .collect();
+        s.lock_tokens = image.lock_tokens.into_iter().collect();
+        s
+    }
+
+    /// The earliest expiry among live sessions, to know when to call [`Sessions::expire`].
+    pub fn next_expiry_ns(&self) -> Option<u64> {
+        self.by_expiry.first().map(|(t, _)| *t)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +424,17 @@ mod tests {
         assert_eq!(s.lock("L", b, 0), Ok(2));
         assert_eq!(s.lock_holder("L"), Some((b, 2)));
         assert!(matches!(s.grant(0, 0), Err(SessionError::BadTtl { .. })));
+    }
+
+    #[test]
+    fn an_image_round_trips() {
+        let mut s = sessions();
+        let a = s.grant(100, 0).unwrap();
+        s.attach_key(a, b"k", 0).unwrap();
+        s.lock("L", a, 0).unwrap();
+        let copy = Sessions::from_image(s.config, s.image());
+        assert_eq!(copy.image(), s.image());
+        assert_eq!(copy.next_expiry_ns(), Some(100 * MS));
     }
 
     #[test]

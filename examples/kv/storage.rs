@@ -1,0 +1,374 @@
+//! Durable raft storage on redb: the log, the hard state, the conf state and the latest snapshot.
+//!
+//! Every `Ready`'s entries and hard state are written in one transaction that is fsynced
+//! (`Durability::Immediate`) before the node sends anything that depends on them.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
+use raft::{GetEntriesContext, RaftState, StorageError};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+const HARD_STATE: &str = "hard_state";
+const CONF_STATE: &str = "conf_state";
+const SNAPSHOT: &str = "snapshot";
+
+/// Any failure of the disk store. The node treats it as fatal: raft cannot continue safely.
+pub type DiskError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What is cached in memory; the disk is the truth.
+#[derive(Debug, Clone, Default)]
+struct Cache {
+    hard_state: HardState,
+    conf_state: ConfState,
+    snapshot_meta: SnapshotMetadata,
+    /// First index in the log (snapshot index + 1 when the log is empty).
+    first_index: u64,
+    /// Last index in the log (the snapshot index when the log is empty).
+    last_index: u64,
+}
+
+/// raft storage on a redb file. Clones share the database.
+#[derive(Clone)]
+pub struct DiskStorage {
+    db: Arc<Database>,
+    cache: Arc<RwLock<Cache>>,
+}
+
+fn other(e: impl std::error::Error + Send + Sync + 'static) -> raft::Error {
+    raft::Error::Store(StorageError::Other(Box::new(e)))
+}
+
+impl DiskStorage {
+    /// Open (or create) `dir/raft.redb`. A new store starts with `voters` as its configuration.
+    pub fn open(dir: &Path, voters: &[u64]) -> Result<Self, DiskError> {
+        std::fs::create_dir_all(dir)?;
+        let db = Database::create(dir.join("raft.redb"))?;
+        let txn = db.begin_write()?;
+        {
+            txn.open_table(LOG)?;
+            let mut meta = txn.open_table(META)?;
+            if meta.get(CONF_STATE)?.is_none() {
+                let cs = ConfState {
+                    voters: voters.to_vec(),
+                    ..Default::default()
+                };
+                meta.insert(CONF_STATE, cs.write_to_bytes()?.as_slice())?;
+            }
+        }
+        txn.commit()?;
+        let storage = DiskStorage {
+            db: Arc::new(db),
+            cache: Arc::default(),
+        };
+        storage.reload()?;
+        Ok(storage)
+    }
+
+    fn reload(&self) -> Result<(), DiskError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        let log = txn.open_table(LOG)?;
+        let get = |k: &str| -> Result<Option<Vec<u8>>, DiskError> {
+            Ok(meta.get(k)?.map(|v| v.value().to_vec()))
+        };
+        let hard_state = get(HARD_STATE)?
+            .map(|b| HardState::parse_from_bytes(&b))
+            .transpose()?
+            .unwrap_or_default();
+        let conf_state = get(CONF_STATE)?
+            .map(|b| ConfState::parse_from_bytes(&b))
+            .transpose()?
+            .unwrap_or_default();
+        let snapshot = get(SNAPSHOT)?
+            .map(|b| Snapshot::parse_from_bytes(&b))
+            .transpose()?
+            .unwrap_or_default();
+        let snapshot_meta = snapshot.get_metadata().clone();
+        let first = log.first()?.map(|(k, _)| k.value());
+        let last = log.last()?.map(|(k, _)| k.value());
+        let mut c = self.cache.write();
+        *c = Cache {
+            hard_state,
+            conf_state,
+            first_index: first.unwrap_or(snapshot_meta.index + 1),
+            last_index: last.unwrap_or(snapshot_meta.index),
+            snapshot_meta,
+        };
+        Ok(())
+    }
+
+    /// Persist a `Ready`'s entries (replacing any conflicting suffix) and hard state, fsynced.
+    pub fn persist(
+        &self,
+        entries: &[Entry],
+        hard_state: Option<&HardState>,
+    ) -> Result<(), DiskError> {
+        if entries.is_empty() && hard_state.is_none() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write()?;
+        {
+            let mut log = txn.open_table(LOG)?;
+            if let Some(first) = entries.first() {
+                let stale: Vec<u64> = log
+                    .range(first.index..)?
+                    .map(|r| r.map(|(k, _)| k.value()))
+                    .collect::<Result<_, _>>()?;
+                for index in stale {
+                    log.remove(index)?;
+                }
+                for e in entries {
+                    log.insert(e.index, e.write_to_bytes()?.as_slice())?;
+                }
+            }
+            if let Some(hs) = hard_state {
+                txn.open_table(META)?
+                    .insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
+            }
+        }
+        txn.commit()?;
+        let mut c = self.cache.write();
+        if let Some(last) = entries.last() {
+            c.last_index = last.index;
+            if c.first_index > entries[0].index {
+                c.first_index = entries[0].index;
+            }
+        }
+        if let Some(hs) = hard_state {
+            c.hard_state = hs.clone();
+        }
+        Ok(())
+    }
+
+    /// Record a newer commit index (from a `LightReady`). Not fsynced on its own: raft can
+    /// recover the commit index from the leader, and the next `persist` syncs it.
+    pub fn set_commit(&self, commit: u64) -> Result<(), DiskError> {
+        let mut hs = self.cache.read().hard_state.clone();
+        hs.commit = commit;
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::None)?;
+        txn.open_table(META)?
+            .insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
+        txn.commit()?;
+        self.cache.write().hard_state = hs;
+        Ok(())
+    }
+
+    /// Record the configuration applied at some index.
+    pub fn set_conf_state(&self, cs: &ConfState) -> Result<(), DiskError> {
+        let txn = self.db.begin_write()?;
+        txn.open_table(META)?
+            .insert(CONF_STATE, cs.write_to_bytes()?.as_slice())?;
+        txn.commit()?;
+        self.cache.write().conf_state = cs.clone();
+        Ok(())
+    }
+
+    /// Install a snapshot received from the leader: it replaces the whole log.
+    pub fn apply_snapshot(&self, snapshot: &Snapshot) -> Result<(), DiskError> {
+        let meta = snapshot.get_metadata();
+        let mut hs = self.cache.read().hard_state.clone();
+        hs.commit = hs.commit.max(meta.index);
+        hs.term = hs.term.max(meta.term);
+        let txn = self.db.begin_write()?;
+        {
+            let mut log = txn.open_table(LOG)?;
+            log.retain(|_, _| false)?;
+            let mut m = txn.open_table(META)?;
+            m.insert(SNAPSHOT, snapshot.write_to_bytes()?.as_slice())?;
+            m.insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
+            m.insert(
+                CONF_STATE,
+                meta.get_conf_state().write_to_bytes()?.as_slice(),
+            )?;
+        }
+        txn.commit()?;
+        self.reload()
+    }
+
+    /// Save a snapshot of the state machine at `index` (applied) and drop the log before
+    /// `index - keep_entries`, so that the disk stays bounded under a long write load.
+    pub fn compact(&self, index: u64, data: Vec<u8>, keep_entries: u64) -> Result<(), DiskError> {
+        let term = raft::Storage::term(self, index)?;
+        let mut snapshot = Snapshot {
+            data: data.into(),
+            ..Default::default()
+        };
+        let meta = snapshot.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.cache.read().conf_state.clone());
+        let cut = index.saturating_sub(keep_entries);
+        let txn = self.db.begin_write()?;
+        {
+            let mut log = txn.open_table(LOG)?;
+            log.retain_in(..cut, |_, _| false)?;
+            txn.open_table(META)?
+                .insert(SNAPSHOT, snapshot.write_to_bytes()?.as_slice())?;
+        }
+        txn.commit()?;
+        self.reload()
+    }
+
+    /// The latest snapshot saved or installed, if any.
+    pub fn latest_snapshot(&self) -> Result<Option<Snapshot>, DiskError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        let bytes = meta.get(SNAPSHOT)?.map(|v| v.value().to_vec());
+        Ok(bytes.map(|b| Snapshot::parse_from_bytes(&b)).transpose()?)
+    }
+
+    /// Entries in the log (for status and tests).
+    pub fn log_len(&self) -> u64 {
+        let c = self.cache.read();
+        (c.last_index + 1).saturating_sub(c.first_index)
+    }
+
+    fn read_entry(&self, index: u64) -> raft::Result<Entry> {
+        let txn = self.db.begin_read().map_err(other)?;
+        let log = txn.open_table(LOG).map_err(other)?;
+        let bytes = log
+            .get(index)
+            .map_err(other)?
+            .ok_or(raft::Error::Store(StorageError::Unavailable))?;
+        Entry::parse_from_bytes(bytes.value()).map_err(raft::Error::CodecError)
+    }
+}
+
+impl raft::Storage for DiskStorage {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        let c = self.cache.read();
+        Ok(RaftState::new(c.hard_state.clone(), c.conf_state.clone()))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        let (first, last) = {
+            let c = self.cache.read();
+            (c.first_index, c.last_index)
+        };
+        if low < first {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        assert!(
+            high <= last + 1,
+            "entries [{low}, {high}) past the last index {last}"
+        );
+        let txn = self.db.begin_read().map_err(other)?;
+        let log = txn.open_table(LOG).map_err(other)?;
+        let mut entries = Vec::with_capacity((high - low) as usize);
+        for row in log.range(low..high).map_err(other)? {
+            let (_, v) = row.map_err(other)?;
+            entries.push(Entry::parse_from_bytes(v.value()).map_err(raft::Error::CodecError)?);
+        }
+        raft::util::limit_size(&mut entries, max_size.into());
+        Ok(entries)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        let c = self.cache.read().clone();
+        if idx == c.snapshot_meta.index {
+            return Ok(c.snapshot_meta.term);
+        }
+        if idx < c.first_index {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if idx > c.last_index {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        Ok(self.read_entry(idx)?.term)
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.cache.read().first_index)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.cache.read().last_index)
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        match self
+            .latest_snapshot()
+            .map_err(|e| raft::Error::Store(StorageError::Other(e)))?
+        {
+            Some(s) if s.get_metadata().index >= request_index => Ok(s),
+            _ => Err(raft::Error::Store(
+                StorageError::SnapshotTemporarilyUnavailable,
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use raft::Storage as _;
+
+    fn entry(index: u64, term: u64) -> Entry {
+        Entry {
+            index,
+            term,
+            data: vec![index as u8].into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn persists_reopens_truncates_and_compacts() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DiskStorage::open(dir.path(), &[1, 2, 3]).unwrap();
+        assert_eq!(s.initial_state().unwrap().conf_state.voters, vec![1, 2, 3]);
+        let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+        let hs = HardState {
+            term: 1,
+            vote: 1,
+            commit: 0,
+            ..Default::default()
+        };
+        s.persist(&entries, Some(&hs)).unwrap();
+        s.persist(&[entry(8, 2)], None).unwrap(); // a conflicting suffix is replaced
+        drop(s);
+        let s = DiskStorage::open(dir.path(), &[9]).unwrap();
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (1, 8));
+        assert_eq!(s.term(8).unwrap(), 2);
+        assert_eq!(s.initial_state().unwrap().hard_state, hs);
+        assert_eq!(
+            s.initial_state().unwrap().conf_state.voters,
+            vec![1, 2, 3],
+            "kept from the first open"
+        );
+        s.compact(6, b"state".to_vec(), 2).unwrap();
+        assert_eq!(s.first_index().unwrap(), 4);
+        assert!(matches!(
+            s.entries(1, 3, None, GetEntriesContext::empty(false)),
+            Err(raft::Error::Store(StorageError::Compacted))
+        ));
+        assert_eq!(
+            s.entries(4, 9, None, GetEntriesContext::empty(false))
+                .unwrap()
+                .len(),
+            5
+        );
+        let snap = s.snapshot(6, 2).unwrap();
+        assert_eq!(
+            (
+                snap.get_metadata().index,
+                snap.get_metadata().term,
+                &snap.data[..]
+            ),
+            (6, 1, &b"state"[..])
+        );
+    }
+}

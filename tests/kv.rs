@@ -1,0 +1,522 @@
+//! The example KV cluster as real processes on loopback: bounded in time, cleaned up on drop.
+//!
+//! `cargo test` builds the `kv` example first; these tests run its binary.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const FAST: &[&str] = &[
+    "--election-ms",
+    "400",
+    "--heartbeat-ms",
+    "40",
+    "--tick-ms",
+    "10",
+];
+
+fn exe() -> PathBuf {
+    let deps = std::env::current_exe().expect("test binary path");
+    let dir = deps
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>");
+    let exe = dir.join("examples").join("kv");
+    assert!(
+        exe.exists(),
+        "{} not built: run `cargo test` (which builds examples)",
+        exe.display()
+    );
+    exe
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One cluster at a time: several 3-process clusters at once starve a 2-core machine and
+/// turn elections into a test of the scheduler.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+struct Cluster {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+    peer_ports: Vec<u16>,
+    http_ports: Vec<u16>,
+    nodes: Vec<Option<Child>>,
+    args: Vec<String>,
+}
+
+impl Cluster {
+    fn start(n: usize, args: &[&str]) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut c = Cluster {
+            _serial: serial,
+            data: dir.path().to_path_buf(),
+            _dir: dir,
+            peer_ports: (0..n).map(|_| free_port()).collect(),
+            http_ports: (0..n).map(|_| free_port()).collect(),
+            nodes: (0..n).map(|_| None).collect(),
+            args: FAST.iter().chain(args).map(|s| s.to_string()).collect(),
+        };
+        for id in 1..=n as u64 {
+            c.spawn(id);
+        }
+        c
+    }
+
+    fn spawn(&mut self, id: u64) {
+        let peers: Vec<String> = self
+            .peer_ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+            .collect();
+        let https: Vec<String> = self
+            .http_ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+            .collect();
+        let log = std::fs::File::create(self.data.join(format!("node{id}.log"))).unwrap();
+        let child = Command::new(exe())
+            .args([
+                "node",
+                "--id",
+                &id.to_string(),
+                "--peers",
+                &peers.join(","),
+                "--peer-http",
+                &https.join(","),
+            ])
+            .args([
+                "--http",
+                &format!("127.0.0.1:{}", self.http_ports[id as usize - 1]),
+            ])
+            .arg("--data-dir")
+            .arg(self.data.join(format!("node{id}")))
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn node");
+        self.nodes[id as usize - 1] = Some(child);
+    }
+
+    fn port(&self, id: u64) -> u16 {
+        self.http_ports[id as usize - 1]
+    }
+
+    fn signal(&self, id: u64, sig: i32) {
+        let pid = self.nodes[id as usize - 1].as_ref().expect("running").id();
+        // SAFETY: signalling a child process we spawned and still own.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0);
+    }
+
+    fn kill9(&mut self, id: u64) {
+        let mut child = self.nodes[id as usize - 1].take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// The leader, once one node says it leads and another agrees (within `secs`).
+    fn leader(&self, among: &[u64], secs: u64) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            for &id in among {
+                if let Some(s) = status(self.port(id)) {
+                    if s["role"] == "leader" && s["lease"]["state"] != "expired" {
+                        return id;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "no leader with a lease among {among:?} within {secs} s; logs in {}",
+            self.data.display()
+        );
+    }
+
+    fn log_tail(&self) -> String {
+        (1..=self.nodes.len())
+            .map(|id| {
+                let log = std::fs::read_to_string(self.data.join(format!("node{id}.log")))
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                format!(
+                    "--- node {id}\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in self.nodes.iter_mut().flatten() {
+            // SAFETY: as in `signal`; SIGCONT first so that a stopped child can die.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGCONT) };
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One HTTP/1.1 request; returns (status, body). `None` if the node does not answer in 5 s.
+fn http(port: u16, method: &str, path: &str, body: &[u8]) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body).ok()?;
+    read_response(&mut s)
+}
+
+fn read_response(s: &mut TcpStream) -> Option<(u16, String)> {
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((code, body))
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+fn status(port: u16) -> Option<Value> {
+    http(port, "GET", "/status", b"").map(|(_, b)| json(&b))
+}
+
+fn put(port: u16, key: &str, value: &str) -> u64 {
+    let (code, body) = http(port, "PUT", &format!("/kv/{key}"), value.as_bytes()).expect("answer");
+    assert_eq!(code, 200, "PUT {key}: {body}");
+    json(&body)["revision"].as_u64().unwrap()
+}
+
+#[test]
+fn three_nodes_serve_writes_and_reads_in_every_mode() {
+    let c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let rev = put(c.port(l), "greeting", "hello");
+    for (mode, served) in [("lease", "lease"), ("index", "index"), ("auto", "lease")] {
+        let (code, body) =
+            http(c.port(l), "GET", &format!("/kv/greeting?read={mode}"), b"").unwrap();
+        let v = json(&body);
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(
+            (
+                v["value"].as_str(),
+                v["revision"].as_u64(),
+                v["read"].as_str()
+            ),
+            (Some("hello"), Some(rev), Some(served))
+        );
+    }
+    let follower = [1, 2, 3].into_iter().find(|&i| i != l).unwrap();
+    let (code, body) = http(c.port(follower), "GET", "/kv/greeting?read=lease", b"").unwrap();
+    assert_eq!(code, 503);
+    let v = json(&body);
+    assert_eq!(
+        (v["error"].as_str(), v["leader_id"].as_u64()),
+        (Some("not_leader"), Some(l))
+    );
+    assert_eq!(
+        v["leader_http"].as_str(),
+        Some(format!("127.0.0.1:{}", c.port(l)).as_str())
+    );
+    let (code, _) = http(c.port(l), "DELETE", "/kv/greeting", b"").unwrap();
+    assert_eq!(code, 200);
+    let (code, body) = http(c.port(l), "GET", "/kv/greeting?read=index", b"").unwrap();
+    assert_eq!(
+        (code, json(&body)["error"].as_str()),
+        (404, Some("not_found"))
+    );
+    let (code, metrics) = http(c.port(l), "GET", "/metrics", b"").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("raft_lease_reads_total{node=")
+            && metrics.contains("type=\"MsgHeartbeat\""),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn killed_leader_is_replaced_and_acked_writes_survive() {
+    let mut c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let acked: Vec<(String, String)> = (0..20)
+        .map(|i| (format!("k{i}"), format!("v{i}")))
+        .collect();
+    for (k, v) in &acked {
+        put(c.port(l), k, v);
+    }
+    c.kill9(l);
+    let rest: Vec<u64> = [1, 2, 3].into_iter().filter(|&i| i != l).collect();
+    let l2 = c.leader(&rest, 15);
+    for (k, v) in &acked {
+        let (code, body) = http(c.port(l2), "GET", &format!("/kv/{k}?read=index"), b"").unwrap();
+        assert_eq!(
+            (code, json(&body)["value"].as_str()),
+            (200, Some(v.as_str())),
+            "{k} lost: {body}\n{}",
+            c.log_tail()
+        );
+    }
+}
+
+#[test]
+fn a_restarted_node_recovers_from_its_data_dir_and_sigterm_stops_cleanly() {
+    let mut c = Cluster::start(3, &["--fault-injection"]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let f = [1, 2, 3].into_iter().find(|&i| i != l).unwrap();
+    put(c.port(l), "before", "1");
+    c.kill9(f);
+    put(c.port(l), "during", "2");
+    c.spawn(f);
+    let (code, _) = http(
+        c.port(l),
+        "POST",
+        "/admin/transfer",
+        format!("{{\"to\": {f}}}").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(code, 200);
+    let l2 = c.leader(&[f], 15);
+    for (k, v) in [("before", "1"), ("during", "2")] {
+        let (code, body) = http(c.port(l2), "GET", &format!("/kv/{k}?read=index"), b"").unwrap();
+        assert_eq!(
+            (code, json(&body)["value"].as_str()),
+            (200, Some(v)),
+            "{body}"
+        );
+    }
+    c.signal(l, libc::SIGTERM);
+    let mut child = c.nodes[l as usize - 1].take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "SIGTERM did not stop node {l}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "node {l} exited with {exit}");
+}
+
+/// Pause the leader past the election timeout (with `partitioned`, also cut it off first, so
+/// that on resume it hears nothing of the new term); a new leader writes; reads sent to the
+/// paused leader while it was stopped are answered after it resumes. Returns the values served.
+fn paused_leader_reads(unsafe_lease_based: bool, partitioned: bool) -> Vec<String> {
+    let mut args = vec!["--fault-injection"];
+    if unsafe_lease_based {
+        args.push("--unsafe-lease-based");
+    }
+    let c = Cluster::start(3, &args);
+    let l = if unsafe_lease_based {
+        wait_role_leader(&c)
+    } else {
+        c.leader(&[1, 2, 3], 15)
+    };
+    put(c.port(l), "k", "old");
+    let rest: Vec<u64> = [1, 2, 3].into_iter().filter(|&i| i != l).collect();
+    if partitioned {
+        let body = format!("{{\"peers\": {rest:?}}}");
+        assert_eq!(
+            http(c.port(l), "POST", "/admin/partition", body.as_bytes())
+                .unwrap()
+                .0,
+            200
+        );
+    }
+    c.signal(l, libc::SIGSTOP);
+    let l2 = wait_new_leader(&c, &rest);
+    put(c.port(l2), "k", "new"); // acknowledged before the reads below are sent
+    let mut pending: Vec<TcpStream> = Vec::new();
+    for mode in ["lease", "auto", "lease", "auto"] {
+        let mut s = TcpStream::connect(("127.0.0.1", c.port(l))).unwrap(); // the kernel accepts for it
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let req = format!("GET /kv/k?read={mode} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).unwrap();
+        pending.push(s);
+    }
+    c.signal(l, libc::SIGCONT);
+    let mut served = Vec::new();
+    let mut answers = Vec::new();
+    for mut s in pending {
+        let answer = read_response(&mut s);
+        if let Some((200, body)) = &answer {
+            served.push(json(body)["value"].as_str().unwrap_or_default().to_string());
+        }
+        answers.push(answer.map(|(code, _)| code));
+    }
+    eprintln!("paused leader (unsafe: {unsafe_lease_based}, partitioned: {partitioned}): codes {answers:?}, values {served:?}");
+    served
+}
+
+fn wait_role_leader(c: &Cluster) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        for id in 1..=3 {
+            if status(c.port(id))
+                .is_some_and(|s| s["role"] == "leader" && s["commit"].as_u64() > Some(0))
+            {
+                return id;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no leader");
+}
+
+fn wait_new_leader(c: &Cluster, among: &[u64]) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        for &id in among {
+            if let Some((200, _)) = http(c.port(id), "PUT", "/kv/probe", b"x") {
+                return id;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no new leader among {among:?}:\n{}", c.log_tail());
+}
+
+#[test]
+fn paused_leader_never_serves_a_stale_read() {
+    for partitioned in [false, true] {
+        let served = paused_leader_reads(false, partitioned);
+        assert!(
+            !served.iter().any(|v| v == "old"),
+            "stale read after SIGCONT (partitioned: {partitioned}): {served:?}"
+        );
+    }
+}
+
+#[test]
+fn control_unsafe_lease_based_serves_a_stale_read_after_a_pause() {
+    // A paused and partitioned LeaseBased leader believes it leads until its tick-based
+    // check-quorum runs, an election timeout after it resumes: it serves the old value.
+    let caught = (0..3).any(|_| paused_leader_reads(true, true).iter().any(|v| v == "old"));
+    assert!(
+        caught,
+        "raft-rs LeaseBased never served the stale value in 3 tries"
+    );
+    // Paused but not partitioned, the new term's messages are already in its socket buffers
+    // and usually reach its raft thread before the reads do: reported, not asserted.
+    let stale = paused_leader_reads(true, false)
+        .iter()
+        .filter(|v| *v == "old")
+        .count();
+    eprintln!("pause without partition: {stale} of 4 reads stale");
+}
+
+#[test]
+fn log_is_compacted_and_a_lagging_node_catches_up_by_snapshot() {
+    let mut c = Cluster::start(3, &["--fault-injection", "--snapshot-every", "50"]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let f = [1, 2, 3].into_iter().find(|&i| i != l).unwrap();
+    c.kill9(f);
+    for i in 0..300 {
+        put(c.port(l), &format!("k{}", i % 7), &format!("v{i}"));
+    }
+    let entries = status(c.port(l)).unwrap()["log_entries"].as_u64().unwrap();
+    assert!(
+        entries < 120,
+        "the log was not compacted: {entries} entries"
+    );
+    c.spawn(f); // its log ends far behind the leader's first index: it needs a snapshot
+    let (code, _) = http(
+        c.port(l),
+        "POST",
+        "/admin/transfer",
+        format!("{{\"to\": {f}}}").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(code, 200);
+    let l2 = c.leader(&[f], 15);
+    for k in 0..7 {
+        let (code, body) = http(c.port(l2), "GET", &format!("/kv/k{k}?read=index"), b"").unwrap();
+        let last = (0..300).filter(|i| i % 7 == k).max().unwrap();
+        assert_eq!(
+            (code, json(&body)["value"].as_str()),
+            (200, Some(format!("v{last}").as_str())),
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn bad_input_gets_errors_and_the_node_stays_up() {
+    let c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    // Garbage on a peer socket: a huge length prefix, then bytes that are not protobuf.
+    for junk in [
+        &[0xffu8, 0xff, 0xff, 0xff][..],
+        &[0, 0, 0, 8, 0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4][..],
+    ] {
+        let mut s = TcpStream::connect(("127.0.0.1", c.peer_ports[l as usize - 1])).unwrap();
+        s.write_all(junk).unwrap();
+    }
+    // A malformed HTTP request.
+    let mut s = TcpStream::connect(("127.0.0.1", c.port(l))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"NOT HTTP AT ALL\r\n\r\n").unwrap();
+    let code = read_response(&mut s).map(|(c, _)| c);
+    assert!(
+        matches!(code, Some(400..=499) | None),
+        "malformed request answered {code:?}"
+    );
+    let big = vec![b'x'; (1 << 20) + 1];
+    assert_eq!(http(c.port(l), "PUT", "/kv/big", &big).unwrap().0, 413);
+    let long_key = "k".repeat(1025);
+    assert_eq!(
+        http(c.port(l), "PUT", &format!("/kv/{long_key}"), b"v")
+            .unwrap()
+            .0,
+        400
+    );
+    assert_eq!(
+        http(c.port(l), "POST", "/session", b"{not json").unwrap().0,
+        400
+    );
+    assert_eq!(
+        http(c.port(l), "GET", "/kv/x?read=fast", b"").unwrap().0,
+        400
+    );
+    assert_eq!(
+        http(c.port(l), "POST", "/admin/heal", b"").unwrap().0,
+        404,
+        "fault injection is off"
+    );
+    // Still up, still the leader, still serving.
+    std::thread::sleep(Duration::from_millis(200));
+    put(c.port(l), "after", "ok");
+    let (code, metrics) = http(c.port(l), "GET", "/metrics", b"").unwrap();
+    assert_eq!(code, 200);
+    let bad = metrics
+        .lines()
+        .find(|l| l.starts_with("kv_peer_bad_frames_total"))
+        .unwrap();
+    assert!(!bad.ends_with(" 0"), "garbage was not counted: {bad}");
+}
