@@ -59,7 +59,9 @@ struct Cluster {
 impl Cluster {
     fn start(n: usize, args: &[&str]) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let serial = ONE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut c = Cluster {
             _serial: serial,
             data: dir.path().to_path_buf(),

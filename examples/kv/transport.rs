@@ -223,9 +223,11 @@ mod tests {
 
     #[test]
     fn frames_round_trip_and_garbage_is_an_error() {
-        let mut m = Message::default();
-        m.from = 2;
-        m.to = 1;
+        let m = Message {
+            from: 2,
+            to: 1,
+            ..Default::default()
+        };
         let mut buf = Vec::new();
         write_frame(&mut buf, &m).unwrap();
         assert_eq!(read_frame(&mut &buf[..]).unwrap(), Some(m));
