@@ -81,6 +81,8 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     in_ready: bool,
     /// Ticks since this leader last sent a round of heartbeats.
     ticks_since_round: u64,
+    /// Answers to [`LeaseNode::raw_read_index`] calls, for the caller to take.
+    raw_read_states: Vec<raft::ReadState>,
 }
 
 impl<S: Storage, C: Clock> LeaseNode<S, C> {
@@ -132,6 +134,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             lease_was_held: false,
             in_ready: false,
             ticks_since_round: 0,
+            raw_read_states: Vec::new(),
         };
         node.seen = seen;
         node.sync();
@@ -268,8 +271,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub fn ready(&mut self) -> Ready {
         let mut rd = self.raw.ready();
         for rs in rd.take_read_states() {
-            if !self.reads.complete_batch(&rs.request_ctx, rs.index) {
-                debug!(self.logger, "read state for a round no longer waited for"; "index" => rs.index);
+            if rs.request_ctx.starts_with(READ_CTX_PREFIX) {
+                if !self.reads.complete_batch(&rs.request_ctx, rs.index) {
+                    debug!(self.logger, "read state for a round no longer waited for"; "index" => rs.index);
+                }
+            } else {
+                self.raw_read_states.push(rs);
             }
         }
         self.in_ready = true;
@@ -468,6 +475,22 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         Ok(id)
     }
 
+    /// raft-rs's own `read_index`, one round per call, bypassing the layer's batching and lease
+    /// (for comparisons). `ctx` must not start with the layer's prefix. The answer comes back
+    /// from [`LeaseNode::take_raw_read_states`]; raft-rs may drop it silently.
+    pub fn raw_read_index(&mut self, ctx: Vec<u8>) {
+        assert!(
+            !ctx.starts_with(READ_CTX_PREFIX),
+            "context prefix reserved by the lease layer"
+        );
+        self.raw.read_index(ctx);
+    }
+
+    /// Answers to [`LeaseNode::raw_read_index`] so far.
+    pub fn take_raw_read_states(&mut self) -> Vec<raft::ReadState> {
+        std::mem::take(&mut self.raw_read_states)
+    }
+
     /// Hand back every read that finished. For each read whose index is applied, `read_state`
     /// reads the caller's state *first*; a lease read is then validated against the clock.
     /// An `Auto` read whose lease was lost meanwhile goes back to wait for ReadIndex.
@@ -554,8 +577,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
-    /// Send waiting ReadIndex reads as one `read_index` round, once the leader has committed in
-    /// its term (raft-rs 0.7 silently drops a `read_index` before that).
+    /// Send waiting ReadIndex reads as one `read_index` round (at most two in flight), once the
+    /// leader has committed in its term (raft-rs 0.7 silently drops a `read_index` before that).
     fn issue_index_round(&mut self) {
         let r = &self.raw.raft;
         if self.in_ready || r.state != StateRole::Leader || !r.commit_to_current_term() {
@@ -570,12 +593,14 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// A round that got no answer within two heartbeat intervals is re-sent with a new context.
     fn retry_dropped_round(&mut self) {
         let limit = 2 * self.heartbeat_tick.max(1);
-        if let Some(batch) = self.reads.index_inflight.as_mut() {
+        let mut overdue = false;
+        for batch in self.reads.index_inflight.iter_mut() {
             batch.ticks_waited += 1;
-            if batch.ticks_waited >= limit {
-                debug!(self.logger, "read_index round unanswered; retrying"; "reads" => batch.ids.len());
-                self.reads.requeue_inflight();
-            }
+            overdue |= batch.ticks_waited >= limit;
+        }
+        if overdue {
+            debug!(self.logger, "read_index round unanswered; retrying"; "reads" => self.reads.len());
+            self.reads.requeue_inflight();
         }
         self.issue_index_round();
     }

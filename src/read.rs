@@ -68,6 +68,10 @@ pub struct ServedRead<T> {
     pub result: Result<(T, ReadKind), ReadError>,
 }
 
+/// `read_index` rounds in flight at once. A second round lets reads that arrive during the
+/// first go out at once (about one round of latency); more would cost messages per read.
+pub(crate) const MAX_ROUNDS_IN_FLIGHT: usize = 2;
+
 /// A lease read waiting for `applied ≥ index`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct LeaseRead {
@@ -96,8 +100,9 @@ pub(crate) struct ReadQueue {
     pub lease: VecDeque<LeaseRead>,
     /// ReadIndex reads not yet in a round.
     pub index_waiting: Vec<ReadId>,
-    /// The round in flight, at most one: later reads batch into the next.
-    pub index_inflight: Option<IndexBatch>,
+    /// Rounds in flight, at most [`MAX_ROUNDS_IN_FLIGHT`]; reads arriving meanwhile batch
+    /// into the next round.
+    pub index_inflight: VecDeque<IndexBatch>,
     /// ReadIndex reads with their read index, waiting for apply.
     pub index_ready: VecDeque<(ReadId, u64)>,
     /// Reads that failed, to hand back.
@@ -112,41 +117,38 @@ impl ReadQueue {
 
     /// Move every waiting ReadIndex read into a new round; returns its context, if any read waits.
     pub fn start_batch(&mut self) -> Option<Vec<u8>> {
-        if self.index_inflight.is_some() || self.index_waiting.is_empty() {
+        if self.index_inflight.len() >= MAX_ROUNDS_IN_FLIGHT || self.index_waiting.is_empty() {
             return None;
         }
         self.next_ctx += 1;
         let mut ctx = READ_CTX_PREFIX.to_vec();
         ctx.extend_from_slice(&self.next_ctx.to_be_bytes());
         let ids = std::mem::take(&mut self.index_waiting);
-        self.index_inflight = Some(IndexBatch {
+        self.index_inflight.push_back(IndexBatch {
             ctx: ctx.clone(),
             ids,
             ticks_waited: 0,
         });
+        debug_assert!(self.index_inflight.len() <= MAX_ROUNDS_IN_FLIGHT);
         Some(ctx)
     }
 
     /// The round with context `ctx` came back with read index `index`. False if it is not ours.
     pub fn complete_batch(&mut self, ctx: &[u8], index: u64) -> bool {
-        match &self.index_inflight {
-            Some(batch) if batch.ctx == ctx => {
-                let batch = self.index_inflight.take().expect("checked above");
-                self.index_ready
-                    .extend(batch.ids.into_iter().map(|id| (id, index)));
-                true
-            }
-            _ => false,
-        }
+        let Some(pos) = self.index_inflight.iter().position(|b| b.ctx == ctx) else {
+            return false;
+        };
+        let batch = self.index_inflight.remove(pos).expect("found above");
+        self.index_ready
+            .extend(batch.ids.into_iter().map(|id| (id, index)));
+        true
     }
 
-    /// Put an in-flight round's reads back to wait, so that the next round carries them.
+    /// Put the in-flight rounds' reads back to wait, so that the next round carries them.
     pub fn requeue_inflight(&mut self) {
-        if let Some(batch) = self.index_inflight.take() {
-            let mut ids = batch.ids;
-            ids.append(&mut self.index_waiting);
-            self.index_waiting = ids;
-        }
+        let mut ids: Vec<ReadId> = self.index_inflight.drain(..).flat_map(|b| b.ids).collect();
+        ids.append(&mut self.index_waiting);
+        self.index_waiting = ids;
     }
 
     /// Fail every pending read with `err` (the node stopped leading).
@@ -167,7 +169,7 @@ impl ReadQueue {
     pub fn is_idle(&self) -> bool {
         self.lease.is_empty()
             && self.index_waiting.is_empty()
-            && self.index_inflight.is_none()
+            && self.index_inflight.is_empty()
             && self.index_ready.is_empty()
     }
 
@@ -175,7 +177,11 @@ impl ReadQueue {
     pub fn len(&self) -> usize {
         self.lease.len()
             + self.index_waiting.len()
-            + self.index_inflight.as_ref().map_or(0, |b| b.ids.len())
+            + self
+                .index_inflight
+                .iter()
+                .map(|b| b.ids.len())
+                .sum::<usize>()
             + self.index_ready.len()
             + self.failed.len()
     }
@@ -186,18 +192,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn waiting_reads_batch_into_one_round_and_the_next_waits() {
+    fn waiting_reads_batch_into_rounds_at_most_two_in_flight() {
         let mut q = ReadQueue::default();
         let (a, b) = (q.next_id(), q.next_id());
         q.index_waiting.extend([a, b]);
         let ctx = q.start_batch().expect("two reads wait");
         let c = q.next_id();
         q.index_waiting.push(c);
-        assert_eq!(q.start_batch(), None, "one round in flight at a time");
+        let ctx2 = q.start_batch().expect("a second round may fly");
+        let d = q.next_id();
+        q.index_waiting.push(d);
+        assert_eq!(q.start_batch(), None, "at most two rounds in flight");
         assert!(!q.complete_batch(b"other", 9));
         assert!(q.complete_batch(&ctx, 7));
         assert_eq!(q.index_ready, VecDeque::from([(a, 7), (b, 7)]));
+        assert!(q.complete_batch(&ctx2, 8));
         assert!(q.start_batch().is_some(), "the next batch goes out");
+        assert_eq!(q.index_inflight[0].ids, vec![d]);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //!
 //! `cargo test` builds the `kv` example first; these tests run its binary.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -20,18 +22,7 @@ const FAST: &[&str] = &[
 ];
 
 fn exe() -> PathBuf {
-    let deps = std::env::current_exe().expect("test binary path");
-    let dir = deps
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>");
-    let exe = dir.join("examples").join("kv");
-    assert!(
-        exe.exists(),
-        "{} not built: run `cargo test` (which builds examples)",
-        exe.display()
-    );
-    exe
+    common::example("kv")
 }
 
 fn free_port() -> u16 {
@@ -202,6 +193,24 @@ fn read_response(s: &mut TcpStream) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// Ask `from` to hand leadership to `to` until `to` leads with a lease. raft aborts a transfer
+/// whose target has not caught up within an election timeout, so it is asked again.
+fn transfer(c: &Cluster, from: u64, to: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let body = format!("{{\"to\": {to}}}");
+        let _ = http(c.port(from), "POST", "/admin/transfer", body.as_bytes());
+        for _ in 0..20 {
+            let s = status(c.port(to));
+            if s.is_some_and(|s| s["role"] == "leader" && s["lease"]["state"] != "expired") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    panic!("leadership never moved to node {to}:\n{}", c.log_tail());
+}
+
 fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
@@ -296,15 +305,8 @@ fn a_restarted_node_recovers_from_its_data_dir_and_sigterm_stops_cleanly() {
     c.kill9(f);
     put(c.port(l), "during", "2");
     c.spawn(f);
-    let (code, _) = http(
-        c.port(l),
-        "POST",
-        "/admin/transfer",
-        format!("{{\"to\": {f}}}").as_bytes(),
-    )
-    .unwrap();
-    assert_eq!(code, 200);
-    let l2 = c.leader(&[f], 15);
+    transfer(&c, l, f);
+    let l2 = f;
     for (k, v) in [("before", "1"), ("during", "2")] {
         let (code, body) = http(c.port(l2), "GET", &format!("/kv/{k}?read=index"), b"").unwrap();
         assert_eq!(
@@ -448,15 +450,8 @@ fn log_is_compacted_and_a_lagging_node_catches_up_by_snapshot() {
         "the log was not compacted: {entries} entries"
     );
     c.spawn(f); // its log ends far behind the leader's first index: it needs a snapshot
-    let (code, _) = http(
-        c.port(l),
-        "POST",
-        "/admin/transfer",
-        format!("{{\"to\": {f}}}").as_bytes(),
-    )
-    .unwrap();
-    assert_eq!(code, 200);
-    let l2 = c.leader(&[f], 15);
+    transfer(&c, l, f);
+    let l2 = f;
     for k in 0..7 {
         let (code, body) = http(c.port(l2), "GET", &format!("/kv/k{k}?read=index"), b"").unwrap();
         let last = (0..300).filter(|i| i % 7 == k).max().unwrap();

@@ -12,22 +12,22 @@ use clap::Args;
 pub struct ClusterArgs {
     /// How many nodes.
     #[arg(long, default_value_t = 3)]
-    nodes: u64,
+    pub nodes: u64,
     /// Data directory (one subdirectory per node). Default: a fresh temporary directory.
     #[arg(long)]
-    data_dir: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
     /// Peer ports are BASE+1..; HTTP ports are BASE+1001...
     #[arg(long, default_value_t = 7000)]
-    base_port: u16,
+    pub base_port: u16,
     /// Passed to every node: extra one-way delay on peer messages.
     #[arg(long, default_value_t = 0)]
-    peer_delay_ms: u64,
+    pub peer_delay_ms: u64,
     /// Passed to every node.
     #[arg(long)]
-    fault_injection: bool,
+    pub fault_injection: bool,
     /// Passed to every node (UNSAFE, demonstrations only).
     #[arg(long)]
-    unsafe_lease_based: bool,
+    pub unsafe_lease_based: bool,
 }
 
 pub fn run(args: ClusterArgs) -> i32 {
@@ -86,7 +86,7 @@ fn addrs(args: &ClusterArgs) -> (String, String) {
     (peers, https)
 }
 
-fn spawn_all(args: &ClusterArgs, dir: &std::path::Path) -> Result<Vec<Child>, String> {
+pub fn spawn_all(args: &ClusterArgs, dir: &std::path::Path) -> Result<Vec<Child>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let (peers, https) = addrs(args);
     let mut children = Vec::new();
@@ -163,7 +163,7 @@ fn supervise(children: &mut [Child], stop: &AtomicBool) -> i32 {
     0
 }
 
-fn shutdown(children: Vec<Child>) {
+pub fn shutdown(children: Vec<Child>) {
     for c in &children {
         // SAFETY: sending SIGTERM to a child we spawned and have not reaped.
         unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };

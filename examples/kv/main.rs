@@ -7,6 +7,7 @@
 //!     --peers 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003 --http 127.0.0.1:8001 --data-dir /tmp/kv1
 //! ```
 
+mod bench;
 mod clock;
 mod cluster;
 mod http;
@@ -42,6 +43,8 @@ enum Cmd {
     Node(NodeArgs),
     /// Run a local cluster of node processes on loopback until Ctrl-C.
     Cluster(cluster::ClusterArgs),
+    /// Start a local cluster with a peer delay and compare HTTP lease reads with index reads.
+    Bench(bench::BenchArgs),
 }
 
 /// One node's options.
@@ -89,8 +92,8 @@ pub struct NodeArgs {
     /// Snapshot and compact the raft log every this many applied entries.
     #[arg(long, default_value_t = 10_000)]
     snapshot_every: u64,
-    /// HTTP worker threads.
-    #[arg(long, default_value_t = 4)]
+    /// HTTP worker threads. Each blocks while its request waits for raft (ReadIndex, writes).
+    #[arg(long, default_value_t = 16)]
     http_threads: usize,
 }
 
@@ -168,6 +171,7 @@ fn main() {
     let code = match cli.cmd {
         Cmd::Node(args) => run_node(args),
         Cmd::Cluster(args) => cluster::run(args),
+        Cmd::Bench(args) => bench::run(args),
     };
     std::process::exit(code);
 }

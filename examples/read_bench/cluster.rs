@@ -1,0 +1,447 @@
+//! An in-process cluster of `LeaseNode`s on real threads and the real clock. A network thread
+//! delays every raft message by a one-way delay; messages are protobuf-encoded on the way.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{select, unbounded, Receiver, Sender};
+use parking_lot::RwLock;
+use protobuf::Message as _;
+use raft::eraftpb::{Entry, EntryType, Message};
+use raft::storage::MemStorage;
+use raft_lease::{
+    LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, UnsafeMode,
+};
+
+pub type State = Arc<RwLock<HashMap<u64, u64>>>;
+/// A node's inbox of encoded raft messages.
+type Inbox = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
+type Node = LeaseNode<MemStorage, Arc<MonotonicClock>>;
+
+pub const TICK: Duration = Duration::from_millis(10);
+const ELECTION_TICKS: usize = 30;
+const HEARTBEAT_TICKS: usize = 3;
+
+/// A finished read: when it was issued, and how it was served (`None`: it failed).
+pub struct Done {
+    pub started: Instant,
+    pub kind: Option<ReadKind>,
+}
+
+/// Work for a node thread.
+pub enum Cmd {
+    /// A read through the layer.
+    Read {
+        mode: ReadMode,
+        started: Instant,
+        reply: Sender<Done>,
+    },
+    /// raft-rs's own `read_index`, one round per read.
+    RawRead {
+        started: Instant,
+        reply: Sender<Done>,
+    },
+    /// A write of `key`, answered once applied here.
+    Write {
+        key: u64,
+        value: u64,
+        started: Instant,
+        reply: Sender<Done>,
+    },
+    Stop,
+}
+
+/// What the cluster knows of one node.
+pub struct NodeSlot {
+    pub cmds: Sender<Cmd>,
+    pub state: State,
+    pub handle: ReadHandle<Arc<MonotonicClock>>,
+    pub is_leader: Arc<AtomicBool>,
+    pub alive: Arc<AtomicBool>,
+    storage: MemStorage,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The delayed network: one thread, messages ordered by delivery time.
+struct Net {
+    tx: Sender<(Instant, u64, Vec<u8>)>,
+    /// Messages sent by any node.
+    sent: Arc<AtomicU64>,
+}
+
+pub struct Cluster {
+    pub nodes: Vec<NodeSlot>,
+    net: Net,
+    inboxes: Vec<Inbox>,
+    clock: Arc<MonotonicClock>,
+    mode: UnsafeMode,
+    delay: Duration,
+}
+
+impl Cluster {
+    /// Start `n` nodes with a one-way `delay`, in `mode` (Safe, or RaftLeaseBased for raft-rs's own).
+    pub fn start(n: u64, delay: Duration, mode: UnsafeMode) -> Cluster {
+        let inboxes: Vec<_> = (0..n).map(|_| unbounded()).collect();
+        let alive: Vec<Arc<AtomicBool>> = (0..n).map(|_| Arc::new(AtomicBool::new(true))).collect();
+        let net = start_net(
+            inboxes.iter().map(|(tx, _)| tx.clone()).collect(),
+            alive.clone(),
+        );
+        let voters: Vec<u64> = (1..=n).collect();
+        let clock = Arc::new(MonotonicClock::new());
+        let mut c = Cluster {
+            nodes: Vec::new(),
+            net,
+            inboxes,
+            clock,
+            mode,
+            delay,
+        };
+        for id in 1..=n {
+            let storage = MemStorage::new_with_conf_state((voters.clone(), vec![]));
+            let slot = c.spawn(id, storage, alive[id as usize - 1].clone());
+            c.nodes.push(slot);
+        }
+        c
+    }
+
+    fn spawn(&self, id: u64, storage: MemStorage, alive: Arc<AtomicBool>) -> NodeSlot {
+        let rc = raft::Config {
+            id,
+            election_tick: ELECTION_TICKS,
+            heartbeat_tick: HEARTBEAT_TICKS,
+            check_quorum: true,
+            pre_vote: true,
+            max_inflight_msgs: 256,
+            max_size_per_msg: 1 << 20,
+            ..raft::Config::default()
+        };
+        let lease = LeaseConfig {
+            promise_ms: 300,
+            drift_ppm: 500,
+            margin_ms: 5,
+            unsafe_mode: self.mode,
+            ..LeaseConfig::default()
+        };
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let node = LeaseNode::new(
+            &rc,
+            storage.clone(),
+            lease,
+            TICK.as_millis() as u64,
+            self.clock.clone(),
+            &logger,
+        )
+        .expect("bench node config");
+        let (cmd_tx, cmd_rx) = unbounded();
+        let state: State = Arc::default();
+        let is_leader = Arc::new(AtomicBool::new(false));
+        alive.store(true, Ordering::Release);
+        let worker = Worker {
+            node,
+            state: state.clone(),
+            is_leader: is_leader.clone(),
+            inbox: self.inboxes[id as usize - 1].1.clone(),
+            cmds: cmd_rx,
+            net: self.net.tx.clone(),
+            sent: self.net.sent.clone(),
+            delay: self.delay,
+            reads: HashMap::new(),
+            raw_reads: HashMap::new(),
+            raw_ready: Vec::new(),
+            writes: HashMap::new(),
+            next_ctx: 0,
+        };
+        let handle = worker.node.read_handle();
+        let thread = std::thread::Builder::new()
+            .name(format!("node-{id}"))
+            .spawn(move || worker.run())
+            .expect("spawn node");
+        NodeSlot {
+            cmds: cmd_tx,
+            state,
+            handle,
+            is_leader,
+            alive,
+            storage,
+            thread: Some(thread),
+        }
+    }
+
+    /// The node that believes it leads and holds a lease (or, for raft-rs modes, just leads).
+    pub fn leader(&self, timeout: Duration) -> Option<usize> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            for (i, n) in self.nodes.iter().enumerate() {
+                let usable = self.mode == UnsafeMode::RaftLeaseBased || n.handle.lease_held();
+                if n.alive.load(Ordering::Acquire) && n.is_leader.load(Ordering::Acquire) && usable
+                {
+                    return Some(i);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// Messages sent by all nodes so far.
+    pub fn messages_sent(&self) -> u64 {
+        self.net.sent.load(Ordering::Relaxed)
+    }
+
+    /// Stop node `i`'s thread; the network drops messages to it. Its raft storage is kept.
+    pub fn kill(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        n.alive.store(false, Ordering::Release);
+        let _ = n.cmds.send(Cmd::Stop);
+        if let Some(t) = n.thread.take() {
+            let _ = t.join();
+        }
+        n.is_leader.store(false, Ordering::Release);
+        while self.inboxes[i].1.try_recv().is_ok() {}
+    }
+
+    /// Restart a killed node from its raft storage (its state is rebuilt from the log).
+    pub fn restart(&mut self, i: usize) {
+        let storage = self.nodes[i].storage.clone();
+        let alive = self.nodes[i].alive.clone();
+        self.nodes[i] = self.spawn(i as u64 + 1, storage, alive);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].thread.is_some() {
+                self.kill(i);
+            }
+        }
+    }
+}
+
+fn start_net(inboxes: Vec<Sender<Vec<u8>>>, alive: Vec<Arc<AtomicBool>>) -> Net {
+    let (tx, rx) = unbounded::<(Instant, u64, Vec<u8>)>();
+    let sent = Arc::new(AtomicU64::new(0));
+    std::thread::Builder::new()
+        .name("net".into())
+        .spawn(move || {
+            let mut queue: BinaryHeap<Reverse<(Instant, u64, usize)>> = BinaryHeap::new();
+            let mut bodies: HashMap<u64, Vec<u8>> = HashMap::new();
+            let mut seq = 0u64;
+            loop {
+                let wait = queue
+                    .peek()
+                    .map(|Reverse((at, _, _))| at.saturating_duration_since(Instant::now()));
+                let got = match wait {
+                    Some(w) => rx.recv_timeout(w).map_err(|e| e.is_disconnected()),
+                    None => rx.recv().map_err(|_| true),
+                };
+                match got {
+                    Ok((at, to, bytes)) => {
+                        seq += 1;
+                        bodies.insert(seq, bytes);
+                        queue.push(Reverse((at, seq, to as usize - 1)));
+                    }
+                    Err(true) => return,
+                    Err(false) => {}
+                }
+                let now = Instant::now();
+                while let Some(Reverse((at, s, to))) = queue
+                    .peek()
+                    .copied()
+                    .filter(|Reverse((at, _, _))| *at <= now)
+                {
+                    let _ = at;
+                    queue.pop();
+                    let bytes = bodies.remove(&s).expect("queued");
+                    if alive[to].load(Ordering::Acquire) {
+                        let _ = inboxes[to].send(bytes);
+                    }
+                }
+            }
+        })
+        .expect("spawn net");
+    Net { tx, sent }
+}
+
+/// One node's thread.
+struct Worker {
+    node: Node,
+    state: State,
+    is_leader: Arc<AtomicBool>,
+    inbox: Receiver<Vec<u8>>,
+    cmds: Receiver<Cmd>,
+    net: Sender<(Instant, u64, Vec<u8>)>,
+    sent: Arc<AtomicU64>,
+    delay: Duration,
+    reads: HashMap<ReadId, (Instant, Sender<Done>)>,
+    raw_reads: HashMap<Vec<u8>, (Instant, Sender<Done>)>,
+    /// raft-rs read states waiting for apply: (index, started, reply).
+    raw_ready: Vec<(u64, Instant, Sender<Done>)>,
+    writes: HashMap<u64, (Instant, Sender<Done>)>,
+    next_ctx: u64,
+}
+
+impl Worker {
+    fn run(mut self) {
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let timeout = next_tick.saturating_duration_since(Instant::now());
+            select! {
+                recv(self.inbox) -> m => if let Ok(bytes) = m { self.step(&bytes) },
+                recv(self.cmds) -> c => match c {
+                    Ok(Cmd::Stop) | Err(_) => return,
+                    Ok(cmd) => self.command(cmd),
+                },
+                default(timeout) => {}
+            }
+            while let Ok(bytes) = self.inbox.try_recv() {
+                self.step(&bytes);
+            }
+            if Instant::now() >= next_tick {
+                self.node.tick();
+                next_tick += TICK;
+            }
+            self.handle_ready();
+            self.answer_reads();
+            self.is_leader
+                .store(self.node.is_leader(), Ordering::Release);
+        }
+    }
+
+    fn step(&mut self, bytes: &[u8]) {
+        if let Ok(m) = Message::parse_from_bytes(bytes) {
+            let _ = self.node.step(m);
+        }
+    }
+
+    fn command(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::Read {
+                mode,
+                started,
+                reply,
+            } => match self.node.read(mode) {
+                Ok(id) => {
+                    self.reads.insert(id, (started, reply));
+                }
+                Err(_) => {
+                    let _ = reply.send(Done {
+                        started,
+                        kind: None,
+                    });
+                }
+            },
+            Cmd::RawRead { started, reply } => {
+                self.next_ctx += 1;
+                let ctx = format!("bench-{}", self.next_ctx).into_bytes();
+                self.raw_reads.insert(ctx.clone(), (started, reply));
+                self.node.raw_read_index(ctx);
+            }
+            Cmd::Write {
+                key,
+                value,
+                started,
+                reply,
+            } => {
+                let mut data = key.to_be_bytes().to_vec();
+                data.extend_from_slice(&value.to_be_bytes());
+                if self.node.propose(vec![], data).is_ok() {
+                    self.writes.insert(key ^ value, (started, reply));
+                } else {
+                    let _ = reply.send(Done {
+                        started,
+                        kind: None,
+                    });
+                }
+            }
+            Cmd::Stop => unreachable!("handled by run"),
+        }
+    }
+
+    fn send(&self, msgs: Vec<Message>) {
+        for m in msgs {
+            self.sent.fetch_add(1, Ordering::Relaxed);
+            let bytes = m.write_to_bytes().expect("encode");
+            let _ = self.net.send((Instant::now() + self.delay, m.to, bytes));
+        }
+    }
+
+    fn handle_ready(&mut self) {
+        while self.node.has_ready() {
+            let mut rd = self.node.ready();
+            let msgs = self.node.take_messages(&mut rd);
+            self.send(msgs);
+            self.apply(rd.take_committed_entries());
+            let store = self.node.raw().store().clone();
+            store.wl().append(rd.entries()).expect("append");
+            if let Some(hs) = rd.hs() {
+                store.wl().set_hardstate(hs.clone());
+            }
+            let msgs = self.node.take_persisted_messages(&mut rd);
+            self.send(msgs);
+            let mut light = self.node.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                store.wl().mut_hard_state().set_commit(commit);
+            }
+            let msgs = self.node.take_light_messages(&mut light);
+            self.send(msgs);
+            self.apply(light.take_committed_entries());
+            self.node.advance_apply();
+        }
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>) {
+        let mut state = self.state.write();
+        for e in entries
+            .iter()
+            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && e.data.len() == 16)
+        {
+            let key = u64::from_be_bytes(e.data[..8].try_into().expect("8 bytes"));
+            let value = u64::from_be_bytes(e.data[8..].try_into().expect("8 bytes"));
+            state.insert(key, value);
+            if let Some((started, reply)) = self.writes.remove(&(key ^ value)) {
+                let _ = reply.send(Done {
+                    started,
+                    kind: Some(ReadKind::Index),
+                });
+            }
+        }
+    }
+
+    fn answer_reads(&mut self) {
+        let state = self.state.read();
+        let served = self.node.serve_reads(|_| state.get(&1).copied());
+        drop(state);
+        for s in served {
+            if let Some((started, reply)) = self.reads.remove(&s.id) {
+                let _ = reply.send(Done {
+                    started,
+                    kind: s.result.ok().map(|(_, k)| k),
+                });
+            }
+        }
+        for rs in self.node.take_raw_read_states() {
+            if let Some((started, reply)) = self.raw_reads.remove(&rs.request_ctx) {
+                self.raw_ready.push((rs.index, started, reply));
+            }
+        }
+        let applied = self.node.raw().raft.raft_log.applied;
+        let state = self.state.read();
+        self.raw_ready.retain(|(index, started, reply)| {
+            if *index > applied {
+                return true;
+            }
+            let _ = state.get(&1);
+            let _ = reply.send(Done {
+                started: *started,
+                kind: Some(ReadKind::Index),
+            });
+            false
+        });
+    }
+}

@@ -1,0 +1,204 @@
+//! Read benchmark: lease reads against ReadIndex and raft-rs's own read paths, side by side in
+//! one run, on an in-process 3-node cluster with real threads, the real clock and a delayed,
+//! protobuf-encoding network.
+//!
+//! ```sh
+//! cargo run --release --example read_bench -- [--quick] [--json PATH] [--svg PATH]
+//! cargo run --release --example read_bench -- failover [--trials 20]
+//! ```
+
+mod cluster;
+mod failover;
+mod measure;
+mod svg;
+
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use raft_lease::UnsafeMode;
+
+use crate::cluster::Cluster;
+use crate::measure::{idle_rate, measure, mixed, Cell, Mode};
+
+#[derive(Parser)]
+#[command(about = "Lease reads vs ReadIndex vs raft-rs, side by side")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Sub>,
+    /// The whole sweep in well under a minute (shorter cells).
+    #[arg(long)]
+    quick: bool,
+    /// Write one JSON object per cell to this file (a JSON array).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Draw p50 latency against delay per mode (log scale) to this SVG file.
+    #[arg(long)]
+    svg: Option<std::path::PathBuf>,
+    /// Override the measuring time per cell, in milliseconds.
+    #[arg(long)]
+    cell_ms: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// Kill the leader repeatedly; time from the kill to the first successful read.
+    Failover {
+        #[arg(long, default_value_t = 20)]
+        trials: usize,
+        #[arg(long, default_value_t = 100)]
+        delay_us: u64,
+    },
+}
+
+const DELAYS_US: [u64; 4] = [0, 100, 1_000, 5_000];
+const OUTSTANDING: [usize; 2] = [1, 64];
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Sub::Failover { trials, delay_us }) = cli.cmd {
+        failover::run(trials, Duration::from_micros(delay_us));
+        return;
+    }
+    let window = Duration::from_millis(cli.cell_ms.unwrap_or(if cli.quick { 250 } else { 2_000 }));
+    let cells = sweep(window);
+    print_table(&cells);
+    print_ratios(&cells);
+    mixed_writes(window);
+    if let Some(path) = &cli.json {
+        let json = serde_json::Value::Array(cells.iter().map(Cell::json).collect());
+        if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
+        println!("wrote {} cells to {}", cells.len(), path.display());
+    }
+    if let Some(path) = &cli.svg {
+        if let Err(e) = std::fs::write(path, svg::chart(&cells)) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }
+        println!("wrote {}", path.display());
+    }
+}
+
+fn sweep(window: Duration) -> Vec<Cell> {
+    let total = DELAYS_US.len() * Mode::ALL.len() * OUTSTANDING.len();
+    let mut cells = Vec::with_capacity(total);
+    for delay_us in DELAYS_US {
+        for (unsafe_mode, modes) in [
+            (UnsafeMode::Safe, &Mode::ALL[..5]),
+            (UnsafeMode::RaftLeaseBased, &Mode::ALL[5..]),
+        ] {
+            let cluster = Cluster::start(3, Duration::from_micros(delay_us), unsafe_mode);
+            let Some(leader) = cluster.leader(Duration::from_secs(10)) else {
+                eprintln!("error: no leader at {delay_us} µs one-way delay");
+                std::process::exit(1);
+            };
+            let idle = idle_rate(&cluster, Duration::from_millis(300));
+            for &mode in modes {
+                for outstanding in OUTSTANDING {
+                    eprint!(
+                        "\r[{:>2}/{total}] {:<20} delay {:>5} µs  outstanding {:>2}   ",
+                        cells.len() + 1,
+                        mode.name(),
+                        delay_us,
+                        outstanding
+                    );
+                    cells.push(measure(
+                        &cluster,
+                        leader,
+                        mode,
+                        delay_us,
+                        outstanding,
+                        window,
+                        idle,
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!();
+    cells
+}
+
+fn fmt_ns(ns: u64) -> String {
+    match ns {
+        n if n < 10_000 => format!("{n} ns"),
+        n if n < 10_000_000 => format!("{:.1} µs", n as f64 / 1e3),
+        n => format!("{:.2} ms", n as f64 / 1e6),
+    }
+}
+
+fn print_table(cells: &[Cell]) {
+    println!(
+        "{:<20} {:>8} {:>4} {:>11} {:>11} {:>11} {:>12} {:>10} {:>7}",
+        "mode", "delay_us", "out", "p50", "p99", "p99.9", "reads/s", "msgs/read", "failed"
+    );
+    for c in cells {
+        println!(
+            "{:<20} {:>8} {:>4} {:>11} {:>11} {:>11} {:>12.0} {:>10.3} {:>7}",
+            c.mode.name(),
+            c.one_way_delay_us,
+            c.outstanding,
+            fmt_ns(c.p50_ns),
+            fmt_ns(c.p99_ns),
+            fmt_ns(c.p999_ns),
+            c.reads_per_sec,
+            c.msgs_per_read,
+            c.failed
+        );
+    }
+}
+
+fn find(cells: &[Cell], mode: Mode, delay: u64, out: usize) -> Option<&Cell> {
+    cells
+        .iter()
+        .find(|c| c.mode == mode && c.one_way_delay_us == delay && c.outstanding == out)
+}
+
+fn print_ratios(cells: &[Cell]) {
+    println!("\nratios (p50): read_index / lease_handle, lease_handle / local; throughput lease_handle / local");
+    for delay in DELAYS_US {
+        for out in OUTSTANDING {
+            let (Some(local), Some(handle), Some(index)) = (
+                find(cells, Mode::Local, delay, out),
+                find(cells, Mode::LeaseHandle, delay, out),
+                find(cells, Mode::ReadIndex, delay, out),
+            ) else {
+                continue;
+            };
+            let r = |a: u64, b: u64| a as f64 / b.max(1) as f64;
+            println!(
+                "  delay {:>5} µs, out {:>2}: read_index/lease_handle {:>10.0}x   lease_handle/local {:>5.2}x   throughput {:>5.0}%",
+                delay,
+                out,
+                r(index.p50_ns, handle.p50_ns),
+                r(handle.p50_ns, local.p50_ns),
+                100.0 * handle.reads_per_sec / local.reads_per_sec.max(1.0)
+            );
+        }
+    }
+}
+
+/// Reads with 10% writes mixed in, at 1 ms one-way delay: lease reads wait for apply too.
+fn mixed_writes(window: Duration) {
+    let cluster = Cluster::start(3, Duration::from_millis(1), UnsafeMode::Safe);
+    let Some(leader) = cluster.leader(Duration::from_secs(10)) else {
+        eprintln!("error: no leader for the mixed-writes run");
+        return;
+    };
+    let (mut plain, mut with_writes) = mixed(&cluster, leader, window);
+    let (p50a, p99a, _) = plain.percentiles();
+    let (p50b, p99b, _) = with_writes.percentiles();
+    println!(
+        "\nlease_node at 1 ms delay, reads only:     p50 {:>10} p99 {:>10}",
+        fmt_ns(p50a),
+        fmt_ns(p99a)
+    );
+    println!(
+        "lease_node at 1 ms delay, 10% writes:      p50 {:>10} p99 {:>10}  (p99 x{:.1})",
+        fmt_ns(p50b),
+        fmt_ns(p99b),
+        p99b as f64 / p99a.max(1) as f64
+    );
+}

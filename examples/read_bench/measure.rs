@@ -1,0 +1,301 @@
+//! Measuring one cell: a mode, a one-way delay and a number of outstanding reads.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use raft_lease::{Clock, MonotonicClock, ReadMode};
+
+use crate::cluster::{Cluster, Cmd, Done};
+
+/// How a read is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Local,
+    LeaseHandle,
+    LeaseNode,
+    ReadIndex,
+    RaftrsReadIndex,
+    RaftrsLeaseBased,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 6] = [
+        Mode::Local,
+        Mode::LeaseHandle,
+        Mode::LeaseNode,
+        Mode::ReadIndex,
+        Mode::RaftrsReadIndex,
+        Mode::RaftrsLeaseBased,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Local => "local",
+            Mode::LeaseHandle => "lease_handle",
+            Mode::LeaseNode => "lease_node",
+            Mode::ReadIndex => "read_index",
+            Mode::RaftrsReadIndex => "raftrs_read_index",
+            Mode::RaftrsLeaseBased => "raftrs_lease_based",
+        }
+    }
+
+    /// Served on the caller's thread, with no round through the raft thread.
+    fn synchronous(self) -> bool {
+        matches!(self, Mode::Local | Mode::LeaseHandle)
+    }
+}
+
+/// One cell's results.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub mode: Mode,
+    pub one_way_delay_us: u64,
+    pub outstanding: usize,
+    pub client_threads: usize,
+    pub reads: u64,
+    pub failed: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub p999_ns: u64,
+    pub reads_per_sec: f64,
+    pub msgs_per_read: f64,
+}
+
+impl Cell {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "mode": self.mode.name(), "one_way_delay_us": self.one_way_delay_us, "outstanding": self.outstanding,
+            "client_threads": self.client_threads, "reads": self.reads, "failed": self.failed,
+            "p50_ns": self.p50_ns, "p99_ns": self.p99_ns, "p999_ns": self.p999_ns,
+            "reads_per_sec": self.reads_per_sec, "msgs_per_read": self.msgs_per_read,
+        })
+    }
+}
+
+/// Latencies of successful reads, and failures.
+#[derive(Default)]
+pub struct Samples {
+    pub latencies_ns: Vec<u64>,
+    pub failed: u64,
+}
+
+impl Samples {
+    fn merge(&mut self, other: Samples) {
+        self.latencies_ns.extend(other.latencies_ns);
+        self.failed += other.failed;
+    }
+
+    /// (p50, p99, p99.9) in ns.
+    pub fn percentiles(&mut self) -> (u64, u64, u64) {
+        self.latencies_ns.sort_unstable();
+        let at = |q: f64| {
+            let n = self.latencies_ns.len();
+            if n == 0 {
+                return 0;
+            }
+            self.latencies_ns[((n as f64 * q) as usize).min(n - 1)]
+        };
+        (at(0.50), at(0.99), at(0.999))
+    }
+}
+
+/// Run `mode` against `leader` for `window`, with `outstanding` reads in flight.
+pub fn run_reads(
+    cluster: &Cluster,
+    leader: usize,
+    mode: Mode,
+    outstanding: usize,
+    window: Duration,
+) -> (Samples, usize) {
+    if mode.synchronous() {
+        let threads = outstanding.min(std::thread::available_parallelism().map_or(2, |n| n.get()));
+        let samples = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| s.spawn(|| sync_loop(cluster, leader, mode, window)))
+                .collect();
+            let mut all = Samples::default();
+            for h in handles {
+                all.merge(h.join().expect("client thread"));
+            }
+            all
+        });
+        return (samples, threads);
+    }
+    (async_loop(cluster, leader, mode, outstanding, window), 1)
+}
+
+fn sync_loop(cluster: &Cluster, leader: usize, mode: Mode, window: Duration) -> Samples {
+    let node = &cluster.nodes[leader];
+    let local: HashMap<u64, u64> = node.state.read().clone();
+    let clock = MonotonicClock::new();
+    let mut s = Samples {
+        latencies_ns: Vec::with_capacity(1 << 20),
+        failed: 0,
+    };
+    let end = Instant::now() + window;
+    let mut k = 0u64;
+    while Instant::now() < end {
+        for _ in 0..256 {
+            k = (k + 7) % 1_000;
+            let t0 = Instant::now();
+            let ok = match mode {
+                Mode::Local => {
+                    std::hint::black_box(clock.now_ns());
+                    std::hint::black_box(local.get(&k).copied());
+                    true
+                }
+                _ => node
+                    .handle
+                    .read(|| node.state.read().get(&k).copied())
+                    .is_ok(),
+            };
+            let dt = t0.elapsed().as_nanos() as u64;
+            if ok {
+                s.latencies_ns.push(dt);
+            } else {
+                s.failed += 1;
+            }
+        }
+    }
+    s
+}
+
+fn issue(cluster: &Cluster, leader: usize, mode: Mode, reply: &Sender<Done>) {
+    let started = Instant::now();
+    let reply = reply.clone();
+    let cmd = match mode {
+        Mode::LeaseNode => Cmd::Read {
+            mode: ReadMode::Lease,
+            started,
+            reply,
+        },
+        Mode::ReadIndex => Cmd::Read {
+            mode: ReadMode::ReadIndex,
+            started,
+            reply,
+        },
+        _ => Cmd::RawRead { started, reply },
+    };
+    let _ = cluster.nodes[leader].cmds.send(cmd);
+}
+
+fn async_loop(
+    cluster: &Cluster,
+    leader: usize,
+    mode: Mode,
+    outstanding: usize,
+    window: Duration,
+) -> Samples {
+    let (tx, rx): (Sender<Done>, Receiver<Done>) = unbounded();
+    let mut s = Samples::default();
+    for _ in 0..outstanding {
+        issue(cluster, leader, mode, &tx);
+    }
+    let end = Instant::now() + window;
+    let mut in_flight = outstanding;
+    while in_flight > 0 {
+        let Ok(done) = rx.recv_timeout(Duration::from_secs(2)) else {
+            s.failed += in_flight as u64; // dropped by raft: give up on them
+            break;
+        };
+        in_flight -= 1;
+        match done.kind {
+            Some(_) => s
+                .latencies_ns
+                .push(done.started.elapsed().as_nanos() as u64),
+            None => s.failed += 1,
+        }
+        if Instant::now() < end {
+            issue(cluster, leader, mode, &tx);
+            in_flight += 1;
+        }
+    }
+    s
+}
+
+/// A cell measured against raft messages: `idle_msgs_per_sec` is subtracted.
+pub fn measure(
+    cluster: &Cluster,
+    leader: usize,
+    mode: Mode,
+    delay_us: u64,
+    outstanding: usize,
+    window: Duration,
+    idle_msgs_per_sec: f64,
+) -> Cell {
+    let _ = run_reads(cluster, leader, mode, outstanding, window / 5); // warm-up
+    let msgs_before = cluster.messages_sent();
+    let t0 = Instant::now();
+    let (mut samples, client_threads) = run_reads(cluster, leader, mode, outstanding, window);
+    let secs = t0.elapsed().as_secs_f64();
+    let msgs = (cluster.messages_sent() - msgs_before) as f64 - idle_msgs_per_sec * secs;
+    let (p50_ns, p99_ns, p999_ns) = samples.percentiles();
+    let reads = samples.latencies_ns.len() as u64;
+    Cell {
+        mode,
+        one_way_delay_us: delay_us,
+        outstanding,
+        client_threads,
+        reads,
+        failed: samples.failed,
+        p50_ns,
+        p99_ns,
+        p999_ns,
+        reads_per_sec: reads as f64 / secs,
+        msgs_per_read: if reads == 0 {
+            0.0
+        } else {
+            (msgs / reads as f64).max(0.0)
+        },
+    }
+}
+
+/// Raft messages per second with no client load (heartbeats).
+pub fn idle_rate(cluster: &Cluster, window: Duration) -> f64 {
+    let before = cluster.messages_sent();
+    let t0 = Instant::now();
+    std::thread::sleep(window);
+    (cluster.messages_sent() - before) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// Lease reads through the raft thread, one at a time, for `window`: without writes, then with a
+/// write issued (not waited for) before every ninth read, so that 10% of operations are writes and
+/// reads find entries committed but not yet applied. Returns the read latencies of each run.
+pub fn mixed(cluster: &Cluster, leader: usize, window: Duration) -> (Samples, Samples) {
+    let run = |with_writes: bool| {
+        let (tx, rx) = unbounded();
+        let (wtx, wrx) = unbounded();
+        let mut s = Samples::default();
+        let end = Instant::now() + window;
+        let mut i = 0u64;
+        while Instant::now() < end {
+            i += 1;
+            if with_writes && i.is_multiple_of(9) {
+                let write = Cmd::Write {
+                    key: i % 100,
+                    value: i,
+                    started: Instant::now(),
+                    reply: wtx.clone(),
+                };
+                let _ = cluster.nodes[leader].cmds.send(write);
+            }
+            let started = Instant::now();
+            let _ = cluster.nodes[leader].cmds.send(Cmd::Read {
+                mode: ReadMode::Lease,
+                started,
+                reply: tx.clone(),
+            });
+            match rx.recv_timeout(Duration::from_secs(2)) {
+                Ok(Done {
+                    kind: Some(_),
+                    started,
+                }) => s.latencies_ns.push(started.elapsed().as_nanos() as u64),
+                Ok(_) | Err(_) => s.failed += 1,
+            }
+        }
+        while wrx.recv_timeout(Duration::from_millis(100)).is_ok() {}
+        s
+    };
+    (run(false), run(true))
+}

@@ -1,0 +1,89 @@
+//! `read_bench --quick --json` writes every mode and cell with sane values. No timing is asserted.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+#[test]
+fn quick_json_carries_every_mode_and_cell() {
+    let exe = common::example("read_bench");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("cells.json");
+    let svg = dir.path().join("chart.svg");
+    let out = Command::new(&exe)
+        .args(["--quick", "--cell-ms", "40", "--json"])
+        .arg(&json)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .expect("run read_bench");
+    assert!(
+        out.status.success(),
+        "read_bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cells: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let modes = [
+        "local",
+        "lease_handle",
+        "lease_node",
+        "read_index",
+        "raftrs_read_index",
+        "raftrs_lease_based",
+    ];
+    let mut seen = BTreeSet::new();
+    for c in &cells {
+        let mode = c["mode"].as_str().expect("mode");
+        let key = (
+            mode.to_string(),
+            c["one_way_delay_us"].as_u64().unwrap(),
+            c["outstanding"].as_u64().unwrap(),
+        );
+        assert!(seen.insert(key.clone()), "duplicate cell {key:?}");
+        assert!(modes.contains(&mode), "unknown mode {mode}");
+        for field in ["p50_ns", "p99_ns", "p999_ns"] {
+            assert!(
+                c[field].as_u64().is_some_and(|v| v > 0),
+                "{key:?}: {field} = {}",
+                c[field]
+            );
+        }
+        assert!(
+            c["p50_ns"].as_u64() <= c["p99_ns"].as_u64()
+                && c["p99_ns"].as_u64() <= c["p999_ns"].as_u64(),
+            "{key:?}"
+        );
+        assert!(
+            c["reads"].as_u64().is_some_and(|n| n > 0),
+            "{key:?}: no reads"
+        );
+        assert!(
+            c["reads_per_sec"].as_f64().is_some_and(|r| r > 0.0),
+            "{key:?}"
+        );
+        assert!(
+            c["msgs_per_read"]
+                .as_f64()
+                .is_some_and(|m| m.is_finite() && m >= 0.0),
+            "{key:?}"
+        );
+    }
+    for mode in modes {
+        for delay in [0, 100, 1_000, 5_000] {
+            for outstanding in [1, 64] {
+                assert!(
+                    seen.contains(&(mode.to_string(), delay, outstanding)),
+                    "missing {mode} {delay} {outstanding}"
+                );
+            }
+        }
+    }
+    assert_eq!(cells.len(), 48);
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        chart.starts_with("<svg") && modes.iter().all(|m| chart.contains(m)),
+        "svg lacks a mode"
+    );
+}
