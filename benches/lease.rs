@@ -11,7 +11,8 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 use raft::storage::MemStorage;
 use raft_lease::{
-    Clock, Derived, FollowerPromise, LeaderLease, LeaseConfig, LeaseNode, MonotonicClock, ReadMode,
+    Clock, Collect, Derived, FollowerPromise, LeaderLease, LeaseConfig, LeaseNode, MonotonicClock,
+    ReadMode,
 };
 
 /// The real monotonic clock plus an offset, so the bench can step past the boot promise.
@@ -46,22 +47,8 @@ fn leader() -> (LeaseNode<MemStorage, Arc<OffsetClock>>, Arc<OffsetClock>) {
     let mut node = LeaseNode::new(&rc, storage, cfg, 10, clock.clone(), &logger).expect("node");
     clock.offset_ns.store(10_000_000_000, Ordering::Relaxed); // past the boot promise
     node.campaign().expect("campaign");
-    while node.has_ready() {
-        let rd = node.ready();
-        node.raw()
-            .store()
-            .wl()
-            .append(rd.entries())
-            .expect("append");
-        if let Some(hs) = rd.hs() {
-            node.raw().store().wl().set_hardstate(hs.clone());
-        }
-        let light = node.advance(rd);
-        if let Some(commit) = light.commit_index() {
-            node.raw().store().wl().mut_hard_state().set_commit(commit);
-        }
-        node.advance_apply();
-    }
+    node.handle_ready(&mut Collect::default())
+        .expect("MemStorage");
     node.tick(); // a single voter renews its lease on its own ticks
     assert!(node.lease_status().state.is_held());
     (node, clock)

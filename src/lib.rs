@@ -39,6 +39,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod drive;
 pub mod grant;
 pub mod handle;
 pub mod lease;
@@ -52,6 +53,7 @@ pub mod status;
 
 pub use clock::{BootClock, Clock, MonotonicClock, SimClock};
 pub use config::{ConfigError, Derived, LeaseConfig, UnsafeMode};
+pub use drive::{Collect, ReadyIo};
 pub use handle::ReadHandle;
 pub use lease::{LeaderLease, LeaseState};
 pub use node::{CampaignError, LeaseNode, NodeError};

@@ -4,8 +4,8 @@ use raft::eraftpb::{Message, MessageType};
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
 use raft_lease::{
-    CampaignError, ConfigError, LeaseConfig, LeaseNode, LeaseState, NodeError, ReadError, ReadKind,
-    ReadMode, SimClock,
+    CampaignError, Collect, ConfigError, LeaseConfig, LeaseNode, LeaseState, NodeError, ReadError,
+    ReadKind, ReadMode, SimClock,
 };
 use slog::Logger;
 
@@ -48,24 +48,9 @@ fn single_node(clock: &SimClock) -> LeaseNode<MemStorage, SimClock> {
 
 /// Persist, advance and apply until raft has nothing more to do.
 fn drive(node: &mut LeaseNode<MemStorage, SimClock>) {
-    while node.has_ready() {
-        let mut rd = node.ready();
-        assert!(
-            node.take_messages(&mut rd).is_empty(),
-            "a single node sends nothing"
-        );
-        let store = node.raw().store().clone();
-        store.wl().append(rd.entries()).unwrap();
-        if let Some(hs) = rd.hs() {
-            store.wl().set_hardstate(hs.clone());
-        }
-        let mut light = node.advance(rd);
-        if let Some(commit) = light.commit_index() {
-            store.wl().mut_hard_state().set_commit(commit);
-        }
-        assert!(node.take_light_messages(&mut light).is_empty());
-        node.advance_apply();
-    }
+    let mut io = Collect::default();
+    node.handle_ready(&mut io).unwrap();
+    assert!(io.messages.is_empty(), "a single node sends nothing");
 }
 
 fn leader(clock: &SimClock) -> LeaseNode<MemStorage, SimClock> {

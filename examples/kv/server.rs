@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver, Sender};
 use parking_lot::RwLock;
-use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfChangeV2, Entry, EntryType, Message};
+use raft::eraftpb::{Entry, HardState, Message, Snapshot};
+use raft_lease::drive::apply_conf_change_entry;
 use raft_lease::{
     Clock, CounterSnapshot, LeaseConfig, LeaseNode, LeaseState, ReadError, ReadHandle, ReadId,
-    ReadKind, ReadMode, UnsafeMode,
+    ReadKind, ReadMode, ReadyIo, UnsafeMode,
 };
 use slog::{crit, info, warn, Logger};
 
@@ -121,18 +121,26 @@ type Node = LeaseNode<DiskStorage, Arc<ScaledClock>>;
 /// The raft thread's own state.
 pub struct Runtime {
     node: Node,
-    storage: DiskStorage,
+    /// Everything `Ready` processing touches, apart from the node.
+    io: KvIo,
     shared: Arc<Shared>,
-    transport: Transport,
     inbox: Receiver<Message>,
     requests: Receiver<Request>,
-    pending_writes: HashMap<u64, Sender<WriteReply>>,
     pending_reads: HashMap<ReadId, (String, Sender<ReadReply>)>,
     next_req: u64,
-    snapshot_index: u64,
     takeover_proposed: u64,
     last_expire: Instant,
     was_leader: (bool, u64),
+    logger: Logger,
+}
+
+/// The node's storage, state machine and transport, as seen by `LeaseNode::handle_ready`.
+pub struct KvIo {
+    storage: DiskStorage,
+    shared: Arc<Shared>,
+    transport: Transport,
+    pending_writes: HashMap<u64, Sender<WriteReply>>,
+    snapshot_index: u64,
     logger: Logger,
 }
 
@@ -210,17 +218,22 @@ impl Runtime {
             opts,
         });
         let next_req = (shared.clock.now_ns() << 8) | shared.opts.id; // unique per boot and node
-        let rt = Runtime {
-            node,
+        let io = KvIo {
             storage,
             shared: shared.clone(),
             transport,
+            pending_writes: HashMap::new(),
+            snapshot_index,
+            logger: logger.clone(),
+        };
+        let rt = Runtime {
+            node,
+            io,
+            shared: shared.clone(),
             inbox,
             requests: req_rx,
-            pending_writes: HashMap::new(),
             pending_reads: HashMap::new(),
             next_req,
-            snapshot_index,
             takeover_proposed: 0,
             last_expire: Instant::now(),
             was_leader: (false, 0),
@@ -313,7 +326,7 @@ impl Runtime {
         self.shared.metrics.proposals.inc();
         match self.node.propose(vec![], encode(&cmd, &value)) {
             Ok(()) => {
-                self.pending_writes.insert(req, reply);
+                self.io.pending_writes.insert(req, reply);
             }
             Err(e) => {
                 let _ = reply.send(WriteReply::Unknown(format!("proposal refused: {e}")));
@@ -348,92 +361,20 @@ impl Runtime {
     }
 
     fn handle_ready(&mut self) -> Result<(), DiskError> {
-        while self.node.has_ready() {
-            let mut rd = self.node.ready();
-            for m in self.node.take_messages(&mut rd) {
-                self.transport.send(m);
-            }
-            if !rd.snapshot().is_empty() {
-                self.install_snapshot(rd.snapshot().clone())?;
-            }
-            self.apply(rd.take_committed_entries())?;
-            self.storage.persist(rd.entries(), rd.hs())?;
-            for m in self.node.take_persisted_messages(&mut rd) {
-                self.transport.send(m);
-            }
-            let mut light = self.node.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                self.storage.set_commit(commit)?;
-            }
-            for m in self.node.take_light_messages(&mut light) {
-                self.transport.send(m);
-            }
-            self.apply(light.take_committed_entries())?;
-            self.node.advance_apply();
-        }
+        self.node.handle_ready(&mut self.io)?;
         self.maybe_compact()
-    }
-
-    fn install_snapshot(&mut self, snap: raft::eraftpb::Snapshot) -> Result<(), DiskError> {
-        let state = KvState::from_snapshot(&snap.data)?;
-        self.storage.apply_snapshot(&snap)?;
-        self.snapshot_index = snap.get_metadata().index;
-        *self.shared.state.write() = state;
-        info!(self.logger, "installed snapshot"; "index" => self.snapshot_index);
-        Ok(())
-    }
-
-    fn apply(&mut self, entries: Vec<Entry>) -> Result<(), DiskError> {
-        for e in entries {
-            match e.get_entry_type() {
-                EntryType::EntryNormal if e.data.is_empty() => {
-                    self.shared.state.write().applied = e.index
-                }
-                EntryType::EntryNormal => self.apply_command(&e),
-                EntryType::EntryConfChange => {
-                    let cc = ConfChange::parse_from_bytes(&e.data)?;
-                    let cs = self.node.apply_conf_change(&cc)?;
-                    self.storage.set_conf_state(&cs)?;
-                    self.shared.state.write().applied = e.index;
-                }
-                EntryType::EntryConfChangeV2 => {
-                    let cc = ConfChangeV2::parse_from_bytes(&e.data)?;
-                    let cs = self.node.apply_conf_change(&cc)?;
-                    self.storage.set_conf_state(&cs)?;
-                    self.shared.state.write().applied = e.index;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn apply_command(&mut self, e: &Entry) {
-        let (cmd, value) = match decode(&e.data) {
-            Ok(c) => c,
-            Err(err) => {
-                // Every replica skips it alike, so the state stays the same everywhere.
-                warn!(self.logger, "skipping an undecodable entry"; "index" => e.index, "error" => err);
-                self.shared.state.write().applied = e.index;
-                return;
-            }
-        };
-        let req = cmd.req();
-        let outcome = self.shared.state.write().apply(e.index, cmd, value);
-        if let Some(reply) = req.and_then(|r| self.pending_writes.remove(&r)) {
-            let _ = reply.send(WriteReply::Done(outcome));
-        }
     }
 
     fn maybe_compact(&mut self) -> Result<(), DiskError> {
         let applied = self.shared.state.read().applied;
         let every = self.shared.opts.snapshot_every;
-        if applied < self.snapshot_index + every {
+        if applied < self.io.snapshot_index + every {
             return Ok(());
         }
         let data = self.shared.state.read().snapshot();
-        self.storage.compact(applied, data, every / 10)?;
-        self.snapshot_index = applied;
-        info!(self.logger, "snapshot taken, log compacted"; "index" => applied, "log_entries" => self.storage.log_len());
+        self.io.storage.compact(applied, data, every / 10)?;
+        self.io.snapshot_index = applied;
+        info!(self.logger, "snapshot taken, log compacted"; "index" => applied, "log_entries" => self.io.storage.log_len());
         Ok(())
     }
 
@@ -478,14 +419,79 @@ impl Runtime {
             lease: Some((ls.state, ls.remaining_ns)),
             counters: self.node.counters(),
             is_leader,
-            log_entries: self.storage.log_len(),
+            log_entries: self.io.storage.log_len(),
         };
     }
 
     fn fail_pending(&mut self, why: &str) {
-        for (_, reply) in self.pending_writes.drain() {
+        for (_, reply) in self.io.pending_writes.drain() {
             let _ = reply.send(WriteReply::Unknown(why.to_string()));
         }
+    }
+}
+
+impl KvIo {
+    fn apply_command(&mut self, e: &Entry) {
+        let (cmd, value) = match decode(&e.data) {
+            Ok(c) => c,
+            Err(err) => {
+                // Every replica skips it alike, so the state stays the same everywhere.
+                warn!(self.logger, "skipping an undecodable entry"; "index" => e.index, "error" => err);
+                self.shared.state.write().applied = e.index;
+                return;
+            }
+        };
+        let req = cmd.req();
+        let outcome = self.shared.state.write().apply(e.index, cmd, value);
+        if let Some(reply) = req.and_then(|r| self.pending_writes.remove(&r)) {
+            let _ = reply.send(WriteReply::Done(outcome));
+        }
+    }
+}
+
+impl ReadyIo<DiskStorage, Arc<ScaledClock>> for KvIo {
+    type Error = DiskError;
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        for m in msgs {
+            self.transport.send(m);
+        }
+    }
+
+    fn install_snapshot(&mut self, _: &mut Node, snap: Snapshot) -> Result<(), DiskError> {
+        let state = KvState::from_snapshot(&snap.data)?;
+        self.storage.apply_snapshot(&snap)?;
+        self.snapshot_index = snap.get_metadata().index;
+        *self.shared.state.write() = state;
+        info!(self.logger, "installed snapshot"; "index" => self.snapshot_index);
+        Ok(())
+    }
+
+    fn apply(&mut self, node: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
+        for e in entries {
+            if let Some(cs) = apply_conf_change_entry(node, &e)? {
+                self.storage.set_conf_state(&cs)?;
+                self.shared.state.write().applied = e.index;
+            } else if e.data.is_empty() {
+                self.shared.state.write().applied = e.index;
+            } else {
+                self.apply_command(&e);
+            }
+        }
+        Ok(())
+    }
+
+    fn persist(
+        &mut self,
+        _: &mut Node,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> Result<(), DiskError> {
+        self.storage.persist(entries, hs)
+    }
+
+    fn set_commit(&mut self, _: &mut Node, commit: u64) -> Result<(), DiskError> {
+        self.storage.set_commit(commit)
     }
 }
 

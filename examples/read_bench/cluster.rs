@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{select, unbounded, Receiver, Sender};
 use parking_lot::RwLock;
 use protobuf::Message as _;
-use raft::eraftpb::{Entry, EntryType, Message};
+use raft::eraftpb::{Entry, EntryType, HardState, Message, Snapshot};
 use raft::storage::MemStorage;
+use raft_lease::drive::mem;
 use raft_lease::{
-    LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, UnsafeMode,
+    LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, ReadyIo,
+    UnsafeMode,
 };
 
 pub type State = Arc<RwLock<HashMap<u64, u64>>>;
@@ -141,19 +143,22 @@ impl Cluster {
         let state: State = Arc::default();
         let is_leader = Arc::new(AtomicBool::new(false));
         alive.store(true, Ordering::Release);
-        let worker = Worker {
-            node,
+        let io = BenchIo {
             state: state.clone(),
-            is_leader: is_leader.clone(),
-            inbox: self.inboxes[id as usize - 1].1.clone(),
-            cmds: cmd_rx,
             net: self.net.tx.clone(),
             sent: self.net.sent.clone(),
             delay: self.delay,
+            writes: HashMap::new(),
+        };
+        let worker = Worker {
+            node,
+            io,
+            is_leader: is_leader.clone(),
+            inbox: self.inboxes[id as usize - 1].1.clone(),
+            cmds: cmd_rx,
             reads: HashMap::new(),
             raw_reads: HashMap::new(),
             raw_ready: Vec::new(),
-            writes: HashMap::new(),
             next_ctx: 0,
         };
         let handle = worker.node.read_handle();
@@ -271,19 +276,24 @@ fn start_net(inboxes: Vec<Sender<Vec<u8>>>, alive: Vec<Arc<AtomicBool>>) -> Net 
 /// One node's thread.
 struct Worker {
     node: Node,
-    state: State,
+    io: BenchIo,
     is_leader: Arc<AtomicBool>,
     inbox: Receiver<Vec<u8>>,
     cmds: Receiver<Cmd>,
-    net: Sender<(Instant, u64, Vec<u8>)>,
-    sent: Arc<AtomicU64>,
-    delay: Duration,
     reads: HashMap<ReadId, (Instant, Sender<Done>)>,
     raw_reads: HashMap<Vec<u8>, (Instant, Sender<Done>)>,
     /// raft-rs read states waiting for apply: (index, started, reply).
     raw_ready: Vec<(u64, Instant, Sender<Done>)>,
-    writes: HashMap<u64, (Instant, Sender<Done>)>,
     next_ctx: u64,
+}
+
+/// A node's network, state and waiting writes, as `LeaseNode::handle_ready` sees them.
+struct BenchIo {
+    state: State,
+    net: Sender<(Instant, u64, Vec<u8>)>,
+    sent: Arc<AtomicU64>,
+    delay: Duration,
+    writes: HashMap<u64, (Instant, Sender<Done>)>,
 }
 
 impl Worker {
@@ -351,7 +361,7 @@ impl Worker {
                 let mut data = key.to_be_bytes().to_vec();
                 data.extend_from_slice(&value.to_be_bytes());
                 if self.node.propose(vec![], data).is_ok() {
-                    self.writes.insert(key ^ value, (started, reply));
+                    self.io.writes.insert(key ^ value, (started, reply));
                 } else {
                     let _ = reply.send(Done {
                         started,
@@ -363,58 +373,14 @@ impl Worker {
         }
     }
 
-    fn send(&self, msgs: Vec<Message>) {
-        for m in msgs {
-            self.sent.fetch_add(1, Ordering::Relaxed);
-            let bytes = m.write_to_bytes().expect("encode");
-            let _ = self.net.send((Instant::now() + self.delay, m.to, bytes));
-        }
-    }
-
     fn handle_ready(&mut self) {
-        while self.node.has_ready() {
-            let mut rd = self.node.ready();
-            let msgs = self.node.take_messages(&mut rd);
-            self.send(msgs);
-            self.apply(rd.take_committed_entries());
-            let store = self.node.raw().store().clone();
-            store.wl().append(rd.entries()).expect("append");
-            if let Some(hs) = rd.hs() {
-                store.wl().set_hardstate(hs.clone());
-            }
-            let msgs = self.node.take_persisted_messages(&mut rd);
-            self.send(msgs);
-            let mut light = self.node.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                store.wl().mut_hard_state().set_commit(commit);
-            }
-            let msgs = self.node.take_light_messages(&mut light);
-            self.send(msgs);
-            self.apply(light.take_committed_entries());
-            self.node.advance_apply();
-        }
-    }
-
-    fn apply(&mut self, entries: Vec<Entry>) {
-        let mut state = self.state.write();
-        for e in entries
-            .iter()
-            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && e.data.len() == 16)
-        {
-            let key = u64::from_be_bytes(e.data[..8].try_into().expect("8 bytes"));
-            let value = u64::from_be_bytes(e.data[8..].try_into().expect("8 bytes"));
-            state.insert(key, value);
-            if let Some((started, reply)) = self.writes.remove(&(key ^ value)) {
-                let _ = reply.send(Done {
-                    started,
-                    kind: Some(ReadKind::Index),
-                });
-            }
-        }
+        self.node
+            .handle_ready(&mut self.io)
+            .expect("MemStorage never fails");
     }
 
     fn answer_reads(&mut self) {
-        let state = self.state.read();
+        let state = self.io.state.read();
         let served = self.node.serve_reads(|_| state.get(&1).copied());
         drop(state);
         for s in served {
@@ -431,7 +397,7 @@ impl Worker {
             }
         }
         let applied = self.node.raw().raft.raft_log.applied;
-        let state = self.state.read();
+        let state = self.io.state.read();
         self.raw_ready.retain(|(index, started, reply)| {
             if *index > applied {
                 return true;
@@ -443,5 +409,54 @@ impl Worker {
             });
             false
         });
+    }
+}
+
+impl ReadyIo<MemStorage, Arc<MonotonicClock>> for BenchIo {
+    type Error = raft::Error;
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        for m in msgs {
+            self.sent.fetch_add(1, Ordering::Relaxed);
+            let bytes = m.write_to_bytes().expect("encode");
+            let _ = self.net.send((Instant::now() + self.delay, m.to, bytes));
+        }
+    }
+
+    fn install_snapshot(&mut self, node: &mut Node, snapshot: Snapshot) -> raft::Result<()> {
+        mem::install_snapshot(node.raw().store(), snapshot)
+    }
+
+    fn apply(&mut self, _: &mut Node, entries: Vec<Entry>) -> raft::Result<()> {
+        let mut state = self.state.write();
+        for e in entries
+            .iter()
+            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && e.data.len() == 16)
+        {
+            let key = u64::from_be_bytes(e.data[..8].try_into().expect("8 bytes"));
+            let value = u64::from_be_bytes(e.data[8..].try_into().expect("8 bytes"));
+            state.insert(key, value);
+            if let Some((started, reply)) = self.writes.remove(&(key ^ value)) {
+                let _ = reply.send(Done {
+                    started,
+                    kind: Some(ReadKind::Index),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn persist(
+        &mut self,
+        node: &mut Node,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> raft::Result<()> {
+        mem::persist(node.raw().store(), entries, hs)
+    }
+
+    fn set_commit(&mut self, node: &mut Node, commit: u64) -> raft::Result<()> {
+        mem::set_commit(node.raw().store(), commit);
+        Ok(())
     }
 }

@@ -13,7 +13,7 @@ use crate::config::LeaseConfig;
 use crate::node::LeaseNode;
 use crate::read::{ReadId, ReadMode};
 use crate::sim::history::{CheckReport, History, OpId, OpKind, OpResult};
-use crate::sim::kv::{encode_put, Applier, KvState};
+use crate::sim::kv::{encode_put, KvState, SimIo};
 use crate::sim::net::{NetConfig, SimNet};
 
 /// How to build a simulated cluster.
@@ -271,48 +271,16 @@ impl SimCluster {
         let (Some(node), false) = (n.node.as_mut(), n.paused) else {
             return;
         };
-        while node.has_ready() {
-            let mut rd = node.ready();
-            for m in node.take_messages(&mut rd) {
-                net.send(m, *now_ns, rng);
-            }
-            let committed = rd.take_committed_entries();
-            let mut applier = Applier {
-                id: n.id,
-                node,
-                storage: &n.storage,
-                kv: &mut n.kv,
-                writes: &mut n.writes,
-            };
-            applier.apply(committed, history, *now_ns);
-            n.storage
-                .wl()
-                .append(rd.entries())
-                .expect("append to MemStorage");
-            if let Some(hs) = rd.hs() {
-                n.storage.wl().set_hardstate(hs.clone());
-            }
-            for m in node.take_persisted_messages(&mut rd) {
-                net.send(m, *now_ns, rng);
-            }
-            let mut light = node.advance(rd);
-            if let Some(commit) = light.commit_index() {
-                n.storage.wl().mut_hard_state().set_commit(commit);
-            }
-            for m in node.take_light_messages(&mut light) {
-                net.send(m, *now_ns, rng);
-            }
-            let committed = light.take_committed_entries();
-            let mut applier = Applier {
-                id: n.id,
-                node,
-                storage: &n.storage,
-                kv: &mut n.kv,
-                writes: &mut n.writes,
-            };
-            applier.apply(committed, history, *now_ns);
-            node.advance_apply();
-        }
+        let mut io = SimIo {
+            id: n.id,
+            kv: &mut n.kv,
+            writes: &mut n.writes,
+            history,
+            net,
+            rng,
+            now_ns: *now_ns,
+        };
+        node.handle_ready(&mut io).expect("MemStorage never fails");
         let (kv, reads) = (&n.kv, &mut n.reads);
         let served =
             node.serve_reads(|rid| reads.get(&rid).and_then(|(_, key)| kv.get(key).cloned()));

@@ -1,14 +1,18 @@
-//! The simulator's replicated KV: the entry format and applying committed entries.
+//! The simulator's replicated KV: the entry format, and the I/O that applies committed entries.
 
 use std::collections::{BTreeMap, HashSet};
 
-use protobuf::Message as _;
-use raft::eraftpb::{ConfChange, ConfChangeV2, Entry, EntryType};
+use raft::eraftpb::{Entry, HardState, Message, Snapshot};
 use raft::storage::MemStorage;
+use rand_chacha::ChaCha8Rng;
 
 use crate::clock::SimClock;
+use crate::drive::{apply_conf_change_entry, mem, ReadyIo};
 use crate::node::LeaseNode;
 use crate::sim::history::{History, OpId, OpResult};
+use crate::sim::net::SimNet;
+
+type SimLeaseNode = LeaseNode<MemStorage, SimClock>;
 
 /// Applied KV state: key → (value, revision).
 pub type KvState = BTreeMap<Vec<u8>, (Vec<u8>, u64)>;
@@ -31,52 +35,78 @@ pub fn decode_put(data: &[u8]) -> Option<(OpId, &[u8], &[u8])> {
     Some((op, key, &data[12 + key_len..]))
 }
 
-/// What applying needs from one simulated node.
-pub struct Applier<'a> {
+/// The simulator's I/O for one node's `Ready`s: the simulated network, the node's KV state,
+/// and the history that acknowledges its writes.
+pub struct SimIo<'a> {
     /// The node's raft id.
     pub id: u64,
-    /// The node.
-    pub node: &'a mut LeaseNode<MemStorage, SimClock>,
-    /// Its storage (for conf states).
-    pub storage: &'a MemStorage,
     /// Its KV state.
     pub kv: &'a mut KvState,
     /// Writes proposed at this node and not yet acknowledged.
     pub writes: &'a mut HashSet<OpId>,
+    /// Where acknowledgements are recorded.
+    pub history: &'a mut History,
+    /// The network.
+    pub net: &'a mut SimNet,
+    /// The cluster's seeded RNG (network faults).
+    pub rng: &'a mut ChaCha8Rng,
+    /// Real simulated time.
+    pub now_ns: u64,
 }
 
-impl Applier<'_> {
-    /// Apply committed entries in order; acknowledge this node's own writes.
-    pub fn apply(&mut self, entries: Vec<Entry>, history: &mut History, now_ns: u64) {
-        for e in entries {
-            match e.get_entry_type() {
-                EntryType::EntryNormal if e.data.is_empty() => {}
-                EntryType::EntryNormal => self.apply_put(&e, history, now_ns),
-                EntryType::EntryConfChange => {
-                    let cc = ConfChange::parse_from_bytes(&e.data).expect("sim conf change");
-                    let cs = self.node.apply_conf_change(&cc).expect("apply conf change");
-                    self.storage.wl().set_conf_state(cs);
-                }
-                EntryType::EntryConfChangeV2 => {
-                    let cc = ConfChangeV2::parse_from_bytes(&e.data).expect("sim conf change v2");
-                    let cs = self
-                        .node
-                        .apply_conf_change(&cc)
-                        .expect("apply conf change v2");
-                    self.storage.wl().set_conf_state(cs);
-                }
-            }
-        }
-    }
-
-    fn apply_put(&mut self, e: &Entry, history: &mut History, now_ns: u64) {
+impl SimIo<'_> {
+    fn apply_put(&mut self, e: &Entry) {
         let (op, key, value) = decode_put(&e.data)
             .unwrap_or_else(|| panic!("node {} applied a malformed entry at {}", self.id, e.index));
         self.kv.insert(key.to_vec(), (value.to_vec(), e.index));
-        history.applied(op, e.index);
+        self.history.applied(op, e.index);
         if self.writes.remove(&op) {
-            history.complete(op, OpResult::Written { revision: e.index }, now_ns);
+            self.history
+                .complete(op, OpResult::Written { revision: e.index }, self.now_ns);
         }
+    }
+}
+
+impl ReadyIo<MemStorage, SimClock> for SimIo<'_> {
+    type Error = raft::Error;
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        for m in msgs {
+            self.net.send(m, self.now_ns, self.rng);
+        }
+    }
+
+    fn install_snapshot(
+        &mut self,
+        node: &mut SimLeaseNode,
+        snapshot: Snapshot,
+    ) -> raft::Result<()> {
+        mem::install_snapshot(node.raw().store(), snapshot)
+    }
+
+    fn apply(&mut self, node: &mut SimLeaseNode, entries: Vec<Entry>) -> raft::Result<()> {
+        for e in entries {
+            match apply_conf_change_entry(node, &e)? {
+                Some(cs) => node.raw().store().wl().set_conf_state(cs),
+                None if e.data.is_empty() => {}
+                None => self.apply_put(&e),
+            }
+        }
+        Ok(())
+    }
+
+    fn persist(
+        &mut self,
+        node: &mut SimLeaseNode,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> raft::Result<()> {
+        mem::persist(node.raw().store(), entries, hs)
+    }
+
+    fn set_commit(&mut self, node: &mut SimLeaseNode, commit: u64) -> raft::Result<()> {
+        mem::set_commit(node.raw().store(), commit);
+        Ok(())
     }
 }
 

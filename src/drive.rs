@@ -1,0 +1,170 @@
+//! One standard way to process raft's `Ready`s: the caller supplies the I/O, the node keeps
+//! the order that raft-rs requires and the lease depends on.
+//!
+//! The order, per `Ready`: send the leader's messages (stamped), install a snapshot, apply
+//! committed entries, persist entries and hard state, send the persisted messages, advance, record
+//! the new commit index, send the light messages, apply the light committed entries, advance apply.
+
+use raft::eraftpb::{Entry, HardState, Message, Snapshot};
+use raft::Storage;
+
+use crate::clock::Clock;
+use crate::node::LeaseNode;
+
+/// The I/O behind [`LeaseNode::handle_ready`]. Each method gets the node, so that applying can
+/// call [`LeaseNode::apply_conf_change`].
+pub trait ReadyIo<S: Storage, C: Clock> {
+    /// A storage or application failure; it stops the loop and is returned.
+    type Error;
+    /// Hand messages to the transport (already stamped with their round's send time).
+    fn send(&mut self, msgs: Vec<Message>);
+    /// Install a snapshot from the leader: storage and state machine.
+    fn install_snapshot(
+        &mut self,
+        node: &mut LeaseNode<S, C>,
+        snapshot: Snapshot,
+    ) -> Result<(), Self::Error>;
+    /// Apply committed entries to the state machine, in order.
+    fn apply(&mut self, node: &mut LeaseNode<S, C>, entries: Vec<Entry>)
+        -> Result<(), Self::Error>;
+    /// Persist new log entries (replacing any conflicting suffix) and the hard state, durably.
+    fn persist(
+        &mut self,
+        node: &mut LeaseNode<S, C>,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> Result<(), Self::Error>;
+    /// Record a newer commit index.
+    fn set_commit(&mut self, node: &mut LeaseNode<S, C>, commit: u64) -> Result<(), Self::Error>;
+}
+
+impl<S: Storage, C: Clock> LeaseNode<S, C> {
+    /// Process every pending `Ready` through `io`. Call after `step`, `tick`, `propose` or `read`.
+    pub fn handle_ready<IO: ReadyIo<S, C>>(&mut self, io: &mut IO) -> Result<(), IO::Error> {
+        while self.has_ready() {
+            let mut rd = self.ready();
+            io.send(self.take_messages(&mut rd));
+            if !rd.snapshot().is_empty() {
+                io.install_snapshot(self, rd.snapshot().clone())?;
+            }
+            io.apply(self, rd.take_committed_entries())?;
+            io.persist(self, rd.entries(), rd.hs())?;
+            io.send(self.take_persisted_messages(&mut rd));
+            let mut light = self.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                io.set_commit(self, commit)?;
+            }
+            io.send(self.take_light_messages(&mut light));
+            io.apply(self, light.take_committed_entries())?;
+            self.advance_apply();
+        }
+        Ok(())
+    }
+}
+
+/// Persistence into raft-rs's `MemStorage`, for tests, simulations and examples.
+pub mod mem {
+    use raft::eraftpb::{Entry, HardState, Snapshot};
+    use raft::storage::MemStorage;
+
+    /// Append entries and set the hard state.
+    pub fn persist(
+        storage: &MemStorage,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> raft::Result<()> {
+        let mut core = storage.wl();
+        core.append(entries)?;
+        if let Some(hs) = hs {
+            core.set_hardstate(hs.clone());
+        }
+        Ok(())
+    }
+
+    /// Record a newer commit index.
+    pub fn set_commit(storage: &MemStorage, commit: u64) {
+        storage.wl().mut_hard_state().set_commit(commit);
+    }
+
+    /// Install a snapshot.
+    pub fn install_snapshot(storage: &MemStorage, snapshot: Snapshot) -> raft::Result<()> {
+        storage.wl().apply_snapshot(snapshot)
+    }
+}
+
+/// A [`ReadyIo`] over raft-rs's `MemStorage` that collects outgoing messages and committed
+/// entries for the caller, applying membership changes itself. For tests and examples.
+#[derive(Debug, Default)]
+pub struct Collect {
+    /// Messages to send, in order.
+    pub messages: Vec<Message>,
+    /// Committed entries, in order (membership changes already applied to the node).
+    pub committed: Vec<Entry>,
+}
+
+impl<C: Clock> ReadyIo<raft::storage::MemStorage, C> for Collect {
+    type Error = raft::Error;
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        self.messages.extend(msgs);
+    }
+
+    fn install_snapshot(
+        &mut self,
+        node: &mut LeaseNode<raft::storage::MemStorage, C>,
+        snapshot: Snapshot,
+    ) -> raft::Result<()> {
+        mem::install_snapshot(node.raw().store(), snapshot)
+    }
+
+    fn apply(
+        &mut self,
+        node: &mut LeaseNode<raft::storage::MemStorage, C>,
+        entries: Vec<Entry>,
+    ) -> raft::Result<()> {
+        for e in &entries {
+            if let Some(cs) = apply_conf_change_entry(node, e)? {
+                node.raw().store().wl().set_conf_state(cs);
+            }
+        }
+        self.committed.extend(entries);
+        Ok(())
+    }
+
+    fn persist(
+        &mut self,
+        node: &mut LeaseNode<raft::storage::MemStorage, C>,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> raft::Result<()> {
+        mem::persist(node.raw().store(), entries, hs)
+    }
+
+    fn set_commit(
+        &mut self,
+        node: &mut LeaseNode<raft::storage::MemStorage, C>,
+        commit: u64,
+    ) -> raft::Result<()> {
+        mem::set_commit(node.raw().store(), commit);
+        Ok(())
+    }
+}
+
+/// If `e` is a membership change, apply it to `node` and return the new configuration (to be
+/// recorded in storage); `None` for a normal entry.
+pub fn apply_conf_change_entry<S: Storage, C: Clock>(
+    node: &mut LeaseNode<S, C>,
+    e: &Entry,
+) -> raft::Result<Option<raft::eraftpb::ConfState>> {
+    use protobuf::Message as _;
+    use raft::eraftpb::{ConfChange, ConfChangeV2, EntryType};
+    Ok(Some(match e.get_entry_type() {
+        EntryType::EntryNormal => return Ok(None),
+        EntryType::EntryConfChange => {
+            node.apply_conf_change(&ConfChange::parse_from_bytes(&e.data)?)?
+        }
+        EntryType::EntryConfChangeV2 => {
+            node.apply_conf_change(&ConfChangeV2::parse_from_bytes(&e.data)?)?
+        }
+    }))
+}
