@@ -20,6 +20,9 @@ pub enum UnsafeMode {
     NoPromise,
     /// A restarted node votes at once instead of refusing votes for `P` after boot.
     NoBootPromise,
+    /// Votes for others are refused under the promise, but the node may still campaign (and so
+    /// vote for itself) while it holds.
+    NoCampaignHold,
     /// The leader keeps serving lease reads after sending `MsgTimeoutNow` in its term.
     NoTransferFence,
     /// Lease reads use raft-rs `ReadOnlyOption::LeaseBased` (tick-based, no clock) instead of our lease.

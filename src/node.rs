@@ -112,7 +112,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         let raw = RawNode::new(&rc, storage, &logger)?;
         let boot_ns = clock.now_ns();
         let promise = match config.unsafe_mode {
-            UnsafeMode::Safe | UnsafeMode::NoTransferFence => {
+            UnsafeMode::Safe | UnsafeMode::NoTransferFence | UnsafeMode::NoCampaignHold => {
                 FollowerPromise::at_boot(derived.promise_ns, boot_ns)
             }
             _ => FollowerPromise::none(derived.promise_ns),
@@ -192,12 +192,16 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         let would_campaign = r.state != StateRole::Leader
             && r.promotable()
             && r.election_elapsed + 1 >= r.randomized_election_timeout();
-        if !would_campaign || !self.promise_enforced() {
+        if !would_campaign || !self.campaign_hold_enforced() {
             return false;
         }
         let decision = self.promise.check_vote(r.id, self.clock.now_ns());
         debug_assert!(matches!(decision, VoteDecision::Allow) || self.promise.until_ns() > 0);
         matches!(decision, VoteDecision::Refuse { .. })
+    }
+
+    fn campaign_hold_enforced(&self) -> bool {
+        self.promise_enforced() && self.config.unsafe_mode != UnsafeMode::NoCampaignHold
     }
 
     fn promise_enforced(&self) -> bool {
@@ -405,7 +409,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     ///
     /// Refused while this node's promise holds: its vote for itself would break the promise.
     pub fn campaign(&mut self) -> Result<(), CampaignError> {
-        if self.promise_enforced() {
+        if self.campaign_hold_enforced() {
             let decision = self
                 .promise
                 .check_vote(self.raw.raft.id, self.clock.now_ns());

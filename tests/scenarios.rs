@@ -80,7 +80,7 @@ fn assert_caught(runs: &[(u64, CheckReport)]) -> usize {
 #[test]
 fn every_scenario_has_a_negative_control() {
     let all = scenarios::all();
-    assert_eq!(all.len(), 7);
+    assert_eq!(all.len(), 8);
     for s in &all {
         assert!(
             !matches!(s.control, scenarios::Control::Mode(UnsafeMode::Safe)),
@@ -138,6 +138,12 @@ fn follower_tick_burst_never_shortens_the_promise() {
 #[test]
 fn control_no_promise_is_broken_by_a_tick_burst() {
     assert_caught(&run_seeds("follower tick burst", false));
+}
+
+#[test]
+fn control_no_campaign_hold_lets_a_promising_node_vote_for_itself() {
+    // The safe run is `follower_tick_burst_never_shortens_the_promise`: the same scenario.
+    assert_caught(&run_seeds("own campaign in a burst", false));
 }
 
 #[test]

@@ -111,6 +111,12 @@ pub fn all() -> Vec<Scenario> {
             run: follower_tick_burst,
         },
         Scenario {
+            name: "own campaign in a burst",
+            hazard: "a promising node votes for itself",
+            control: Control::Mode(UnsafeMode::NoCampaignHold),
+            run: follower_tick_burst,
+        },
+        Scenario {
             name: "delayed MsgTimeoutNow",
             hazard: "a late forced election (tikv/raft-rs#234)",
             control: Control::Mode(UnsafeMode::NoTransferFence),
