@@ -6,6 +6,7 @@
 //! the new commit index, send the light messages, apply the light committed entries, advance apply.
 
 use raft::eraftpb::{Entry, HardState, Message, Snapshot};
+use raft::storage::MemStorage;
 use raft::Storage;
 
 use crate::clock::Clock;
@@ -62,18 +63,53 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 }
 
-/// Persistence into raft-rs's `MemStorage`, for tests, simulations and examples.
-pub mod mem {
-    use raft::eraftpb::{Entry, HardState, Snapshot};
-    use raft::storage::MemStorage;
+/// The application half of a driver over raft-rs's `MemStorage` (tests, simulations, examples):
+/// implement `send` and `apply`; persistence into the node's `MemStorage` is provided, and
+/// membership changes are applied and recorded before `apply` sees the entries.
+pub trait MemApp<C: Clock> {
+    /// Hand messages to the transport.
+    fn send(&mut self, msgs: Vec<Message>);
+    /// Apply committed entries (membership changes included, already applied to the node).
+    fn apply(&mut self, node: &mut LeaseNode<MemStorage, C>, entries: Vec<Entry>);
+}
 
-    /// Append entries and set the hard state.
-    pub fn persist(
-        storage: &MemStorage,
+impl<C: Clock, A: MemApp<C>> ReadyIo<MemStorage, C> for A {
+    type Error = raft::Error;
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        MemApp::send(self, msgs);
+    }
+
+    fn install_snapshot(
+        &mut self,
+        node: &mut LeaseNode<MemStorage, C>,
+        snapshot: Snapshot,
+    ) -> raft::Result<()> {
+        node.raw().store().wl().apply_snapshot(snapshot)
+    }
+
+    fn apply(
+        &mut self,
+        node: &mut LeaseNode<MemStorage, C>,
+        entries: Vec<Entry>,
+    ) -> raft::Result<()> {
+        for e in &entries {
+            if let Some(cs) = apply_conf_change_entry(node, e)? {
+                node.raw().store().wl().set_conf_state(cs);
+            }
+        }
+        MemApp::apply(self, node, entries);
+        Ok(())
+    }
+
+    fn persist(
+        &mut self,
+        node: &mut LeaseNode<MemStorage, C>,
         entries: &[Entry],
         hs: Option<&HardState>,
     ) -> raft::Result<()> {
-        let mut core = storage.wl();
+        let store = node.raw().store();
+        let mut core = store.wl();
         core.append(entries)?;
         if let Some(hs) = hs {
             core.set_hardstate(hs.clone());
@@ -81,19 +117,13 @@ pub mod mem {
         Ok(())
     }
 
-    /// Record a newer commit index.
-    pub fn set_commit(storage: &MemStorage, commit: u64) {
-        storage.wl().mut_hard_state().set_commit(commit);
-    }
-
-    /// Install a snapshot.
-    pub fn install_snapshot(storage: &MemStorage, snapshot: Snapshot) -> raft::Result<()> {
-        storage.wl().apply_snapshot(snapshot)
+    fn set_commit(&mut self, node: &mut LeaseNode<MemStorage, C>, commit: u64) -> raft::Result<()> {
+        node.raw().store().wl().mut_hard_state().set_commit(commit);
+        Ok(())
     }
 }
 
-/// A [`ReadyIo`] over raft-rs's `MemStorage` that collects outgoing messages and committed
-/// entries for the caller, applying membership changes itself. For tests and examples.
+/// A [`MemApp`] that collects outgoing messages and committed entries for the caller.
 #[derive(Debug, Default)]
 pub struct Collect {
     /// Messages to send, in order.
@@ -102,51 +132,13 @@ pub struct Collect {
     pub committed: Vec<Entry>,
 }
 
-impl<C: Clock> ReadyIo<raft::storage::MemStorage, C> for Collect {
-    type Error = raft::Error;
-
+impl<C: Clock> MemApp<C> for Collect {
     fn send(&mut self, msgs: Vec<Message>) {
         self.messages.extend(msgs);
     }
 
-    fn install_snapshot(
-        &mut self,
-        node: &mut LeaseNode<raft::storage::MemStorage, C>,
-        snapshot: Snapshot,
-    ) -> raft::Result<()> {
-        mem::install_snapshot(node.raw().store(), snapshot)
-    }
-
-    fn apply(
-        &mut self,
-        node: &mut LeaseNode<raft::storage::MemStorage, C>,
-        entries: Vec<Entry>,
-    ) -> raft::Result<()> {
-        for e in &entries {
-            if let Some(cs) = apply_conf_change_entry(node, e)? {
-                node.raw().store().wl().set_conf_state(cs);
-            }
-        }
+    fn apply(&mut self, _: &mut LeaseNode<MemStorage, C>, entries: Vec<Entry>) {
         self.committed.extend(entries);
-        Ok(())
-    }
-
-    fn persist(
-        &mut self,
-        node: &mut LeaseNode<raft::storage::MemStorage, C>,
-        entries: &[Entry],
-        hs: Option<&HardState>,
-    ) -> raft::Result<()> {
-        mem::persist(node.raw().store(), entries, hs)
-    }
-
-    fn set_commit(
-        &mut self,
-        node: &mut LeaseNode<raft::storage::MemStorage, C>,
-        commit: u64,
-    ) -> raft::Result<()> {
-        mem::set_commit(node.raw().store(), commit);
-        Ok(())
     }
 }
 

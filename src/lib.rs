@@ -53,7 +53,7 @@ pub mod status;
 
 pub use clock::{BootClock, Clock, MonotonicClock, SimClock};
 pub use config::{ConfigError, Derived, LeaseConfig, UnsafeMode};
-pub use drive::{Collect, ReadyIo};
+pub use drive::{Collect, MemApp, ReadyIo};
 pub use handle::ReadHandle;
 pub use lease::{LeaderLease, LeaseState};
 pub use node::{CampaignError, LeaseNode, NodeError};

@@ -11,12 +11,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{select, unbounded, Receiver, Sender};
 use parking_lot::RwLock;
 use protobuf::Message as _;
-use raft::eraftpb::{Entry, EntryType, HardState, Message, Snapshot};
+use raft::eraftpb::{Entry, EntryType, Message};
 use raft::storage::MemStorage;
-use raft_lease::drive::mem;
+use raft_lease::drive::MemApp;
 use raft_lease::{
-    LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, ReadyIo,
-    UnsafeMode,
+    LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, UnsafeMode,
 };
 
 pub type State = Arc<RwLock<HashMap<u64, u64>>>;
@@ -412,9 +411,7 @@ impl Worker {
     }
 }
 
-impl ReadyIo<MemStorage, Arc<MonotonicClock>> for BenchIo {
-    type Error = raft::Error;
-
+impl MemApp<Arc<MonotonicClock>> for BenchIo {
     fn send(&mut self, msgs: Vec<Message>) {
         for m in msgs {
             self.sent.fetch_add(1, Ordering::Relaxed);
@@ -423,16 +420,12 @@ impl ReadyIo<MemStorage, Arc<MonotonicClock>> for BenchIo {
         }
     }
 
-    fn install_snapshot(&mut self, node: &mut Node, snapshot: Snapshot) -> raft::Result<()> {
-        mem::install_snapshot(node.raw().store(), snapshot)
-    }
-
-    fn apply(&mut self, _: &mut Node, entries: Vec<Entry>) -> raft::Result<()> {
+    fn apply(&mut self, _: &mut Node, entries: Vec<Entry>) {
         let mut state = self.state.write();
-        for e in entries
+        let writes = entries
             .iter()
-            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && e.data.len() == 16)
-        {
+            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && e.data.len() == 16);
+        for e in writes {
             let key = u64::from_be_bytes(e.data[..8].try_into().expect("8 bytes"));
             let value = u64::from_be_bytes(e.data[8..].try_into().expect("8 bytes"));
             state.insert(key, value);
@@ -443,20 +436,5 @@ impl ReadyIo<MemStorage, Arc<MonotonicClock>> for BenchIo {
                 });
             }
         }
-        Ok(())
-    }
-
-    fn persist(
-        &mut self,
-        node: &mut Node,
-        entries: &[Entry],
-        hs: Option<&HardState>,
-    ) -> raft::Result<()> {
-        mem::persist(node.raw().store(), entries, hs)
-    }
-
-    fn set_commit(&mut self, node: &mut Node, commit: u64) -> raft::Result<()> {
-        mem::set_commit(node.raw().store(), commit);
-        Ok(())
     }
 }

@@ -2,12 +2,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use raft::eraftpb::{Entry, HardState, Message, Snapshot};
+use raft::eraftpb::{Entry, EntryType, Message};
 use raft::storage::MemStorage;
 use rand_chacha::ChaCha8Rng;
 
 use crate::clock::SimClock;
-use crate::drive::{apply_conf_change_entry, mem, ReadyIo};
+use crate::drive::MemApp;
 use crate::node::LeaseNode;
 use crate::sim::history::{History, OpId, OpResult};
 use crate::sim::net::SimNet;
@@ -67,46 +67,20 @@ impl SimIo<'_> {
     }
 }
 
-impl ReadyIo<MemStorage, SimClock> for SimIo<'_> {
-    type Error = raft::Error;
-
+impl MemApp<SimClock> for SimIo<'_> {
     fn send(&mut self, msgs: Vec<Message>) {
         for m in msgs {
             self.net.send(m, self.now_ns, self.rng);
         }
     }
 
-    fn install_snapshot(
-        &mut self,
-        node: &mut SimLeaseNode,
-        snapshot: Snapshot,
-    ) -> raft::Result<()> {
-        mem::install_snapshot(node.raw().store(), snapshot)
-    }
-
-    fn apply(&mut self, node: &mut SimLeaseNode, entries: Vec<Entry>) -> raft::Result<()> {
-        for e in entries {
-            match apply_conf_change_entry(node, &e)? {
-                Some(cs) => node.raw().store().wl().set_conf_state(cs),
-                None if e.data.is_empty() => {}
-                None => self.apply_put(&e),
-            }
+    fn apply(&mut self, _: &mut SimLeaseNode, entries: Vec<Entry>) {
+        let puts = entries
+            .iter()
+            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty());
+        for e in puts {
+            self.apply_put(e);
         }
-        Ok(())
-    }
-
-    fn persist(
-        &mut self,
-        node: &mut SimLeaseNode,
-        entries: &[Entry],
-        hs: Option<&HardState>,
-    ) -> raft::Result<()> {
-        mem::persist(node.raw().store(), entries, hs)
-    }
-
-    fn set_commit(&mut self, node: &mut SimLeaseNode, commit: u64) -> raft::Result<()> {
-        mem::set_commit(node.raw().store(), commit);
-        Ok(())
     }
 }
 
