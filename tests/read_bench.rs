@@ -35,40 +35,8 @@ fn quick_json_carries_every_mode_and_cell() {
     ];
     let mut seen = BTreeSet::new();
     for c in &cells {
-        let mode = c["mode"].as_str().expect("mode");
-        let key = (
-            mode.to_string(),
-            c["one_way_delay_us"].as_u64().unwrap(),
-            c["outstanding"].as_u64().unwrap(),
-        );
+        let key = check_cell(c, &modes);
         assert!(seen.insert(key.clone()), "duplicate cell {key:?}");
-        assert!(modes.contains(&mode), "unknown mode {mode}");
-        for field in ["p50_ns", "p99_ns", "p999_ns"] {
-            assert!(
-                c[field].as_u64().is_some_and(|v| v > 0),
-                "{key:?}: {field} = {}",
-                c[field]
-            );
-        }
-        assert!(
-            c["p50_ns"].as_u64() <= c["p99_ns"].as_u64()
-                && c["p99_ns"].as_u64() <= c["p999_ns"].as_u64(),
-            "{key:?}"
-        );
-        assert!(
-            c["reads"].as_u64().is_some_and(|n| n > 0),
-            "{key:?}: no reads"
-        );
-        assert!(
-            c["reads_per_sec"].as_f64().is_some_and(|r| r > 0.0),
-            "{key:?}"
-        );
-        assert!(
-            c["msgs_per_read"]
-                .as_f64()
-                .is_some_and(|m| m.is_finite() && m >= 0.0),
-            "{key:?}"
-        );
     }
     for mode in modes {
         for delay in [0, 100, 1_000, 5_000] {
@@ -86,4 +54,40 @@ fn quick_json_carries_every_mode_and_cell() {
         chart.starts_with("<svg") && modes.iter().all(|m| chart.contains(m)),
         "svg lacks a mode"
     );
+}
+
+/// Checks one cell's fields; returns its (mode, delay, outstanding).
+fn check_cell(c: &serde_json::Value, modes: &[&str]) -> (String, u64, u64) {
+    let mode = c["mode"].as_str().expect("mode");
+    let key = (
+        mode.to_string(),
+        c["one_way_delay_us"].as_u64().unwrap(),
+        c["outstanding"].as_u64().unwrap(),
+    );
+    assert!(modes.contains(&mode), "unknown mode {mode}");
+    for field in ["p50_ns", "p99_ns", "p999_ns"] {
+        assert!(
+            c[field].as_u64().is_some_and(|v| v > 0),
+            "{key:?}: {field} = {}",
+            c[field]
+        );
+    }
+    let ordered = c["p50_ns"].as_u64() <= c["p99_ns"].as_u64()
+        && c["p99_ns"].as_u64() <= c["p999_ns"].as_u64();
+    assert!(ordered, "{key:?}: percentiles out of order");
+    assert!(
+        c["reads"].as_u64().is_some_and(|n| n > 0),
+        "{key:?}: no reads"
+    );
+    assert!(
+        c["reads_per_sec"].as_f64().is_some_and(|r| r > 0.0),
+        "{key:?}"
+    );
+    assert!(
+        c["msgs_per_read"]
+            .as_f64()
+            .is_some_and(|m| m.is_finite() && m >= 0.0),
+        "{key:?}"
+    );
+    key
 }

@@ -195,12 +195,13 @@ fn lease_state(sim: &SimCluster, node: u64) -> LeaseState {
 /// needs both quorums: with only L and R answering, the old configuration alone would grant it.
 #[test]
 fn membership_change_reestablishes_the_lease_under_both_quorums() {
-    let mut sim = SimCluster::new(SimConfig {
+    let cfg = SimConfig {
         nodes: 4,
         voters: Some(vec![1, 2, 3]),
         seed: 3,
         ..SimConfig::default()
-    });
+    };
+    let mut sim = SimCluster::new(cfg);
     let l = elect(&mut sim);
     assert!(
         sim.run_until(500, |s| lease_state(s, l).is_held()),
@@ -219,19 +220,8 @@ fn membership_change_reestablishes_the_lease_under_both_quorums() {
         .into(),
     );
     sim.propose_conf_change(l, cc).unwrap();
-    let joint = |s: &SimCluster| {
-        s.node(l).is_some_and(|n| {
-            !n.raw()
-                .raft
-                .prs()
-                .conf()
-                .to_conf_state()
-                .voters_outgoing
-                .is_empty()
-        })
-    };
     assert!(
-        sim.run_until(500, joint),
+        sim.run_until(500, |s| is_joint(s, l)),
         "joint configuration never applied"
     );
     assert_eq!(
@@ -248,8 +238,9 @@ fn membership_change_reestablishes_the_lease_under_both_quorums() {
         sim.node(l).unwrap().is_leader(),
         "the test needs L still leading"
     );
+    let state = lease_state(&sim, l);
     assert_eq!(
-        lease_state(&sim, l),
+        state,
         LeaseState::Expired,
         "an old-configuration quorum alone granted the lease"
     );
@@ -260,19 +251,8 @@ fn membership_change_reestablishes_the_lease_under_both_quorums() {
         "joint quorum never re-established the lease"
     );
     sim.propose_conf_change(l, ConfChangeV2::default()).unwrap(); // leave the joint configuration
-    let left = |s: &SimCluster| {
-        s.node(l).is_some_and(|n| {
-            n.raw()
-                .raft
-                .prs()
-                .conf()
-                .to_conf_state()
-                .voters_outgoing
-                .is_empty()
-        })
-    };
     assert!(
-        sim.run_until(500, left),
+        sim.run_until(500, |s| !is_joint(s, l)),
         "never left the joint configuration"
     );
     assert!(
@@ -283,6 +263,13 @@ fn membership_change_reestablishes_the_lease_under_both_quorums() {
     let report = sim.check();
     assert!(report.violations.is_empty(), "{:?}", report.violations);
     assert!(report.lease_reads_checked > 0);
+}
+
+fn is_joint(sim: &SimCluster, node: u64) -> bool {
+    let conf = sim
+        .node(node)
+        .map(|n| n.raw().raft.prs().conf().to_conf_state());
+    conf.is_some_and(|cs| !cs.voters_outgoing.is_empty())
 }
 
 // ----- liveness and counters -------------------------------------------------------------------

@@ -74,7 +74,18 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{node=\"{id}\"}} {v}"
             );
         }
-        let counters = [
+        for (name, help, v) in self.counters(c) {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{node=\"{id}\"}} {v}"
+            );
+        }
+        self.render_messages(&mut out, id);
+        out
+    }
+
+    fn counters(&self, c: &CounterSnapshot) -> [(&'static str, &'static str, u64); 13] {
+        [
             (
                 "raft_lease_reads_total",
                 "Reads served under the lease.",
@@ -140,13 +151,10 @@ impl Metrics {
                 "Messages dropped on a full queue.",
                 self.dropped_full.get(),
             ),
-        ];
-        for (name, help, v) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{node=\"{id}\"}} {v}"
-            );
-        }
+        ]
+    }
+
+    fn render_messages(&self, out: &mut String, id: u64) {
         for (name, set) in [
             ("raft_messages_sent_total", &self.sent),
             ("raft_messages_received_total", &self.received),
@@ -161,6 +169,5 @@ impl Metrics {
                 let _ = writeln!(out, "{name}{{node=\"{id}\",type=\"{ty}\"}} {}", c.get());
             }
         }
-        out
     }
 }
