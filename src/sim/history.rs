@@ -213,130 +213,165 @@ impl History {
     }
 
     fn check_key(&self, writes: &[&Op], reads: &[&Op], report: &mut CheckReport) {
-        let acked = acked_writes(writes);
+        let acked = by_completion(writes.iter().filter_map(|w| match &w.done {
+            Some((t, OpResult::Written { revision })) => Some(Done {
+                op: w,
+                complete_ns: *t,
+                revision: *revision,
+            }),
+            _ => None,
+        }));
         report.writes_acked += acked.len();
-        self.check_write_order(&acked, report);
-        let mut checked: Vec<(&Op, u64, u64)> = Vec::new(); // (read, complete_ns, revision)
+        check_write_order(&acked, report);
+        let by_revision: HashMap<u64, &Op> = writes
+            .iter()
+            .filter_map(|w| Some((*self.applied_revision.get(&w.id)?, *w)))
+            .collect();
+        let mut checked = Vec::new();
         for read in reads {
             let Some((complete_ns, OpResult::Read { value, served })) = &read.done else {
                 continue;
             };
-            let got_revision = value.as_ref().map_or(0, |(_, r)| *r);
             report.reads_checked += 1;
             report.lease_reads_checked += usize::from(*served == ReadKind::Lease);
-            self.check_read_source(read, value, *complete_ns, writes, report);
-            check_not_stale(read, *served, got_revision, &acked, report);
-            checked.push((read, *complete_ns, got_revision));
+            check_read_source(read, value, *complete_ns, &by_revision, report);
+            let revision = value.as_ref().map_or(0, |(_, r)| *r);
+            checked.push(Done {
+                op: read,
+                complete_ns: *complete_ns,
+                revision,
+            });
         }
-        check_reads_monotonic(&mut checked, report);
+        check_not_stale(&acked, &checked, report);
+        check_reads_monotonic(by_completion(checked), report);
+    }
+}
+
+/// A completed operation of one key, with the revision it wrote or read (0: absent).
+#[derive(Clone, Copy)]
+struct Done<'a> {
+    op: &'a Op,
+    complete_ns: u64,
+    revision: u64,
+}
+
+fn by_completion<'a>(ops: impl IntoIterator<Item = Done<'a>>) -> Vec<Done<'a>> {
+    let mut v: Vec<Done<'a>> = ops.into_iter().collect();
+    v.sort_by_key(|d| (d.complete_ns, d.revision));
+    v
+}
+
+/// Sweeps operations sorted by completion: for invocation times asked in increasing order, the
+/// newest (revision, op) among those that completed strictly before.
+struct NewestBefore<'a, 'b> {
+    completed: &'b [Done<'a>],
+    next: usize,
+    newest: Option<(u64, OpId)>,
+}
+
+impl<'a, 'b> NewestBefore<'a, 'b> {
+    fn new(completed: &'b [Done<'a>]) -> Self {
+        NewestBefore {
+            completed,
+            next: 0,
+            newest: None,
+        }
     }
 
-    fn check_read_source(
-        &self,
-        read: &Op,
-        value: &Option<(Vec<u8>, u64)>,
-        complete_ns: u64,
-        writes: &[&Op],
-        report: &mut CheckReport,
-    ) {
-        let Some((value, revision)) = value else {
-            return;
-        };
-        let source = writes
-            .iter()
-            .find(|w| self.applied_revision.get(&w.id) == Some(revision));
-        let ok = source.is_some_and(|w| {
-            w.invoke_ns <= complete_ns
-                && matches!(&w.kind, OpKind::Put { value: v, .. } if v == value)
-        });
-        if !ok {
-            report.violations.push(Violation::FutureOrBogusRead {
-                read: read.id,
-                got_revision: *revision,
+    fn at(&mut self, invoke_ns: u64) -> Option<(u64, OpId)> {
+        while let Some(d) = self
+            .completed
+            .get(self.next)
+            .filter(|d| d.complete_ns < invoke_ns)
+        {
+            self.newest = self.newest.max(Some((d.revision, d.op.id)));
+            self.next += 1;
+        }
+        self.newest
+    }
+}
+
+fn by_invocation<'a>(ops: &[Done<'a>]) -> Vec<Done<'a>> {
+    let mut v = ops.to_vec();
+    v.sort_by_key(|d| d.op.invoke_ns);
+    v
+}
+
+/// A write invoked after another was acknowledged must get a larger revision.
+fn check_write_order(acked: &[Done], report: &mut CheckReport) {
+    let mut sweep = NewestBefore::new(acked);
+    for w in by_invocation(acked) {
+        if let Some((_, first)) = sweep
+            .at(w.op.invoke_ns)
+            .filter(|(prev, _)| *prev >= w.revision)
+        {
+            report.violations.push(Violation::WritesReordered {
+                first,
+                second: w.op.id,
             });
         }
     }
+}
 
-    fn check_write_order(&self, acked: &[(u64, u64, &Op)], report: &mut CheckReport) {
-        // acked is sorted by completion time; any later-invoked write needs a larger revision.
-        let mut max_before: Option<(u64, OpId)> = None; // (revision, op) of writes acked so far
-        let mut by_invoke: Vec<&(u64, u64, &Op)> = acked.iter().collect();
-        by_invoke.sort_by_key(|(_, _, op)| op.invoke_ns);
-        let mut i = 0;
-        for (_, revision, op) in by_invoke {
-            while i < acked.len() && acked[i].0 < op.invoke_ns {
-                max_before = max_before.max(Some((acked[i].1, acked[i].2.id)));
-                i += 1;
-            }
-            if let Some((prev_revision, first)) = max_before {
-                if prev_revision >= *revision {
-                    report.violations.push(Violation::WritesReordered {
-                        first,
-                        second: op.id,
-                    });
-                }
-            }
+/// A read must see every write acknowledged before it was invoked.
+fn check_not_stale(acked: &[Done], reads: &[Done], report: &mut CheckReport) {
+    let mut sweep = NewestBefore::new(acked);
+    for r in by_invocation(reads) {
+        let Some((missed_revision, missed_write)) = sweep.at(r.op.invoke_ns) else {
+            continue;
+        };
+        if missed_revision > r.revision {
+            let served = match &r.op.done {
+                Some((_, OpResult::Read { served, .. })) => *served,
+                _ => unreachable!("only completed reads are checked"),
+            };
+            report.violations.push(Violation::StaleRead {
+                read: r.op.id,
+                node: r.op.node,
+                served,
+                got_revision: r.revision,
+                missed_write,
+                missed_revision,
+            });
         }
     }
 }
 
-/// Acknowledged writes as (complete_ns, revision, op), sorted by completion time.
-fn acked_writes<'a>(writes: &[&'a Op]) -> Vec<(u64, u64, &'a Op)> {
-    let mut acked: Vec<_> = writes
-        .iter()
-        .filter_map(|w| match &w.done {
-            Some((t, OpResult::Written { revision })) => Some((*t, *revision, *w)),
-            _ => None,
-        })
-        .collect();
-    acked.sort_by_key(|(t, r, _)| (*t, *r));
-    acked
+/// A read invoked after another read completed must not return an older revision.
+fn check_reads_monotonic(reads: Vec<Done>, report: &mut CheckReport) {
+    let mut sweep = NewestBefore::new(&reads);
+    for r in by_invocation(&reads) {
+        if let Some((_, earlier)) = sweep
+            .at(r.op.invoke_ns)
+            .filter(|(newest, _)| *newest > r.revision)
+        {
+            report.violations.push(Violation::ReadWentBack {
+                earlier,
+                later: r.op.id,
+            });
+        }
+    }
 }
 
-fn check_not_stale(
+/// A read must return a write that was invoked before the read completed, with its value.
+fn check_read_source(
     read: &Op,
-    served: ReadKind,
-    got_revision: u64,
-    acked: &[(u64, u64, &Op)],
+    value: &Option<(Vec<u8>, u64)>,
+    complete_ns: u64,
+    by_revision: &HashMap<u64, &Op>,
     report: &mut CheckReport,
 ) {
-    let newest_before = acked
-        .iter()
-        .take_while(|(t, _, _)| *t < read.invoke_ns)
-        .max_by_key(|(_, r, _)| *r);
-    if let Some((_, missed_revision, w)) = newest_before {
-        if *missed_revision > got_revision {
-            report.violations.push(Violation::StaleRead {
-                read: read.id,
-                node: read.node,
-                served,
-                got_revision,
-                missed_write: w.id,
-                missed_revision: *missed_revision,
-            });
-        }
-    }
-}
-
-fn check_reads_monotonic(checked: &mut [(&Op, u64, u64)], report: &mut CheckReport) {
-    checked.sort_by_key(|(_, complete_ns, _)| *complete_ns);
-    let mut by_invoke: Vec<_> = checked.iter().collect();
-    by_invoke.sort_by_key(|(op, _, _)| op.invoke_ns);
-    let mut best: Option<(u64, OpId)> = None; // newest revision among reads completed so far
-    let mut i = 0;
-    for (op, _, revision) in by_invoke {
-        while i < checked.len() && checked[i].1 < op.invoke_ns {
-            best = best.max(Some((checked[i].2, checked[i].0.id)));
-            i += 1;
-        }
-        if let Some((best_revision, earlier)) = best {
-            if best_revision > *revision {
-                report.violations.push(Violation::ReadWentBack {
-                    earlier,
-                    later: op.id,
-                });
-            }
-        }
+    let Some((value, revision)) = value else {
+        return;
+    };
+    let ok = by_revision.get(revision).is_some_and(|w| {
+        w.invoke_ns <= complete_ns && matches!(&w.kind, OpKind::Put { value: v, .. } if v == value)
+    });
+    if !ok {
+        report.violations.push(Violation::FutureOrBogusRead {
+            read: read.id,
+            got_revision: *revision,
+        });
     }
 }
 
