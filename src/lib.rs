@@ -14,7 +14,12 @@
 //! Every clock is monotonic and runs at a rate within `1 ± ρ` of real time.
 //! - **Promise.** A node that accepts a message from the leader of its term refuses
 //!   `MsgRequestVote`/`MsgRequestPreVote` from every other candidate until its own clock has advanced
-//!   `P` from the moment of receipt (read after processing). A booting node refuses for `P`.
+//!   `P` from the moment of receipt (read after processing), and does not campaign itself meanwhile:
+//!   a vote for itself is a vote too. A booting node refuses (and waits) for `P`. A forced election
+//!   after `MsgTimeoutNow` passes, because the old leader fenced its lease before sending it.
+//! - **Rounds.** A round is a batch of heartbeats, tagged in their `context`, which followers echo.
+//!   Appends do not renew the lease: the response to a stale append carries the follower's commit
+//!   index, so it cannot be tied to one send time (see [`round`]).
 //! - **Lease.** The leader reads `t0` *before* sending a round. Once a quorum, itself included, has
 //!   acknowledged messages sent at or after `t0`, the lease runs to `t0 + L`, with
 //!   `L = P·(1−ρ)/(1+ρ) − ε`. It never moves backwards.
