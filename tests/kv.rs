@@ -464,6 +464,101 @@ fn log_is_compacted_and_a_lagging_node_catches_up_by_snapshot() {
 }
 
 #[test]
+fn sessions_locks_and_fenced_writes_work_over_http() {
+    let c = Cluster::start(3, &["--fault-injection"]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let grant = |ttl: u64| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // A new leader answers not_ready until its sessions are on its clock.
+            let (code, body) = http(
+                c.port(l),
+                "POST",
+                "/session",
+                format!("{{\"ttl_ms\": {ttl}}}").as_bytes(),
+            )
+            .unwrap();
+            if code == 200 {
+                return json(&body)["id"].as_u64().unwrap();
+            }
+            assert!(
+                code == 503 && Instant::now() < deadline,
+                "session grant: {code} {body}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let (short, long) = (grant(300), grant(60_000));
+    let (code, body) = http(
+        c.port(l),
+        "PUT",
+        &format!("/kv/ephemeral?session={short}"),
+        b"x",
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let lock = |session: u64| {
+        http(
+            c.port(l),
+            "POST",
+            &format!("/lock/L?session={session}"),
+            b"",
+        )
+        .unwrap()
+    };
+    let (code, body) = lock(short);
+    assert_eq!(code, 200, "{body}");
+    let token = json(&body)["token"].as_u64().unwrap();
+    assert_eq!(lock(long).0, 409, "the lock is held");
+    let fenced = |t: u64| {
+        http(c.port(l), "PUT", &format!("/kv/guarded?fence=L:{t}"), b"v")
+            .unwrap()
+            .0
+    };
+    assert_eq!(fenced(token), 200);
+    // The short session expires: its key is deleted and its lock freed for a larger token.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http(c.port(l), "GET", "/kv/ephemeral?read=index", b"")
+        .unwrap()
+        .0
+        != 404
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the session's key outlived the session"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, body) = lock(long);
+    assert_eq!(code, 200, "{body}");
+    assert!(json(&body)["token"].as_u64().unwrap() > token);
+    assert_eq!(fenced(token), 409, "a stale fencing token is refused");
+    let (code, body) = http(
+        c.port(l),
+        "POST",
+        "/session/keepalive",
+        format!("{{\"ids\": [{long}, 999]}}").as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(
+        (code, json(&body)["unknown"].clone()),
+        (200, serde_json::json!([999]))
+    );
+    assert_eq!(
+        http(c.port(l), "POST", "/admin/clock", b"{\"rate\": 1.0005}")
+            .unwrap()
+            .0,
+        200
+    );
+    assert_eq!(
+        http(c.port(l), "POST", "/admin/clock", b"{\"rate\": -1}")
+            .unwrap()
+            .0,
+        400
+    );
+}
+
+#[test]
 fn bad_input_gets_errors_and_the_node_stays_up() {
     let c = Cluster::start(3, &[]);
     let l = c.leader(&[1, 2, 3], 15);
