@@ -130,13 +130,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             reads: ReadQueue::default(),
             shared: Arc::new(Shared::default()),
             logger,
-            seen: (StateRole::Follower, 0),
+            seen,
             lease_was_held: false,
             in_ready: false,
             ticks_since_round: 0,
             raw_read_states: Vec::new(),
         };
-        node.seen = seen;
         node.sync();
         Ok(node)
     }
