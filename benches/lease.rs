@@ -97,6 +97,7 @@ fn state_machines(c: &mut Criterion) {
         promise_ns: 1_000_000_000,
         lease_ns: 970_000_000,
         renew_before_ns: 320_000_000,
+        campaign_jitter_ns: 500_000_000,
     };
     let mut lease = LeaderLease::new(&derived);
     lease.start_term(1);

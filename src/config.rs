@@ -8,25 +8,86 @@ pub const MAX_DRIFT_PPM: u64 = 100_000;
 const NS_PER_MS: u64 = 1_000_000;
 const PPM: u64 = 1_000_000;
 
-/// Safety switches that exist only to prove the tests can fail (negative controls).
+/// Which of the lease's safeties are on. The default, every one of them, is the only setting
+/// for real use.
 ///
-/// Anything other than [`UnsafeMode::Safe`] can serve stale reads. Never use it in production.
+/// Users see one switch, [`Safeties::raft_lease_based`], for side-by-side comparisons with
+/// raft-rs. The negative controls that prove the crate's own tests can fail live in a hidden
+/// field (as CockroachDB's `TestingKnobs` do) and are not part of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum UnsafeMode {
-    /// The lease as designed. The only mode for real use.
-    #[default]
-    Safe,
+pub struct Safeties {
+    /// Serve lease reads the way raft-rs `ReadOnlyOption::LeaseBased` does: from tick-based
+    /// check-quorum, with no clock. **Unsafe**: it serves stale reads after a partition, a pause
+    /// or a stalled ticker. For comparisons only.
+    pub raft_lease_based: bool,
+    /// Negative controls for this crate's tests. Not part of the API: leave at the default.
+    #[doc(hidden)]
+    pub testing: TestingKnobs,
+}
+
+/// Each knob switches one safety off, to show that a test catches its absence.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TestingKnobs {
     /// Followers keep no real-time promise: votes are left to raft-rs's tick-based check.
-    NoPromise,
+    pub no_promise: bool,
     /// A restarted node votes at once instead of refusing votes for `P` after boot.
-    NoBootPromise,
-    /// Votes for others are refused under the promise, but the node may still campaign (and so
-    /// vote for itself) while it holds.
-    NoCampaignHold,
-    /// The leader keeps serving lease reads after sending `MsgTimeoutNow` in its term.
-    NoTransferFence,
-    /// Lease reads use raft-rs `ReadOnlyOption::LeaseBased` (tick-based, no clock) instead of our lease.
-    RaftLeaseBased,
+    pub no_boot_promise: bool,
+    /// Votes for others are refused under the promise, but the node may campaign meanwhile.
+    pub no_campaign_hold: bool,
+    /// The leader keeps serving lease reads after `MsgTimeoutNow` left in its term.
+    pub no_transfer_fence: bool,
+    /// A ReadIndex context whose round is gone gets a new round with a later `t0`.
+    pub remap_retired_ctx: bool,
+    /// A leader renews from its own clock whenever the configuration has one voter, itself or not.
+    pub renew_any_singleton: bool,
+    /// Followers whose promises end together campaign together (no jitter).
+    pub no_campaign_jitter: bool,
+}
+
+impl Safeties {
+    /// Every safety on except raft-rs `LeaseBased` reads, for comparisons.
+    pub fn raft_lease_based() -> Self {
+        Safeties {
+            raft_lease_based: true,
+            ..Safeties::default()
+        }
+    }
+
+    /// Whether every safety is on.
+    pub fn all_on(&self) -> bool {
+        *self == Safeties::default()
+    }
+
+    /// Votes for others are refused while the promise holds.
+    pub(crate) fn promise(&self) -> bool {
+        !self.raft_lease_based && !self.testing.no_promise
+    }
+
+    /// A booting node refuses votes for `P`.
+    pub(crate) fn boot_promise(&self) -> bool {
+        self.promise() && !self.testing.no_boot_promise
+    }
+
+    /// A node does not campaign while its promise holds.
+    pub(crate) fn campaign_hold(&self) -> bool {
+        self.promise() && !self.testing.no_campaign_hold
+    }
+
+    /// The lease is fenced for the rest of the term once a transfer is under way.
+    pub(crate) fn transfer_fence(&self) -> bool {
+        !self.testing.no_transfer_fence
+    }
+
+    /// Only this node being the one voter (in every half) lets it renew from its own clock.
+    pub(crate) fn self_renewal_needs_sole_voter(&self) -> bool {
+        !self.testing.renew_any_singleton
+    }
+
+    /// Campaigns held back by the promise start after seeded jitter.
+    pub(crate) fn campaign_jitter(&self) -> bool {
+        !self.testing.no_campaign_jitter
+    }
 }
 
 /// Configuration of the lease layer. Durations are in the units their names say.
@@ -41,8 +102,11 @@ pub struct LeaseConfig {
     pub margin_ms: u64,
     /// Renew when at most this percentage of the lease is left (default 33: a third). In `1..=90`.
     pub renew_below_pct: u64,
-    /// Negative-control switch. Leave at [`UnsafeMode::Safe`].
-    pub unsafe_mode: UnsafeMode,
+    /// Which safeties are on. Leave at the default (all) outside comparisons.
+    pub safeties: Safeties,
+    /// Mixed with the raft id and the boot time to seed the campaign jitter. Simulations set it
+    /// so that a run reproduces; any value is safe.
+    pub seed: u64,
 }
 
 impl Default for LeaseConfig {
@@ -53,7 +117,8 @@ impl Default for LeaseConfig {
             drift_ppm: 500,
             margin_ms: 10,
             renew_below_pct: 33,
-            unsafe_mode: UnsafeMode::Safe,
+            safeties: Safeties::default(),
+            seed: 0,
         }
     }
 }
@@ -91,6 +156,18 @@ pub enum ConfigError {
         /// The rejected value.
         renew_below_pct: u64,
     },
+    /// The lease would not outlast one heartbeat interval, so it would lapse between every two
+    /// renewals. Not unsafe, but reads would fall back to ReadIndex most of the time.
+    #[error(
+        "lease would be {lease_ns} ns, not above the heartbeat interval of {heartbeat_ms} ms: \
+         raise promise_ms or lower heartbeat_tick"
+    )]
+    LeaseNotAboveHeartbeat {
+        /// The lease that would result.
+        lease_ns: u64,
+        /// `heartbeat_tick × tick_ms`.
+        heartbeat_ms: u64,
+    },
     /// The tick interval is zero.
     #[error("tick_ms must be positive")]
     ZeroTick,
@@ -101,16 +178,24 @@ pub enum ConfigError {
 pub struct Derived {
     /// `P`.
     pub promise_ns: u64,
-    /// `L = P·(1−ρ)/(1+ρ) − ε`, rounded down. Always positive and below `P`.
+    /// `L = P·(1−ρ)/(1+ρ) − ε`, rounded down. Always above one heartbeat interval and below `P`.
     pub lease_ns: u64,
     /// Renew once at most this much of the lease is left.
     pub renew_before_ns: u64,
+    /// A campaign held back by the promise starts up to this much after the promise ends
+    /// (uniform, seeded): the spread of raft's randomized election timeout, which the hold
+    /// would otherwise collapse, and at least one tick.
+    pub campaign_jitter_ns: u64,
 }
 
 impl LeaseConfig {
-    /// Checks the config against raft's minimum election timeout (`min_election_tick × tick_ms`)
-    /// and returns the derived durations.
-    pub fn validate(&self, min_election_tick: u64, tick_ms: u64) -> Result<Derived, ConfigError> {
+    /// Checks the config against raft's (minimum election timeout and heartbeat interval, each
+    /// in ticks of `tick_ms`) and returns the derived durations.
+    ///
+    /// `P` may be anywhere above one heartbeat interval (plus drift and margin) up to the
+    /// election timeout. Below two heartbeat intervals it is accepted: safety never depends on
+    /// how `P` compares with the heartbeat interval (see [`crate::round`]), only availability.
+    pub fn validate(&self, raft: &raft::Config, tick_ms: u64) -> Result<Derived, ConfigError> {
         if tick_ms == 0 {
             return Err(ConfigError::ZeroTick);
         }
@@ -124,7 +209,7 @@ impl LeaseConfig {
                 renew_below_pct: self.renew_below_pct,
             });
         }
-        let election_ms = min_election_tick.saturating_mul(tick_ms);
+        let election_ms = (raft.min_election_tick() as u64).saturating_mul(tick_ms);
         if self.promise_ms > election_ms {
             return Err(ConfigError::PromiseExceedsElectionTimeout {
                 promise_ms: self.promise_ms,
@@ -138,15 +223,33 @@ impl LeaseConfig {
                 lease_ns,
             });
         }
+        let heartbeat_ms = (raft.heartbeat_tick as u64).saturating_mul(tick_ms);
+        if lease_ns <= heartbeat_ms.saturating_mul(NS_PER_MS) {
+            return Err(ConfigError::LeaseNotAboveHeartbeat {
+                lease_ns,
+                heartbeat_ms,
+            });
+        }
         let derived = Derived {
             promise_ns: self.promise_ms * NS_PER_MS,
             lease_ns,
             renew_before_ns: lease_ns / 100 * self.renew_below_pct,
+            campaign_jitter_ns: self.campaign_jitter_ms(raft, tick_ms) * NS_PER_MS,
         };
         assert!(
             derived.lease_ns < derived.promise_ns || self.drift_ppm == 0 && self.margin_ms == 0
         );
+        assert!(
+            derived.lease_ns > heartbeat_ms * NS_PER_MS && derived.lease_ns <= derived.promise_ns
+        );
         Ok(derived)
+    }
+
+    fn campaign_jitter_ms(&self, raft: &raft::Config, tick_ms: u64) -> u64 {
+        let spread_ticks = raft
+            .max_election_tick()
+            .saturating_sub(raft.min_election_tick());
+        (spread_ticks as u64).max(1).saturating_mul(tick_ms)
     }
 
     /// `L = P·(1−ρ)/(1+ρ) − ε` in nanoseconds, rounded down, 0 if not positive.
@@ -171,10 +274,19 @@ mod tests {
         }
     }
 
+    /// raft's config with `election_tick` and `heartbeat_tick`.
+    fn raft(election_tick: usize, heartbeat_tick: usize) -> raft::Config {
+        raft::Config {
+            election_tick,
+            heartbeat_tick,
+            ..raft::Config::default()
+        }
+    }
+
     #[test]
     fn lease_formula_matches_the_argument() {
         // P = 1000 ms, ρ = 0.01, ε = 10 ms: 1000·0.99/1.01 − 10 = 970.198… ms.
-        let d = cfg(1_000, 10_000, 10).validate(10, 100).unwrap();
+        let d = cfg(1_000, 10_000, 10).validate(&raft(10, 1), 100).unwrap();
         assert_eq!(d.lease_ns, 970_198_019);
         assert_eq!(d.promise_ns, 1_000_000_000);
         assert_eq!(d.renew_before_ns, 970_198_019 / 100 * 33);
@@ -187,18 +299,18 @@ mod tests {
     #[test]
     fn bad_configs_get_typed_errors() {
         assert_eq!(
-            cfg(1_000, 100_001, 0).validate(10, 100),
+            cfg(1_000, 100_001, 0).validate(&raft(10, 1), 100),
             Err(ConfigError::DriftOutOfRange { drift_ppm: 100_001 })
         );
         assert_eq!(
-            cfg(10, 0, 10).validate(10, 100),
+            cfg(10, 0, 10).validate(&raft(10, 1), 100),
             Err(ConfigError::LeaseNotPositive {
                 promise_ms: 10,
                 lease_ns: 0
             })
         );
         assert_eq!(
-            cfg(1_001, 0, 0).validate(10, 100),
+            cfg(1_001, 0, 0).validate(&raft(10, 1), 100),
             Err(ConfigError::PromiseExceedsElectionTimeout {
                 promise_ms: 1_001,
                 election_ms: 1_000
@@ -207,12 +319,27 @@ mod tests {
         let mut c = cfg(100, 0, 0);
         c.renew_below_pct = 0;
         assert!(matches!(
-            c.validate(10, 100),
+            c.validate(&raft(10, 1), 100),
             Err(ConfigError::RenewPointOutOfRange { .. })
         ));
-        assert_eq!(cfg(100, 0, 0).validate(10, 0), Err(ConfigError::ZeroTick));
+        assert_eq!(
+            cfg(100, 0, 0).validate(&raft(10, 1), 0),
+            Err(ConfigError::ZeroTick)
+        );
+        assert_eq!(
+            cfg(200, 0, 0).validate(&raft(10, 2), 100),
+            Err(ConfigError::LeaseNotAboveHeartbeat {
+                lease_ns: 200_000_000,
+                heartbeat_ms: 200
+            }),
+            "a lease of one heartbeat interval lapses before every renewal"
+        );
         assert!(
-            cfg(1_000, 0, 0).validate(10, 100).is_ok(),
+            cfg(201, 0, 0).validate(&raft(10, 2), 100).is_ok(),
+            "P under two heartbeat intervals is accepted: it is safe"
+        );
+        assert!(
+            cfg(1_000, 0, 0).validate(&raft(10, 1), 100).is_ok(),
             "P equal to the timeout is allowed"
         );
     }

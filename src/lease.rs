@@ -196,6 +196,7 @@ mod tests {
             promise_ns: 1_100,
             lease_ns: L,
             renew_before_ns: 300,
+            campaign_jitter_ns: 0,
         });
         l.start_term(5);
         l.on_commit_in_term(5);
@@ -250,6 +251,7 @@ mod tests {
             promise_ns: 1_100,
             lease_ns: L,
             renew_before_ns: 300,
+            campaign_jitter_ns: 0,
         });
         l.start_term(7);
         l.on_quorum_ack(7, 100);

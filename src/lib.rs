@@ -44,6 +44,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod ctx;
 pub mod drive;
 pub mod grant;
 pub mod handle;
@@ -57,7 +58,8 @@ pub mod sim;
 pub mod status;
 
 pub use clock::{BootClock, Clock, MonotonicClock, SimClock};
-pub use config::{ConfigError, Derived, LeaseConfig, UnsafeMode};
+pub use config::{ConfigError, Derived, LeaseConfig, Safeties};
+pub use ctx::ReservedContext;
 pub use drive::{Collect, MemApp, ReadyIo};
 pub use handle::ReadHandle;
 pub use lease::{LeaderLease, LeaseState};

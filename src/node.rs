@@ -24,12 +24,13 @@ use slog::{debug, info, warn, Logger};
 use thiserror::Error;
 
 use crate::clock::Clock;
-use crate::config::{ConfigError, Derived, LeaseConfig, UnsafeMode};
+use crate::config::{ConfigError, Derived, LeaseConfig, Safeties};
+use crate::ctx::{LayerCtx, ReservedContext};
 use crate::handle::{ReadHandle, Shared};
 use crate::lease::{AckOutcome, LeaderLease, LeaseState};
-use crate::promise::{FollowerPromise, VoteDecision};
+use crate::promise::{CampaignJitter, FollowerPromise, VoteDecision};
 use crate::read::{LeaseRead, ReadError, ReadId, ReadKind, ReadMode, ReadQueue, ServedRead};
-use crate::round::{parse_round_tag, round_tag, RoundTracker, READ_CTX_PREFIX};
+use crate::round::RoundTracker;
 use crate::status::{CounterSnapshot, Counters, LeaseStatus};
 
 /// Why a [`LeaseNode`] could not be created.
@@ -64,11 +65,16 @@ pub enum CampaignError {
 pub struct LeaseNode<S: Storage, C: Clock> {
     raw: RawNode<S>,
     clock: Arc<C>,
-    config: LeaseConfig,
+    /// Which safeties are on, fixed at creation. Every switch is read through it.
+    safeties: Safeties,
     derived: Derived,
     heartbeat_tick: u64,
+    /// raft's election timeout range in ticks, `[min, max)`.
+    election_ticks: (usize, usize),
     lease: LeaderLease,
     promise: FollowerPromise,
+    /// Spreads out campaigns that the promise held back.
+    jitter: CampaignJitter,
     rounds: RoundTracker,
     reads: ReadQueue,
     shared: Arc<Shared>,
@@ -97,36 +103,39 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         clock: C,
         logger: &Logger,
     ) -> Result<Self, NodeError> {
-        let derived = config.validate(raft_config.min_election_tick() as u64, tick_ms)?;
+        let derived = config.validate(raft_config, tick_ms)?;
+        let safeties = config.safeties;
         let mut rc = raft_config.clone();
-        if config.unsafe_mode == UnsafeMode::RaftLeaseBased {
+        if safeties.raft_lease_based {
             rc.read_only_option = ReadOnlyOption::LeaseBased;
             rc.check_quorum = true;
         } else if rc.read_only_option != ReadOnlyOption::Safe {
             return Err(NodeError::UnsafeReadOption);
         }
         let logger = logger.new(slog::o!("raft_id" => rc.id));
-        if config.unsafe_mode != UnsafeMode::Safe {
-            warn!(logger, "UNSAFE lease mode: stale reads are possible"; "mode" => ?config.unsafe_mode);
+        if !safeties.all_on() {
+            warn!(logger, "UNSAFE lease safeties: stale reads are possible"; "safeties" => ?safeties);
         }
         let raw = RawNode::new(&rc, storage, &logger)?;
         let boot_ns = clock.now_ns();
-        let promise = match config.unsafe_mode {
-            UnsafeMode::Safe | UnsafeMode::NoTransferFence | UnsafeMode::NoCampaignHold => {
-                FollowerPromise::at_boot(derived.promise_ns, boot_ns)
-            }
-            _ => FollowerPromise::none(derived.promise_ns),
+        let promise = if safeties.boot_promise() {
+            FollowerPromise::at_boot(derived.promise_ns, boot_ns)
+        } else {
+            FollowerPromise::none(derived.promise_ns)
         };
+        let jitter_seed = config.seed ^ rc.id.rotate_left(32) ^ boot_ns;
         let seen = (raw.raft.state, raw.raft.term);
         let mut node = LeaseNode {
             raw,
             clock: Arc::new(clock),
-            config,
+            safeties,
             lease: LeaderLease::new(&derived),
+            jitter: CampaignJitter::new(jitter_seed, derived.campaign_jitter_ns),
             derived,
             heartbeat_tick: rc.heartbeat_tick as u64,
+            election_ticks: (rc.min_election_tick(), rc.max_election_tick()),
             promise,
-            rounds: RoundTracker::default(),
+            rounds: RoundTracker::new(safeties.testing.remap_retired_ctx),
             reads: ReadQueue::default(),
             shared: Arc::new(Shared::default()),
             logger,
@@ -136,6 +145,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             ticks_since_round: 0,
             raw_read_states: Vec::new(),
         };
+        node.reseed_election_timeout();
         node.sync();
         Ok(node)
     }
@@ -169,7 +179,6 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                 return Ok(());
             }
             MessageType::MsgHeartbeatResponse => self.on_heartbeat_response(&mut m),
-            MessageType::MsgTransferLeader => self.fence_for_transfer("transfer requested by peer"),
             _ => {}
         }
         let from_leader = matches!(
@@ -185,36 +194,28 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         result
     }
 
-    /// Would this tick start an election while the promise forbids this node's own vote?
+    /// Would this tick start an election while the promise (or the jitter after it) holds?
     fn campaign_blocked(&mut self) -> bool {
         let r = &self.raw.raft;
         let would_campaign = r.state != StateRole::Leader
             && r.promotable()
             && r.election_elapsed + 1 >= r.randomized_election_timeout();
-        if !would_campaign || !self.campaign_hold_enforced() {
+        if !would_campaign || !self.safeties.campaign_hold() {
             return false;
         }
-        let decision = self.promise.check_vote(r.id, self.clock.now_ns());
-        debug_assert!(matches!(decision, VoteDecision::Allow) || self.promise.until_ns() > 0);
-        matches!(decision, VoteDecision::Refuse { .. })
-    }
-
-    fn campaign_hold_enforced(&self) -> bool {
-        self.promise_enforced() && self.config.unsafe_mode != UnsafeMode::NoCampaignHold
-    }
-
-    fn promise_enforced(&self) -> bool {
-        !matches!(
-            self.config.unsafe_mode,
-            UnsafeMode::NoPromise | UnsafeMode::RaftLeaseBased
-        )
+        let (id, now_ns) = (r.id, self.clock.now_ns());
+        if let VoteDecision::Refuse { .. } = self.promise.check_vote(id, now_ns) {
+            debug_assert!(now_ns < self.promise.until_ns());
+            return true;
+        }
+        if !self.safeties.campaign_jitter() || self.promise.holder() == Some(id) {
+            return false;
+        }
+        now_ns < self.jitter.campaign_at_ns(self.promise.until_ns())
     }
 
     fn vote_allowed(&mut self, m: &Message) -> bool {
-        if matches!(
-            self.config.unsafe_mode,
-            UnsafeMode::NoPromise | UnsafeMode::RaftLeaseBased
-        ) {
+        if !self.safeties.promise() {
             return true;
         }
         // A forced election after MsgTimeoutNow: the old leader fenced its lease before sending it.
@@ -244,24 +245,37 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
+    /// An acknowledgement counts only for the round of the copy it acknowledges.
     fn on_heartbeat_response(&mut self, m: &mut Message) {
-        let round = self.rounds.round_of_ctx(m.get_context());
-        if parse_round_tag(m.get_context()).is_some() {
+        let Some(ctx) = LayerCtx::parse(m.get_context()) else {
+            return;
+        };
+        if let LayerCtx::Round(_) = ctx {
             m.take_context(); // our tag: raft never sees it
         }
         let r = &self.raw.raft;
-        let (Some(round), true) = (round, r.state == StateRole::Leader && m.term == r.term) else {
+        if r.state != StateRole::Leader || m.term != r.term {
             return;
-        };
+        }
         let prs = r.prs();
         if let Some(sent_at_ns) = self
             .rounds
-            .on_ack(round, m.from, |acked| prs.has_quorum(acked))
+            .on_ack(ctx, m.from, |acked| prs.has_quorum(acked))
         {
-            let term = self.raw.raft.term;
-            if self.lease.on_quorum_ack(term, sent_at_ns) == AckOutcome::Extended {
-                Counters::bump(&self.shared.counters.renewals);
-            }
+            self.on_quorum_ack(sent_at_ns);
+        }
+    }
+
+    /// A quorum, this node included, acknowledged messages sent at or after `sent_at_ns`.
+    fn on_quorum_ack(&mut self, sent_at_ns: u64) {
+        let now_ns = self.clock.now_ns();
+        assert!(
+            sent_at_ns <= now_ns,
+            "a round acknowledged before it was sent: t0 {sent_at_ns} ns, now {now_ns} ns"
+        );
+        if self.lease.on_quorum_ack(self.raw.raft.term, sent_at_ns) == AckOutcome::Extended {
+            Counters::bump(&self.shared.counters.renewals);
+            debug_assert!(self.lease.term() == Some(self.raw.raft.term));
         }
     }
 
@@ -274,7 +288,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub fn ready(&mut self) -> Ready {
         let mut rd = self.raw.ready();
         for rs in rd.take_read_states() {
-            if rs.request_ctx.starts_with(READ_CTX_PREFIX) {
+            if let Some(LayerCtx::Read(_)) = LayerCtx::parse(&rs.request_ctx) {
                 if !self.reads.complete_batch(&rs.request_ctx, rs.index) {
                     debug!(self.logger, "read state for a round no longer waited for"; "index" => rs.index);
                 }
@@ -311,18 +325,13 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             return msgs;
         }
         let (id, term, now_ns) = (self.raw.raft.id, self.raw.raft.term, self.clock.now_ns());
-        let mut round = None;
+        let mut tag = None;
         let mut sent_round = false;
         for m in msgs.iter_mut() {
             match m.get_msg_type() {
                 MessageType::MsgHeartbeat if m.term == term => {
                     sent_round = true;
-                    if m.get_context().is_empty() {
-                        let r = *round.get_or_insert_with(|| self.rounds.start(id, now_ns));
-                        m.context = round_tag(r).into();
-                    } else if m.get_context().starts_with(READ_CTX_PREFIX) {
-                        self.rounds.round_for_read_ctx(m.get_context(), id, now_ns);
-                    }
+                    self.stamp_heartbeat(m, &mut tag, now_ns);
                 }
                 MessageType::MsgTimeoutNow => self.fence_for_transfer("MsgTimeoutNow is leaving"),
                 _ => {}
@@ -336,6 +345,18 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         self.rounds
             .prune_before(now_ns.saturating_sub(self.derived.lease_ns));
         msgs
+    }
+
+    /// One round tag for every heartbeat raft left without a context; a ReadIndex context
+    /// names its own round, which keeps its first send time.
+    fn stamp_heartbeat(&mut self, m: &mut Message, tag: &mut Option<LayerCtx>, now_ns: u64) {
+        let id = self.raw.raft.id;
+        if m.get_context().is_empty() {
+            let t = *tag.get_or_insert_with(|| self.rounds.start_tagged(id, now_ns));
+            m.context = t.encode().into();
+        } else if let Some(ctx @ LayerCtx::Read(_)) = LayerCtx::parse(m.get_context()) {
+            self.rounds.on_read_ctx_sent(ctx, id, now_ns);
+        }
     }
 
     /// Like `RawNode::advance`: apply the `Ready`'s committed entries first.
@@ -394,9 +415,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub fn apply_conf_change(&mut self, cc: &impl ConfChangeI) -> raft::Result<ConfState> {
         let cs = self.raw.apply_conf_change(cc)?;
         if self.raw.raft.state == StateRole::Leader {
-            self.lease.reset_for_config_change();
-            self.rounds.clear();
-            self.shared.revoke();
+            self.lose_lease(Loss::ConfigChanged);
             info!(self.logger, "membership changed: lease dropped until the new quorum acks";
                 "voters" => ?cs.voters, "voters_outgoing" => ?cs.voters_outgoing);
         }
@@ -408,7 +427,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     ///
     /// Refused while this node's promise holds: its vote for itself would break the promise.
     pub fn campaign(&mut self) -> Result<(), CampaignError> {
-        if self.campaign_hold_enforced() {
+        if self.safeties.campaign_hold() {
             let decision = self
                 .promise
                 .check_vote(self.raw.raft.id, self.clock.now_ns());
@@ -421,26 +440,39 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         Ok(r?)
     }
 
-    /// Transfer leadership. The lease is revoked for the rest of this term *before* raft can
-    /// send `MsgTimeoutNow`; reads fall back to ReadIndex until the next term.
+    /// Transfer leadership. Once raft acts on it (sets its transferee, or sends
+    /// `MsgTimeoutNow`), the lease is fenced for the rest of this term, before `MsgTimeoutNow`
+    /// can leave; reads fall back to ReadIndex until the next term. A transfer raft ignores (to
+    /// itself, to a learner) costs nothing.
     pub fn transfer_leader(&mut self, transferee: u64) {
-        self.fence_for_transfer("transfer_leader called");
         self.raw.transfer_leader(transferee);
         self.sync();
     }
 
-    fn fence_for_transfer(&mut self, why: &str) {
+    fn fence_for_transfer(&mut self, why: &'static str) {
         let leading = self.raw.raft.state == StateRole::Leader;
-        if !leading
-            || self.lease.is_fenced()
-            || self.config.unsafe_mode == UnsafeMode::NoTransferFence
-        {
+        if !leading || self.lease.is_fenced() || !self.safeties.transfer_fence() {
             return;
         }
-        self.lease.fence_for_transfer();
+        self.lose_lease(Loss::Transfer(why));
+        debug_assert!(self.lease.is_fenced() && self.lease.usable_until_ns().is_none());
+    }
+
+    /// Drop the lease, retire every round in flight, and revoke it for read handles.
+    fn lose_lease(&mut self, why: Loss) {
+        match why {
+            Loss::SteppedDown => self.lease.lose(),
+            Loss::NewTerm(term) => self.lease.start_term(term),
+            Loss::ConfigChanged => self.lease.reset_for_config_change(),
+            Loss::Transfer(reason) => {
+                self.lease.fence_for_transfer();
+                info!(self.logger, "lease fenced for the rest of the term"; "reason" => reason);
+            }
+        }
+        self.rounds.clear();
         self.shared.revoke();
-        info!(self.logger, "lease fenced for the rest of the term"; "why" => why, "term" => self.raw.raft.term);
         debug_assert!(self.lease.usable_until_ns().is_none());
+        info!(self.logger, "lease dropped"; "why" => ?why, "term" => self.raw.raft.term);
     }
 
     // ----- reads ------------------------------------------------------------------------------
@@ -454,7 +486,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             return Err(self.not_leader());
         }
         let id = self.reads.next_id();
-        let raft_lease_based = self.config.unsafe_mode == UnsafeMode::RaftLeaseBased;
+        let raft_lease_based = self.safeties.raft_lease_based;
         let counters = &self.shared.counters;
         match mode {
             _ if raft_lease_based && mode != ReadMode::ReadIndex => {
@@ -479,14 +511,14 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 
     /// raft-rs's own `read_index`, one round per call, bypassing the layer's batching and lease
-    /// (for comparisons). `ctx` must not start with the layer's prefix. The answer comes back
+    /// (for comparisons). `ctx` must not start with [`crate::ctx::RESERVED_PREFIX`]. The answer comes back
     /// from [`LeaseNode::take_raw_read_states`]; raft-rs may drop it silently.
-    pub fn raw_read_index(&mut self, ctx: Vec<u8>) {
-        assert!(
-            !ctx.starts_with(READ_CTX_PREFIX),
-            "context prefix reserved by the lease layer"
-        );
+    pub fn raw_read_index(&mut self, ctx: Vec<u8>) -> Result<(), ReservedContext> {
+        if LayerCtx::is_reserved(&ctx) {
+            return Err(ReservedContext);
+        }
         self.raw.read_index(ctx);
+        Ok(())
     }
 
     /// Answers to [`LeaseNode::raw_read_index`] so far.
@@ -521,9 +553,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                 out.push(ServedRead { id: r.id, result });
             }
         }
-        let kind = match self.config.unsafe_mode {
-            UnsafeMode::RaftLeaseBased => ReadKind::Lease,
-            _ => ReadKind::Index,
+        let kind = match self.safeties.raft_lease_based {
+            true => ReadKind::Lease,
+            false => ReadKind::Index,
         };
         while let Some(&(id, _)) = self
             .reads
@@ -568,9 +600,13 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 
     fn lease_held_now(&self) -> bool {
+        self.lease_held_at(self.clock.now_ns())
+    }
+
+    fn lease_held_at(&self, now_ns: u64) -> bool {
         self.raw.raft.state == StateRole::Leader
-            && self.lease.state(self.clock.now_ns()).is_held()
-            && self.config.unsafe_mode != UnsafeMode::RaftLeaseBased
+            && self.lease.state(now_ns).is_held()
+            && !self.safeties.raft_lease_based
     }
 
     fn not_leader(&self) -> ReadError {
@@ -611,14 +647,16 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Renewal normally rides on raft's heartbeats. Only a lease already past its renew point,
     /// with no round sent for a heartbeat interval, asks raft for an early heartbeat.
     fn renew_if_due(&mut self) {
-        let r = &self.raw.raft;
-        if r.state == StateRole::Leader && r.prs().is_singleton() {
+        if self.raw.raft.state != StateRole::Leader {
+            return;
+        }
+        if self.own_ack_is_a_quorum() {
             // The only voter: no other leader can arise without a membership change, which
-            // drops the lease. Its own acknowledgement is the quorum.
-            let (term, now_ns) = (r.term, self.clock.now_ns());
-            if self.lease.on_quorum_ack(term, now_ns) == AckOutcome::Extended {
-                Counters::bump(&self.shared.counters.renewals);
-            }
+            // drops the lease. Its own acknowledgement, now, is the quorum, and it keeps its
+            // promise to itself for it.
+            let (id, now_ns) = (self.raw.raft.id, self.clock.now_ns());
+            self.promise.on_leader_message(id, now_ns);
+            self.on_quorum_ack(now_ns);
             return;
         }
         let suspect = self.lease.state(self.clock.now_ns()) == LeaseState::Suspect;
@@ -627,43 +665,74 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
+    /// Whether this node alone is a quorum: it is the one voter of every half of the
+    /// configuration. raft-rs keeps a leader that removed itself leading, and a configuration of
+    /// one voter is not "I am that voter".
+    fn own_ack_is_a_quorum(&self) -> bool {
+        let prs = self.raw.raft.prs();
+        if !self.safeties.self_renewal_needs_sole_voter() {
+            return prs.is_singleton(); // the negative control: any single voter
+        }
+        let mut me = fxhash::FxHashSet::default();
+        me.insert(self.raw.raft.id);
+        prs.has_quorum(&me)
+    }
+
     // ----- role tracking and publishing ------------------------------------------------------
 
-    /// Notice role and term changes, the first commit of a term, and publish for read handles.
+    /// Notice role and term changes, a transfer under way, the first commit of a term, and
+    /// publish for read handles.
     fn sync(&mut self) {
         let (role, term) = (self.raw.raft.state, self.raw.raft.term);
         if (role, term) != self.seen {
             if self.seen.0 == StateRole::Leader {
-                self.lease.lose();
-                self.rounds.clear();
-                self.shared.revoke();
+                self.lose_lease(Loss::SteppedDown);
                 let err = self.not_leader();
                 self.reads.fail_all(&err);
-                info!(self.logger, "stopped leading: lease lost"; "term" => term, "role" => ?role);
             }
             if role == StateRole::Leader {
-                self.lease.start_term(term);
-                self.rounds.clear();
-                self.shared.revoke();
-                info!(self.logger, "leading"; "term" => term);
+                self.lose_lease(Loss::NewTerm(term));
             }
             self.seen = (role, term);
+            self.reseed_election_timeout();
         }
-        if role == StateRole::Leader && self.raw.raft.commit_to_current_term() {
-            self.lease.on_commit_in_term(term);
-            self.issue_index_round();
+        if role == StateRole::Leader {
+            if self.raw.raft.lead_transferee.is_some() {
+                self.fence_for_transfer("raft started a leadership transfer");
+            }
+            if self.raw.raft.commit_to_current_term() {
+                self.lease.on_commit_in_term(term);
+                self.issue_index_round();
+            }
         }
         self.publish();
     }
 
+    /// raft-rs re-draws its election timeout from an unseeded generator at every role or term
+    /// change; overwrite the draw with a seeded one before the next tick can use it.
+    fn reseed_election_timeout(&mut self) {
+        let (min, max) = self.election_ticks;
+        if max > min + 1 {
+            let ticks = self.jitter.election_timeout_ticks(min, max);
+            self.raw.raft.set_randomized_election_timeout(ticks);
+        }
+    }
+
     fn publish(&mut self) {
         let now_ns = self.clock.now_ns();
-        let held = self.lease_held_now();
-        let until_ns = if held {
-            self.lease.usable_until_ns().unwrap_or(0)
-        } else {
-            0
+        let held = self.lease_held_at(now_ns);
+        let until_ns = match self.lease.usable_until_ns() {
+            Some(until_ns) if held => until_ns,
+            _ => 0,
         };
+        assert!(
+            until_ns <= now_ns.saturating_add(self.derived.lease_ns),
+            "lease published to {until_ns} ns, past now {now_ns} ns + L"
+        );
+        assert!(
+            until_ns == 0 || until_ns > now_ns,
+            "an expired lease published as held"
+        );
         let log = &self.raw.raft.raft_log;
         self.shared.publish(log.committed, log.applied, until_ns);
         if self.lease_was_held && !held {
@@ -683,7 +752,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// The lease as of now.
     pub fn lease_status(&self) -> LeaseStatus {
         let now_ns = self.clock.now_ns();
-        let state = if self.config.unsafe_mode == UnsafeMode::RaftLeaseBased {
+        let state = if self.safeties.raft_lease_based {
             LeaseState::Expired
         } else {
             self.lease.state(now_ns)
@@ -745,4 +814,17 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub fn pending_reads(&self) -> usize {
         self.reads.len()
     }
+}
+
+/// Why the lease was dropped.
+#[derive(Debug, Clone, Copy)]
+enum Loss {
+    /// The node stopped leading, or its term changed.
+    SteppedDown,
+    /// The node leads a new term: no lease until a quorum acknowledges a round of it.
+    NewTerm(u64),
+    /// A membership change: no lease until the new configuration's quorum acknowledges.
+    ConfigChanged,
+    /// A leadership transfer is under way: fenced for the rest of the term.
+    Transfer(&'static str),
 }

@@ -4,6 +4,13 @@
 //! it refuses `MsgRequestVote` and `MsgRequestPreVote` from every other candidate until its own clock
 //! has advanced `P` from the moment of receipt. A node that boots refuses every vote for `P`.
 //! The leader applies the same rule to itself from each round it sends.
+//!
+//! A node's own campaign is a vote for itself, so it waits for its promise to end as well. Nodes
+//! that heard the same heartbeat would then all campaign at the same instant and split the vote;
+//! [`CampaignJitter`] spreads them out with seeded jitter after the promise ends.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// Whether a vote request may be considered by raft.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +86,61 @@ impl FollowerPromise {
     pub fn until_ns(&self) -> u64 {
         self.until_ns
     }
+
+    /// The leader promised to, if any (`None` also for the boot promise).
+    pub fn holder(&self) -> Option<u64> {
+        self.holder
+    }
+}
+
+/// Seeded jitter for elections: for a campaign that a promise held back (once the promise ends,
+/// it waits a further uniform `[0, max_ns]`, drawn once per promise end), and for raft's
+/// randomized election timeout.
+#[derive(Debug, Clone)]
+pub struct CampaignJitter {
+    rng: ChaCha8Rng,
+    /// The largest jitter, in nanoseconds.
+    max_ns: u64,
+    /// The promise end the current draw belongs to (0: none drawn yet).
+    drawn_for_ns: u64,
+    /// The current draw, at most `max_ns`.
+    jitter_ns: u64,
+}
+
+impl CampaignJitter {
+    /// Jitter of at most `max_ns`, from a seeded generator.
+    pub fn new(seed: u64, max_ns: u64) -> Self {
+        CampaignJitter {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            max_ns,
+            drawn_for_ns: 0,
+            jitter_ns: 0,
+        }
+    }
+
+    /// A seeded election timeout in `[min_ticks, max_ticks)`, for raft's randomized one (raft-rs
+    /// draws it from an unseeded generator; the node overwrites every draw with this one).
+    pub fn election_timeout_ticks(&mut self, min_ticks: usize, max_ticks: usize) -> usize {
+        assert!(
+            min_ticks < max_ticks,
+            "empty election timeout range [{min_ticks}, {max_ticks})"
+        );
+        self.rng.gen_range(min_ticks..max_ticks)
+    }
+
+    /// The instant a campaign held back by a promise that ends at `promise_until_ns` may start.
+    /// A node that never promised anything (`0`) need not wait.
+    pub fn campaign_at_ns(&mut self, promise_until_ns: u64) -> u64 {
+        if promise_until_ns == 0 {
+            return 0;
+        }
+        if promise_until_ns != self.drawn_for_ns {
+            self.drawn_for_ns = promise_until_ns;
+            self.jitter_ns = self.rng.gen_range(0..=self.max_ns);
+        }
+        debug_assert!(self.jitter_ns <= self.max_ns);
+        promise_until_ns.saturating_add(self.jitter_ns)
+    }
 }
 
 #[cfg(test)]
@@ -130,6 +192,35 @@ mod tests {
             VoteDecision::Refuse { .. }
         ));
         assert_eq!(p.check_vote(1, 10_000 + P), VoteDecision::Allow);
+    }
+
+    #[test]
+    fn jitter_is_drawn_once_per_promise_end_and_stays_in_range() {
+        let mut j = CampaignJitter::new(7, 50);
+        assert_eq!(j.campaign_at_ns(0), 0, "no promise, no wait");
+        let first = j.campaign_at_ns(1_000);
+        assert!((1_000..=1_050).contains(&first), "{first}");
+        assert_eq!(
+            j.campaign_at_ns(1_000),
+            first,
+            "the same promise end keeps its draw"
+        );
+        let draws: Vec<u64> = (1..200)
+            .map(|i| j.campaign_at_ns(i * 10_000) - i * 10_000)
+            .collect();
+        assert!(draws.iter().all(|&d| d <= 50));
+        assert!(draws.iter().any(|&d| d != draws[0]), "the jitter varies");
+        let mut same_seed = CampaignJitter::new(7, 50);
+        assert_eq!(
+            same_seed.campaign_at_ns(1_000),
+            first,
+            "seeded: reproducible"
+        );
+        assert_eq!(
+            CampaignJitter::new(1, 0).campaign_at_ns(5),
+            5,
+            "zero range: no jitter"
+        );
     }
 
     #[test]

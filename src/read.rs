@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use thiserror::Error;
 
-use crate::round::READ_CTX_PREFIX;
+use crate::ctx::LayerCtx;
 
 /// How a read may be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,8 +121,7 @@ impl ReadQueue {
             return None;
         }
         self.next_ctx += 1;
-        let mut ctx = READ_CTX_PREFIX.to_vec();
-        ctx.extend_from_slice(&self.next_ctx.to_be_bytes());
+        let ctx = LayerCtx::Read(self.next_ctx).encode();
         let ids = std::mem::take(&mut self.index_waiting);
         self.index_inflight.push_back(IndexBatch {
             ctx: ctx.clone(),

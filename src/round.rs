@@ -1,118 +1,164 @@
 //! Heartbeat rounds: which send time each acknowledgement proves. Pure, no I/O.
 //!
-//! raft-rs followers echo a heartbeat's `context` in their `MsgHeartbeatResponse`. The leader tags
-//! each batch of heartbeats it sends (a round) and records the round's `t0`, read before the send.
-//! A response carrying the tag proves that its sender received a message sent at or after `t0`.
-//! When raft already set a ReadIndex context, that context is unique and is mapped to a round instead;
-//! a retransmission with the same context keeps the round's first, earliest `t0`.
+//! raft-rs followers echo a heartbeat's `context` in their `MsgHeartbeatResponse`. The leader
+//! tags each batch of heartbeats it sends (a round) and records the round's `t0`, read before the
+//! send. A response carrying the tag proves that its sender received a message sent at or after
+//! `t0`. When raft already set a ReadIndex context, that context names the round instead.
+//!
+//! **One context, one `t0`, for ever.** raft-rs re-sends the newest pending ReadIndex context on
+//! every heartbeat, so one context goes out many times. Its round keeps the send time of the
+//! *first* copy, which is no later than that of any copy an acknowledgement can answer. Once the
+//! round is gone (completed, pruned, evicted or cleared), the context is **retired**: a later
+//! copy starts no new round, and its acknowledgements renew nothing. Otherwise a late
+//! acknowledgement of the first copy would be credited with a later copy's `t0`, and the lease
+//! would outlive the acknowledging node's promise. Contexts are numbered and never reused
+//! ([`crate::ctx`]), so "retired" is a watermark, not a growing set.
 //!
 //! Appends are deliberately not used: a successful `MsgAppendResponse` for a stale append carries
 //! the follower's commit index, not the append's, so the response cannot be tied to one send time
 //! without an argument we do not have. Heartbeats go out every heartbeat interval under any load.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::VecDeque;
 
 use fxhash::FxHashSet;
 
-/// The prefix of a context this layer put on a heartbeat. Stripped before raft sees the response.
-pub const ROUND_TAG_PREFIX: &[u8] = b"rl-round:";
-/// The prefix of every ReadIndex context this layer issues.
-pub const READ_CTX_PREFIX: &[u8] = b"rl-read:";
-/// Rounds kept at most; older ones can only extend the lease less than newer ones.
-const MAX_ROUNDS: usize = 256;
+use crate::ctx::LayerCtx;
 
-/// One round of heartbeats.
+/// Rounds kept at most; when more are started, the oldest is retired (it proves the least).
+pub const MAX_ROUNDS: usize = 256;
+
+/// One round: the copies of one context.
 #[derive(Debug)]
 struct Round {
-    /// Local time read before the round was handed to the transport.
+    /// The context its heartbeats carry.
+    ctx: LayerCtx,
+    /// Local time read before the round's first copy was handed to the transport.
     sent_at_ns: u64,
-    /// Voters known to have received the round, the leader included.
+    /// Voters known to have received a copy, the leader included.
     acked: FxHashSet<u64>,
 }
 
-/// The rounds of the current term.
+/// What stamping a heartbeat's ReadIndex context did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadCtxSent {
+    /// The first copy: a round starts with this send time.
+    Started,
+    /// A re-sent copy of a live round: the round keeps its first send time.
+    Resent,
+    /// The context's round is gone: this copy renews nothing.
+    Retired,
+}
+
+/// The rounds of the current term, in the order they were started.
 #[derive(Debug, Default)]
 pub struct RoundTracker {
-    next_id: u64,
-    rounds: BTreeMap<u64, Round>,
-    /// ReadIndex contexts seen on outgoing heartbeats, mapped to the round of their first send.
-    read_ctx_rounds: HashMap<Vec<u8>, u64>,
-}
-
-/// Encode a round id as a heartbeat context.
-pub fn round_tag(id: u64) -> Vec<u8> {
-    let mut tag = ROUND_TAG_PREFIX.to_vec();
-    tag.extend_from_slice(&id.to_be_bytes());
-    tag
-}
-
-/// Decode a heartbeat context made by [`round_tag`].
-pub fn parse_round_tag(ctx: &[u8]) -> Option<u64> {
-    let id = ctx.strip_prefix(ROUND_TAG_PREFIX)?;
-    Some(u64::from_be_bytes(id.try_into().ok()?))
+    /// The last round tag issued; tags are never reused.
+    last_tag: u64,
+    /// The highest read context ever given a round. A read context at or below it with no live
+    /// round is retired for good.
+    highest_read_ctx: u64,
+    /// Live rounds, oldest first. `sent_at_ns` never decreases along the queue.
+    rounds: VecDeque<Round>,
+    /// Negative control (tests only): a retired read context gets a new round, later `t0`.
+    remap_retired: bool,
 }
 
 impl RoundTracker {
-    /// Forget every round (new term, step-down, membership change).
+    /// A tracker. `remap_retired` reinstates the re-sent-context bug, for negative controls only.
+    pub fn new(remap_retired: bool) -> Self {
+        RoundTracker {
+            remap_retired,
+            ..RoundTracker::default()
+        }
+    }
+
+    /// Retire every live round (new term, step-down, membership change).
     pub fn clear(&mut self) {
         self.rounds.clear();
-        self.read_ctx_rounds.clear();
     }
 
-    /// Start a round sent at `sent_at_ns` by `leader_id`; returns its id.
-    pub fn start(&mut self, leader_id: u64, sent_at_ns: u64) -> u64 {
-        self.next_id += 1;
-        let id = self.next_id;
+    /// Start a round of heartbeats sent with no context, at `sent_at_ns`; returns its tag.
+    pub fn start_tagged(&mut self, leader_id: u64, sent_at_ns: u64) -> LayerCtx {
+        self.last_tag += 1;
+        let ctx = LayerCtx::Round(self.last_tag);
+        self.push(ctx, leader_id, sent_at_ns);
+        ctx
+    }
+
+    /// A heartbeat carrying the ReadIndex context `ctx` is about to be sent at `sent_at_ns`.
+    pub fn on_read_ctx_sent(
+        &mut self,
+        ctx: LayerCtx,
+        leader_id: u64,
+        sent_at_ns: u64,
+    ) -> ReadCtxSent {
+        let LayerCtx::Read(id) = ctx else {
+            panic!("not a read context: {ctx:?}");
+        };
+        if self.position(ctx).is_some() {
+            return ReadCtxSent::Resent;
+        }
+        if id <= self.highest_read_ctx && !self.remap_retired {
+            return ReadCtxSent::Retired;
+        }
+        self.highest_read_ctx = self.highest_read_ctx.max(id);
+        self.push(ctx, leader_id, sent_at_ns);
+        ReadCtxSent::Started
+    }
+
+    fn push(&mut self, ctx: LayerCtx, leader_id: u64, sent_at_ns: u64) {
+        let newest_ns = self.rounds.back().map_or(0, |r| r.sent_at_ns);
+        assert!(
+            sent_at_ns >= newest_ns,
+            "clock went backwards: round at {sent_at_ns} ns after one at {newest_ns} ns"
+        );
         let mut acked = FxHashSet::default();
         acked.insert(leader_id);
-        self.rounds.insert(id, Round { sent_at_ns, acked });
+        self.rounds.push_back(Round {
+            ctx,
+            sent_at_ns,
+            acked,
+        });
         while self.rounds.len() > MAX_ROUNDS {
-            self.rounds.pop_first();
+            self.rounds.pop_front();
         }
-        id
+        debug_assert!(self.rounds.len() <= MAX_ROUNDS);
     }
 
-    /// The round for a ReadIndex context, started now if this context was never sent before.
-    pub fn round_for_read_ctx(&mut self, ctx: &[u8], leader_id: u64, sent_at_ns: u64) -> u64 {
-        if let Some(&id) = self.read_ctx_rounds.get(ctx) {
-            if self.rounds.contains_key(&id) {
-                return id;
-            }
-        }
-        let id = self.start(leader_id, sent_at_ns);
-        self.read_ctx_rounds.insert(ctx.to_vec(), id);
-        id
+    fn position(&self, ctx: LayerCtx) -> Option<usize> {
+        self.rounds.iter().position(|r| r.ctx == ctx)
     }
 
-    /// The round a response context refers to, if it is one of ours.
-    pub fn round_of_ctx(&self, ctx: &[u8]) -> Option<u64> {
-        parse_round_tag(ctx).or_else(|| self.read_ctx_rounds.get(ctx).copied())
-    }
-
-    /// `from` acknowledged round `id`. When the acks now form a quorum, returns the round's `t0`
-    /// and forgets it and every older round (they prove less).
+    /// `from` acknowledged a copy of `ctx`. When the round's acks now form a quorum, returns its
+    /// `t0` (no later than the send time of any copy) and retires it and every older round.
+    /// A retired or unknown context proves nothing.
     pub fn on_ack(
         &mut self,
-        id: u64,
+        ctx: LayerCtx,
         from: u64,
         has_quorum: impl Fn(&FxHashSet<u64>) -> bool,
     ) -> Option<u64> {
-        let round = self.rounds.get_mut(&id)?;
+        let pos = self.position(ctx)?;
+        let round = &mut self.rounds[pos];
         round.acked.insert(from);
         if !has_quorum(&round.acked) {
             return None;
         }
         let sent_at_ns = round.sent_at_ns;
-        self.rounds = self.rounds.split_off(&(id + 1));
-        self.read_ctx_rounds.retain(|_, r| *r > id);
+        self.rounds.drain(..=pos);
+        debug_assert!(self.position(ctx).is_none());
         Some(sent_at_ns)
     }
 
-    /// Forget rounds sent before `oldest_useful_ns`: they can no longer extend a lease.
+    /// Retire rounds sent before `oldest_useful_ns`: they can no longer extend a lease.
     pub fn prune_before(&mut self, oldest_useful_ns: u64) {
-        self.rounds.retain(|_, r| r.sent_at_ns >= oldest_useful_ns);
-        let rounds = &self.rounds;
-        self.read_ctx_rounds.retain(|_, id| rounds.contains_key(id));
+        while self
+            .rounds
+            .front()
+            .is_some_and(|r| r.sent_at_ns < oldest_useful_ns)
+        {
+            self.rounds.pop_front();
+        }
     }
 
     /// Rounds still waiting for a quorum.
@@ -129,18 +175,14 @@ mod tests {
         acked.iter().filter(|id| (1..=3).contains(*id)).count() >= 2
     }
 
-    #[test]
-    fn tags_round_trip_and_reject_garbage() {
-        assert_eq!(parse_round_tag(&round_tag(42)), Some(42));
-        assert_eq!(parse_round_tag(b"rl-round:short"), None);
-        assert_eq!(parse_round_tag(b""), None);
-        assert_eq!(parse_round_tag(b"rl-read:00000000"), None);
+    fn tracker() -> RoundTracker {
+        RoundTracker::new(false)
     }
 
     #[test]
     fn minority_ack_proves_nothing_quorum_returns_t0() {
-        let mut t = RoundTracker::default();
-        let r = t.start(1, 100);
+        let mut t = tracker();
+        let r = t.start_tagged(1, 100);
         assert_eq!(t.on_ack(r, 1, majority_of_3), None, "the leader alone");
         assert_eq!(t.on_ack(r, 9, majority_of_3), None, "a non-voter");
         assert_eq!(t.on_ack(r, 2, majority_of_3), Some(100));
@@ -152,10 +194,10 @@ mod tests {
     }
 
     #[test]
-    fn an_older_round_is_forgotten_once_a_newer_one_completes() {
-        let mut t = RoundTracker::default();
-        let old = t.start(1, 100);
-        let new = t.start(1, 200);
+    fn an_older_round_is_retired_once_a_newer_one_completes() {
+        let mut t = tracker();
+        let old = t.start_tagged(1, 100);
+        let new = t.start_tagged(1, 200);
         assert_eq!(t.on_ack(new, 2, majority_of_3), Some(200));
         assert_eq!(t.on_ack(old, 3, majority_of_3), None);
         assert_eq!(t.pending(), 0);
@@ -163,22 +205,83 @@ mod tests {
 
     #[test]
     fn a_resent_read_context_keeps_its_first_send_time() {
-        let mut t = RoundTracker::default();
-        let first = t.round_for_read_ctx(b"rl-read:1", 1, 100);
-        let again = t.round_for_read_ctx(b"rl-read:1", 1, 900);
-        assert_eq!(first, again);
-        assert_eq!(t.round_of_ctx(b"rl-read:1"), Some(first));
-        assert_eq!(t.on_ack(first, 2, majority_of_3), Some(100));
+        let mut t = tracker();
+        let c = LayerCtx::Read(1);
+        assert_eq!(t.on_read_ctx_sent(c, 1, 100), ReadCtxSent::Started);
+        assert_eq!(t.on_read_ctx_sent(c, 1, 900), ReadCtxSent::Resent);
+        assert_eq!(t.on_ack(c, 2, majority_of_3), Some(100));
     }
 
     #[test]
-    fn pruning_drops_rounds_too_old_to_matter() {
-        let mut t = RoundTracker::default();
-        let r = t.start(1, 100);
-        t.round_for_read_ctx(b"c", 1, 100);
+    fn a_context_whose_round_was_pruned_is_retired_for_good() {
+        let mut t = tracker();
+        let c = LayerCtx::Read(1);
+        t.on_read_ctx_sent(c, 1, 100);
         t.prune_before(101);
         assert_eq!(t.pending(), 0);
-        assert_eq!(t.on_ack(r, 2, majority_of_3), None);
-        assert_eq!(t.round_of_ctx(b"c"), None);
+        assert_eq!(t.on_read_ctx_sent(c, 1, 500), ReadCtxSent::Retired);
+        assert_eq!(
+            t.on_ack(c, 2, majority_of_3),
+            None,
+            "a late ack of the first copy"
+        );
+        assert_eq!(
+            t.on_read_ctx_sent(LayerCtx::Read(2), 1, 600),
+            ReadCtxSent::Started
+        );
+    }
+
+    #[test]
+    fn cleared_completed_and_evicted_contexts_are_retired() {
+        let mut t = tracker();
+        let (a, b) = (LayerCtx::Read(1), LayerCtx::Read(2));
+        t.on_read_ctx_sent(a, 1, 10);
+        t.clear();
+        assert_eq!(
+            t.on_read_ctx_sent(a, 1, 20),
+            ReadCtxSent::Retired,
+            "cleared"
+        );
+        t.on_read_ctx_sent(b, 1, 30);
+        assert_eq!(t.on_ack(b, 2, majority_of_3), Some(30));
+        assert_eq!(
+            t.on_read_ctx_sent(b, 1, 40),
+            ReadCtxSent::Retired,
+            "completed"
+        );
+        let c = LayerCtx::Read(3);
+        t.on_read_ctx_sent(c, 1, 50);
+        for i in 0..MAX_ROUNDS as u64 {
+            t.start_tagged(1, 60 + i);
+        }
+        assert_eq!(t.pending(), MAX_ROUNDS);
+        assert_eq!(
+            t.on_read_ctx_sent(c, 1, 999),
+            ReadCtxSent::Retired,
+            "evicted"
+        );
+        assert_eq!(t.on_ack(c, 2, majority_of_3), None);
+    }
+
+    #[test]
+    fn control_remapping_a_retired_context_credits_a_later_t0() {
+        let mut t = RoundTracker::new(true);
+        let c = LayerCtx::Read(1);
+        t.on_read_ctx_sent(c, 1, 100);
+        t.prune_before(101);
+        assert_eq!(t.on_read_ctx_sent(c, 1, 500), ReadCtxSent::Started);
+        assert_eq!(
+            t.on_ack(c, 2, majority_of_3),
+            Some(500),
+            "the bug: an ack of the copy sent at 100 is credited at 500"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "clock went backwards")]
+    fn a_round_older_than_the_newest_is_a_bug() {
+        let mut t = tracker();
+        t.start_tagged(1, 100);
+        t.start_tagged(1, 99);
     }
 }

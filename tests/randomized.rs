@@ -6,7 +6,7 @@
 //! - `RAFT_LEASE_LONG=1` runs 500 seeds with a longer safety phase.
 
 use raft_lease::sim::{CheckReport, Load, NetConfig, OpResult, SimCluster, SimConfig};
-use raft_lease::{ReadMode, UnsafeMode};
+use raft_lease::{ReadMode, Safeties};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -36,13 +36,13 @@ fn safety_ms() -> u64 {
     }
 }
 
-fn config(seed: u64, mode: UnsafeMode, rng: &mut ChaCha8Rng) -> SimConfig {
+fn config(seed: u64, safeties: Safeties, rng: &mut ChaCha8Rng) -> SimConfig {
     let mut c = SimConfig {
         seed,
         nodes: 3 + 2 * rng.gen_range(0..2),
         ..SimConfig::default()
     };
-    c.lease.unsafe_mode = mode;
+    c.lease.safeties = safeties;
     let rho = c.lease.drift_ppm as i64;
     c.drift_ppm = (0..c.nodes).map(|_| rng.gen_range(-rho..=rho)).collect();
     c
@@ -113,9 +113,9 @@ fn inject(sim: &mut SimCluster, rng: &mut ChaCha8Rng, paused: &mut Vec<(u64, u64
     }
 }
 
-fn run_seed(seed: u64, mode: UnsafeMode) -> Outcome {
+fn run_seed(seed: u64, safeties: Safeties) -> Outcome {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_1ea5e);
-    let mut sim = SimCluster::new(config(seed, mode, &mut rng));
+    let mut sim = SimCluster::new(config(seed, safeties, &mut rng));
     let mut faults = Vec::new();
     let mut paused: Vec<(u64, u64)> = Vec::new();
     // Safety phase: faults every 50 ms on average, under load.
@@ -213,7 +213,7 @@ fn liveness_phase(sim: &mut SimCluster) -> Result<(), String> {
 fn randomized_faults_never_produce_a_stale_read() {
     let (mut ops, mut lease_reads) = (0, 0);
     for seed in seeds() {
-        let out = run_seed(seed, UnsafeMode::Safe);
+        let out = run_seed(seed, Safeties::default());
         let r = &out.report;
         assert!(
             r.violations.is_empty(),
@@ -234,7 +234,7 @@ fn control_randomized_faults_catch_raft_lease_based() {
     let caught: Vec<u64> = seeds()
         .into_iter()
         .filter(|&seed| {
-            run_seed(seed, UnsafeMode::RaftLeaseBased)
+            run_seed(seed, Safeties::raft_lease_based())
                 .report
                 .stale_reads()
                 > 0

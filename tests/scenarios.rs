@@ -8,17 +8,17 @@
 use raft::eraftpb::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2};
 use raft_lease::sim::scenarios::{self, elect, others, Scenario};
 use raft_lease::sim::{CheckReport, Load, SimCluster, SimConfig};
-use raft_lease::{LeaseState, ReadMode, UnsafeMode};
+use raft_lease::{LeaseState, ReadMode, Safeties};
 
 /// Seeds each scenario runs with. Safe runs must be clean on all; controls must fail on some.
 const SEEDS: std::ops::Range<u64> = 0..8;
 
-fn config(seed: u64, mode: UnsafeMode) -> SimConfig {
+fn config(seed: u64, safeties: Safeties) -> SimConfig {
     let mut c = SimConfig {
         seed,
         ..SimConfig::default()
     };
-    c.lease.unsafe_mode = mode;
+    c.lease.safeties = safeties;
     c
 }
 
@@ -62,18 +62,26 @@ fn assert_safe_with_lease_reads(runs: &[(u64, CheckReport)]) {
     }
 }
 
-/// Negative controls: the same checker catches a stale read on at least one seed.
+/// Negative controls: the same checks (stale reads, or the lease monitor's overlaps) catch the
+/// control on at least one seed. Returns on how many seeds.
 fn assert_caught(runs: &[(u64, CheckReport)]) -> usize {
     let caught: Vec<u64> = runs
         .iter()
-        .filter(|(_, r)| r.stale_reads() > 0)
+        .filter(|(_, r)| r.unsafe_found())
         .map(|(s, _)| *s)
         .collect();
     assert!(
         !caught.is_empty(),
-        "the checker caught no stale read on any seed: the control failed to fail"
+        "no stale read and no lease overlap on any seed: the control failed to fail"
     );
-    eprintln!("negative control caught stale reads on seeds {caught:?} of {SEEDS:?}");
+    let stale: Vec<u64> = runs
+        .iter()
+        .filter(|(_, r)| r.stale_reads() > 0)
+        .map(|(s, _)| *s)
+        .collect();
+    eprintln!(
+        "negative control caught on seeds {caught:?} of {SEEDS:?} (stale reads on {stale:?})"
+    );
     caught.len()
 }
 
@@ -83,7 +91,7 @@ fn every_scenario_has_a_negative_control() {
     assert_eq!(all.len(), 8);
     for s in &all {
         assert!(
-            !matches!(s.control, scenarios::Control::Mode(UnsafeMode::Safe)),
+            !matches!(s.control, scenarios::Control::Safeties(c) if c.all_on()),
             "{} has no control",
             s.name
         );
@@ -276,7 +284,7 @@ fn is_joint(sim: &SimCluster, node: u64) -> bool {
 
 #[test]
 fn auto_reads_fall_back_to_read_index_while_no_lease_is_held() {
-    let mut sim = SimCluster::new(config(1, UnsafeMode::Safe));
+    let mut sim = SimCluster::new(config(1, Safeties::default()));
     let leader = elect(&mut sim);
     sim.run_with_load(
         200,
@@ -309,8 +317,8 @@ fn auto_reads_fall_back_to_read_index_while_no_lease_is_held() {
 
 #[test]
 fn idle_lease_adds_no_messages_beyond_raft_heartbeats() {
-    let run = |mode: UnsafeMode| {
-        let mut sim = SimCluster::new(config(2, mode));
+    let run = |safeties: Safeties| {
+        let mut sim = SimCluster::new(config(2, safeties));
         elect(&mut sim);
         sim.run_for_ms(200);
         let before: u64 = sim.net().sent_by_type.values().sum();
@@ -318,8 +326,8 @@ fn idle_lease_adds_no_messages_beyond_raft_heartbeats() {
         let after: u64 = sim.net().sent_by_type.values().sum();
         (after - before, sim.leader())
     };
-    let (with_lease, leader) = run(UnsafeMode::Safe);
-    let (raft_only, _) = run(UnsafeMode::RaftLeaseBased);
+    let (with_lease, leader) = run(Safeties::default());
+    let (raft_only, _) = run(Safeties::raft_lease_based());
     assert!(leader.is_some());
     assert_eq!(
         with_lease, raft_only,

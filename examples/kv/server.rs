@@ -14,7 +14,7 @@ use raft::eraftpb::{Entry, HardState, Message, Snapshot};
 use raft_lease::drive::apply_conf_change_entry;
 use raft_lease::{
     Clock, CounterSnapshot, LeaseConfig, LeaseNode, LeaseState, ReadError, ReadHandle, ReadId,
-    ReadKind, ReadMode, ReadyIo, UnsafeMode,
+    ReadKind, ReadMode, ReadyIo, Safeties,
 };
 use slog::{crit, info, warn, Logger};
 
@@ -160,16 +160,17 @@ fn configs(o: &NodeOptions, applied: u64) -> (raft::Config, LeaseConfig) {
         ..raft::Config::default()
     };
     let mode = if o.unsafe_lease_based {
-        UnsafeMode::RaftLeaseBased
+        Safeties::raft_lease_based()
     } else {
-        UnsafeMode::Safe
+        Safeties::default()
     };
     let lease = LeaseConfig {
         promise_ms: election_tick as u64 * o.tick_ms,
         drift_ppm: o.drift_ppm,
         margin_ms: o.margin_ms,
         renew_below_pct: 33,
-        unsafe_mode: mode,
+        safeties: mode,
+        seed: o.id,
     };
     (rc, lease)
 }

@@ -15,7 +15,7 @@ use raft::eraftpb::{Entry, EntryType, Message};
 use raft::storage::MemStorage;
 use raft_lease::drive::MemApp;
 use raft_lease::{
-    LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, UnsafeMode,
+    LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, Safeties,
 };
 
 pub type State = Arc<RwLock<HashMap<u64, u64>>>;
@@ -79,13 +79,13 @@ pub struct Cluster {
     net: Net,
     inboxes: Vec<Inbox>,
     clock: Arc<MonotonicClock>,
-    mode: UnsafeMode,
+    mode: Safeties,
     delay: Duration,
 }
 
 impl Cluster {
     /// Start `n` nodes with a one-way `delay`, in `mode` (Safe, or RaftLeaseBased for raft-rs's own).
-    pub fn start(n: u64, delay: Duration, mode: UnsafeMode) -> Cluster {
+    pub fn start(n: u64, delay: Duration, mode: Safeties) -> Cluster {
         let inboxes: Vec<_> = (0..n).map(|_| unbounded()).collect();
         let alive: Vec<Arc<AtomicBool>> = (0..n).map(|_| Arc::new(AtomicBool::new(true))).collect();
         let net = start_net(
@@ -125,7 +125,7 @@ impl Cluster {
             promise_ms: 300,
             drift_ppm: 500,
             margin_ms: 5,
-            unsafe_mode: self.mode,
+            safeties: self.mode,
             ..LeaseConfig::default()
         };
         let logger = slog::Logger::root(slog::Discard, slog::o!());
@@ -181,7 +181,7 @@ impl Cluster {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             for (i, n) in self.nodes.iter().enumerate() {
-                let usable = self.mode == UnsafeMode::RaftLeaseBased || n.handle.lease_held();
+                let usable = self.mode == Safeties::raft_lease_based() || n.handle.lease_held();
                 if n.alive.load(Ordering::Acquire) && n.is_leader.load(Ordering::Acquire) && usable
                 {
                     return Some(i);
@@ -349,7 +349,9 @@ impl Worker {
                 self.next_ctx += 1;
                 let ctx = format!("bench-{}", self.next_ctx).into_bytes();
                 self.raw_reads.insert(ctx.clone(), (started, reply));
-                self.node.raw_read_index(ctx);
+                self.node
+                    .raw_read_index(ctx)
+                    .expect("bench contexts are outside the reserved prefix");
             }
             Cmd::Write {
                 key,

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::unbounded;
-use raft_lease::{ReadMode, UnsafeMode};
+use raft_lease::{ReadMode, Safeties};
 
 use crate::cluster::{Cluster, Cmd, TICK};
 
@@ -44,7 +44,7 @@ fn first_read(
 }
 
 pub fn run(trials: usize, delay: Duration) {
-    let mut cluster = Cluster::start(3, delay, UnsafeMode::Safe);
+    let mut cluster = Cluster::start(3, delay, Safeties::default());
     let (mut lease, mut index) = (Vec::new(), Vec::new());
     for trial in 1..=trials {
         let Some(leader) = cluster.leader(Duration::from_secs(10)) else {

@@ -15,7 +15,7 @@ mod svg;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use raft_lease::UnsafeMode;
+use raft_lease::Safeties;
 
 use crate::cluster::Cluster;
 use crate::measure::{idle_rate, measure, mixed, Cell, Mode};
@@ -85,11 +85,11 @@ fn sweep(window: Duration) -> Vec<Cell> {
     let total = DELAYS_US.len() * Mode::ALL.len() * OUTSTANDING.len();
     let mut cells = Vec::with_capacity(total);
     for delay_us in DELAYS_US {
-        for (unsafe_mode, modes) in [
-            (UnsafeMode::Safe, &Mode::ALL[..5]),
-            (UnsafeMode::RaftLeaseBased, &Mode::ALL[5..]),
+        for (safeties, modes) in [
+            (Safeties::default(), &Mode::ALL[..5]),
+            (Safeties::raft_lease_based(), &Mode::ALL[5..]),
         ] {
-            let cluster = Cluster::start(3, Duration::from_micros(delay_us), unsafe_mode);
+            let cluster = Cluster::start(3, Duration::from_micros(delay_us), safeties);
             let Some(leader) = cluster.leader(Duration::from_secs(10)) else {
                 eprintln!("error: no leader at {delay_us} µs one-way delay");
                 std::process::exit(1);
@@ -182,7 +182,7 @@ fn print_ratios(cells: &[Cell]) {
 
 /// Reads with 10% writes mixed in, at 1 ms one-way delay: lease reads wait for apply too.
 fn mixed_writes(window: Duration) {
-    let cluster = Cluster::start(3, Duration::from_millis(1), UnsafeMode::Safe);
+    let cluster = Cluster::start(3, Duration::from_millis(1), Safeties::default());
     let Some(leader) = cluster.leader(Duration::from_secs(10)) else {
         eprintln!("error: no leader for the mixed-writes run");
         return;

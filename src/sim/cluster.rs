@@ -2,8 +2,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use raft::eraftpb::{ConfChangeV2, Message};
-use raft::storage::MemStorage;
+use raft::eraftpb::{ConfChangeV2, ConfState, Message};
+use raft::{StateRole, Storage};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use slog::Logger;
@@ -13,8 +13,12 @@ use crate::config::LeaseConfig;
 use crate::node::LeaseNode;
 use crate::read::{ReadId, ReadMode};
 use crate::sim::history::{CheckReport, History, OpId, OpKind, OpResult};
-use crate::sim::kv::{encode_put, KvState, SimIo};
+use crate::sim::kv::{decode_state, encode_put, encode_state, KvState, SimIo};
+use crate::sim::monitor::{ElectionStats, LeaseMonitor, NodeView};
 use crate::sim::net::{NetConfig, SimNet};
+use crate::sim::storage::SimStorage;
+
+type SimLeaseNode = LeaseNode<SimStorage, SimClock>;
 
 /// How to build a simulated cluster.
 #[derive(Debug, Clone)]
@@ -31,8 +35,9 @@ pub struct SimConfig {
     pub election_tick: usize,
     /// raft's `heartbeat_tick`.
     pub heartbeat_tick: usize,
-    /// Each node's election timeout is pinned to `election_tick + k` ticks, with `k` drawn from
-    /// the seed in `0..=election_spread_ticks` (raft-rs would otherwise randomize it unseeded).
+    /// raft's randomized election timeout is drawn from `[election_tick, election_tick +
+    /// election_spread_ticks]` at every role or term change, by the node's seeded generator
+    /// (raft-rs's own draw is unseeded and is overwritten).
     pub election_spread_ticks: usize,
     /// raft's pre-vote.
     pub pre_vote: bool,
@@ -44,6 +49,9 @@ pub struct SimConfig {
     pub step_us: u64,
     /// Network faults.
     pub net: NetConfig,
+    /// Each node snapshots its state and compacts its log once this many entries were applied
+    /// since its last snapshot (0: never). A node that falls behind then catches up by snapshot.
+    pub compact_every: u64,
 }
 
 impl Default for SimConfig {
@@ -68,6 +76,7 @@ impl Default for SimConfig {
             drift_ppm: Vec::new(),
             step_us: 100,
             net: NetConfig::default(),
+            compact_every: 0,
         }
     }
 }
@@ -75,8 +84,8 @@ impl Default for SimConfig {
 /// One simulated node: its raft state survives a crash, its memory does not.
 struct SimNode {
     id: u64,
-    node: Option<LeaseNode<MemStorage, SimClock>>,
-    storage: MemStorage,
+    node: Option<SimLeaseNode>,
+    storage: SimStorage,
     clock: SimClock,
     kv: KvState,
     paused: bool,
@@ -87,8 +96,6 @@ struct SimNode {
     held: Vec<Message>,
     writes: HashSet<OpId>,
     reads: HashMap<ReadId, (OpId, Vec<u8>)>,
-    /// Pinned election timeout, in ticks.
-    election_ticks: usize,
 }
 
 /// A deterministic cluster: the same config and the same calls give the same history.
@@ -99,6 +106,7 @@ pub struct SimCluster {
     nodes: Vec<SimNode>,
     net: SimNet,
     history: History,
+    monitor: LeaseMonitor,
     logger: Logger,
 }
 
@@ -114,7 +122,7 @@ impl SimCluster {
             config.nodes > 0 && config.step_us > 0 && config.tick_ms > 0,
             "bad sim config {config:?}"
         );
-        let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let rng = ChaCha8Rng::seed_from_u64(config.seed);
         let voters = config
             .voters
             .clone()
@@ -122,7 +130,7 @@ impl SimCluster {
         let nodes = (1..=config.nodes)
             .map(|id| {
                 // Every node starts from the same initial configuration; a non-voter waits to be added.
-                let storage = MemStorage::new_with_conf_state((voters.clone(), vec![]));
+                let storage = SimStorage::new(voters.clone());
                 let drift = config.drift_ppm.get(id as usize - 1).copied().unwrap_or(0);
                 SimNode {
                     id,
@@ -136,8 +144,6 @@ impl SimCluster {
                     held: Vec::new(),
                     writes: HashSet::new(),
                     reads: HashMap::new(),
-                    election_ticks: config.election_tick
-                        + rng.gen_range(0..=config.election_spread_ticks),
                 }
             })
             .collect();
@@ -149,6 +155,7 @@ impl SimCluster {
             nodes,
             net,
             history: History::default(),
+            monitor: LeaseMonitor::default(),
             logger,
         };
         for idx in 0..cluster.nodes.len() {
@@ -160,29 +167,36 @@ impl SimCluster {
     fn boot(&mut self, idx: usize) {
         let c = &self.config;
         let n = &mut self.nodes[idx];
+        // The state machine restarts from the latest snapshot; raft replays the log after it.
+        let snapshot = n.storage.latest_snapshot();
+        n.kv = decode_state(&snapshot.data).expect("the sim wrote this snapshot");
         let rc = raft::Config {
+            applied: snapshot.get_metadata().index,
             id: n.id,
             election_tick: c.election_tick,
             heartbeat_tick: c.heartbeat_tick,
-            min_election_tick: n.election_ticks,
-            max_election_tick: n.election_ticks + 1,
+            min_election_tick: c.election_tick,
+            max_election_tick: c.election_tick + c.election_spread_ticks + 1,
             check_quorum: true,
             pre_vote: c.pre_vote,
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
             ..raft::Config::default()
         };
+        let lease = LeaseConfig {
+            seed: c.lease.seed ^ c.seed,
+            ..c.lease.clone()
+        };
         let node = LeaseNode::new(
             &rc,
             n.storage.clone(),
-            c.lease.clone(),
+            lease,
             c.tick_ms,
             n.clock.clone(),
             &self.logger,
         )
         .unwrap_or_else(|e| panic!("node {} failed to start: {e}", n.id));
         n.next_tick_ns = n.clock.now_ns() + c.tick_ms * 1_000_000;
-        n.kv.clear();
         n.node = Some(node);
     }
 
@@ -207,6 +221,28 @@ impl SimCluster {
             self.tick_node(idx);
             self.process(idx);
         }
+        self.observe_leases();
+    }
+
+    /// Show the lease monitor every node's lease at this instant.
+    fn observe_leases(&mut self) {
+        let views: Vec<NodeView> = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.node.as_ref())
+            .map(|node| {
+                let status = node.lease_status();
+                let r = &node.raw().raft;
+                NodeView {
+                    id: node.id(),
+                    term: r.term,
+                    leading: r.state == StateRole::Leader,
+                    candidate: r.state == StateRole::Candidate,
+                    lease_term: status.term.filter(|_| status.state.is_held()),
+                }
+            })
+            .collect();
+        self.monitor.observe(self.now_ns, &views);
     }
 
     /// Run for `ms` of real time.
@@ -257,7 +293,7 @@ impl SimCluster {
         }
     }
 
-    /// Drain the node's ready loop, then hand back finished reads.
+    /// Drain the node's ready loop, compact its log when due, then hand back finished reads.
     fn process(&mut self, idx: usize) {
         let SimCluster {
             nodes,
@@ -265,6 +301,7 @@ impl SimCluster {
             rng,
             history,
             now_ns,
+            config,
             ..
         } = self;
         let n = &mut nodes[idx];
@@ -273,6 +310,7 @@ impl SimCluster {
         };
         let mut io = SimIo {
             id: n.id,
+            storage: &n.storage,
             kv: &mut n.kv,
             writes: &mut n.writes,
             history,
@@ -280,7 +318,9 @@ impl SimCluster {
             rng,
             now_ns: *now_ns,
         };
-        node.handle_ready(&mut io).expect("MemStorage never fails");
+        node.handle_ready(&mut io)
+            .expect("the sim's storage never fails");
+        compact_if_due(node, &n.storage, &n.kv, config.compact_every);
         let (kv, reads) = (&n.kv, &mut n.reads);
         let served =
             node.serve_reads(|rid| reads.get(&rid).and_then(|(_, key)| kv.get(key).cloned()));
@@ -505,7 +545,7 @@ impl SimCluster {
     // ----- inspection -------------------------------------------------------------------------
 
     /// The running node `id`, if it is up.
-    pub fn node(&self, id: u64) -> Option<&LeaseNode<MemStorage, SimClock>> {
+    pub fn node(&self, id: u64) -> Option<&SimLeaseNode> {
         self.nodes.get(self.index(id)?)?.node.as_ref()
     }
 
@@ -535,9 +575,25 @@ impl SimCluster {
         &self.history
     }
 
-    /// Check the history for linearizability.
+    /// Check the history for linearizability, with every lease overlap the monitor saw.
     pub fn check(&self) -> CheckReport {
-        self.history.check()
+        let mut report = self.history.check();
+        report
+            .violations
+            .extend_from_slice(self.monitor.violations());
+        report.lease_checks = self.monitor.checks();
+        report
+    }
+
+    /// How elections went so far (split votes).
+    pub fn elections(&self) -> ElectionStats {
+        self.monitor.elections()
+    }
+
+    /// The configuration node `id` has applied, if it is up.
+    pub fn conf_state(&self, id: u64) -> Option<ConfState> {
+        let node = self.node(id)?;
+        Some(node.raw().raft.prs().conf().to_conf_state())
     }
 
     /// Ids of every node.
@@ -633,4 +689,18 @@ impl SimCluster {
             self.step();
         }
     }
+}
+
+/// Snapshot the node's state and compact its log once `every` entries were applied since the
+/// last snapshot. The state is exactly the applied index here: the ready loop just ran.
+fn compact_if_due(node: &SimLeaseNode, storage: &SimStorage, kv: &KvState, every: u64) {
+    let applied = node.raw().raft.raft_log.applied;
+    let snap_index = storage.latest_snapshot().get_metadata().index;
+    let first = storage.first_index().expect("MemStorage first index");
+    if every == 0 || applied < snap_index + every || applied < first {
+        return;
+    }
+    storage
+        .compact(applied, encode_state(kv))
+        .unwrap_or_else(|e| panic!("node {} failed to compact at {applied}: {e}", node.id()));
 }

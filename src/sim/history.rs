@@ -117,6 +117,42 @@ pub enum Violation {
         /// The write invoked after it.
         second: OpId,
     },
+    /// Two nodes held a lease at the same real instant (seen by the lease monitor).
+    TwoLeaseHolders {
+        /// Real time it was first seen.
+        at_ns: u64,
+        /// One holder.
+        first: u64,
+        /// The term of its lease.
+        first_term: u64,
+        /// The other holder.
+        second: u64,
+        /// The term of its lease.
+        second_term: u64,
+    },
+    /// A node held a lease of one term while another node led a later term.
+    LeaseBehindLeader {
+        /// Real time it was first seen.
+        at_ns: u64,
+        /// The node holding the lease.
+        holder: u64,
+        /// The term of its lease.
+        lease_term: u64,
+        /// The node leading the later term.
+        leader: u64,
+        /// That term.
+        leader_term: u64,
+    },
+}
+
+impl Violation {
+    /// Whether the lease monitor found it (rather than the history checker).
+    pub fn is_lease_overlap(&self) -> bool {
+        matches!(
+            self,
+            Violation::TwoLeaseHolders { .. } | Violation::LeaseBehindLeader { .. }
+        )
+    }
 }
 
 impl fmt::Display for Violation {
@@ -136,6 +172,8 @@ pub struct CheckReport {
     pub lease_reads_checked: usize,
     /// Acknowledged writes.
     pub writes_acked: usize,
+    /// Instants at which the lease monitor checked every node's lease.
+    pub lease_checks: u64,
 }
 
 impl CheckReport {
@@ -145,6 +183,20 @@ impl CheckReport {
             .iter()
             .filter(|v| matches!(v, Violation::StaleRead { .. }))
             .count()
+    }
+
+    /// Lease overlaps found by the lease monitor only.
+    pub fn lease_overlaps(&self) -> usize {
+        self.violations
+            .iter()
+            .filter(|v| v.is_lease_overlap())
+            .count()
+    }
+
+    /// Whether the run broke safety: a stale read or a lease overlap (what a negative control
+    /// must produce).
+    pub fn unsafe_found(&self) -> bool {
+        self.stale_reads() > 0 || self.lease_overlaps() > 0
     }
 }
 

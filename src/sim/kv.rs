@@ -1,18 +1,19 @@
-//! The simulator's replicated KV: the entry format, and the I/O that applies committed entries.
+//! The simulator's replicated KV: the entry format, snapshots of the state, and the I/O that
+//! applies committed entries and installs snapshots.
 
 use std::collections::{BTreeMap, HashSet};
 
-use raft::eraftpb::{Entry, EntryType, Message};
-use raft::storage::MemStorage;
+use raft::eraftpb::{Entry, EntryType, HardState, Message, Snapshot};
 use rand_chacha::ChaCha8Rng;
 
 use crate::clock::SimClock;
-use crate::drive::MemApp;
+use crate::drive::{apply_conf_change_entry, ReadyIo};
 use crate::node::LeaseNode;
 use crate::sim::history::{History, OpId, OpResult};
 use crate::sim::net::SimNet;
+use crate::sim::storage::SimStorage;
 
-type SimLeaseNode = LeaseNode<MemStorage, SimClock>;
+type SimLeaseNode = LeaseNode<SimStorage, SimClock>;
 
 /// Applied KV state: key → (value, revision).
 pub type KvState = BTreeMap<Vec<u8>, (Vec<u8>, u64)>;
@@ -21,8 +22,7 @@ pub type KvState = BTreeMap<Vec<u8>, (Vec<u8>, u64)>;
 pub fn encode_put(op: OpId, key: &[u8], value: &[u8]) -> Vec<u8> {
     let mut data = Vec::with_capacity(12 + key.len() + value.len());
     data.extend_from_slice(&op.to_be_bytes());
-    data.extend_from_slice(&(key.len() as u32).to_be_bytes());
-    data.extend_from_slice(key);
+    put_bytes(&mut data, key);
     data.extend_from_slice(value);
     data
 }
@@ -30,16 +30,53 @@ pub fn encode_put(op: OpId, key: &[u8], value: &[u8]) -> Vec<u8> {
 /// Decode entry data made by [`encode_put`]. `None` if it is malformed.
 pub fn decode_put(data: &[u8]) -> Option<(OpId, &[u8], &[u8])> {
     let op = OpId::from_be_bytes(data.get(..8)?.try_into().ok()?);
-    let key_len = u32::from_be_bytes(data.get(8..12)?.try_into().ok()?) as usize;
-    let key = data.get(12..12 + key_len)?;
-    Some((op, key, &data[12 + key_len..]))
+    let (key, value) = take_bytes(&data[8..])?;
+    Some((op, key, value))
 }
 
-/// The simulator's I/O for one node's `Ready`s: the simulated network, the node's KV state,
-/// and the history that acknowledges its writes.
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Split a length-prefixed field off the front of `data`.
+fn take_bytes(data: &[u8]) -> Option<(&[u8], &[u8])> {
+    let len = u32::from_be_bytes(data.get(..4)?.try_into().ok()?) as usize;
+    let field = data.get(4..4usize.checked_add(len)?)?;
+    Some((field, &data[4 + len..]))
+}
+
+/// Encode the whole state, for a snapshot.
+pub fn encode_state(kv: &KvState) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, (value, revision)) in kv {
+        put_bytes(&mut out, key);
+        put_bytes(&mut out, value);
+        out.extend_from_slice(&revision.to_be_bytes());
+    }
+    out
+}
+
+/// Decode a state made by [`encode_state`]. `None` if it is malformed.
+pub fn decode_state(mut data: &[u8]) -> Option<KvState> {
+    let mut kv = KvState::new();
+    while !data.is_empty() {
+        let (key, rest) = take_bytes(data)?;
+        let (value, rest) = take_bytes(rest)?;
+        let revision = u64::from_be_bytes(rest.get(..8)?.try_into().ok()?);
+        kv.insert(key.to_vec(), (value.to_vec(), revision));
+        data = &rest[8..];
+    }
+    Some(kv)
+}
+
+/// The simulator's I/O for one node's `Ready`s: the simulated network, the node's storage and
+/// KV state, and the history that acknowledges its writes.
 pub struct SimIo<'a> {
     /// The node's raft id.
     pub id: u64,
+    /// Its raft storage.
+    pub storage: &'a SimStorage,
     /// Its KV state.
     pub kv: &'a mut KvState,
     /// Writes proposed at this node and not yet acknowledged.
@@ -67,20 +104,47 @@ impl SimIo<'_> {
     }
 }
 
-impl MemApp<SimClock> for SimIo<'_> {
+impl ReadyIo<SimStorage, SimClock> for SimIo<'_> {
+    type Error = raft::Error;
+
     fn send(&mut self, msgs: Vec<Message>) {
         for m in msgs {
             self.net.send(m, self.now_ns, self.rng);
         }
     }
 
-    fn apply(&mut self, _: &mut SimLeaseNode, entries: Vec<Entry>) {
-        let puts = entries
-            .iter()
-            .filter(|e| e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty());
-        for e in puts {
-            self.apply_put(e);
+    fn install_snapshot(&mut self, _: &mut SimLeaseNode, snapshot: Snapshot) -> raft::Result<()> {
+        let kv = decode_state(&snapshot.data).unwrap_or_else(|| {
+            panic!("node {} got a malformed snapshot", self.id);
+        });
+        self.storage.install(snapshot)?;
+        *self.kv = kv;
+        Ok(())
+    }
+
+    fn apply(&mut self, node: &mut SimLeaseNode, entries: Vec<Entry>) -> raft::Result<()> {
+        for e in &entries {
+            if let Some(cs) = apply_conf_change_entry(node, e)? {
+                self.storage.set_conf_state(cs);
+            } else if e.get_entry_type() == EntryType::EntryNormal && !e.data.is_empty() {
+                self.apply_put(e);
+            }
         }
+        Ok(())
+    }
+
+    fn persist(
+        &mut self,
+        _: &mut SimLeaseNode,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> raft::Result<()> {
+        self.storage.persist(entries, hs)
+    }
+
+    fn set_commit(&mut self, _: &mut SimLeaseNode, commit: u64) -> raft::Result<()> {
+        self.storage.set_commit(commit);
+        Ok(())
     }
 }
 
@@ -96,5 +160,16 @@ mod tests {
         let mut bad = data.clone();
         bad[11] = 200; // key length past the end
         assert_eq!(decode_put(&bad), None);
+    }
+
+    #[test]
+    fn state_round_trips_and_garbage_is_rejected() {
+        let mut kv = KvState::new();
+        kv.insert(b"a".to_vec(), (b"1".to_vec(), 3));
+        kv.insert(vec![0xff], (vec![], 9));
+        let data = encode_state(&kv);
+        assert_eq!(decode_state(&data), Some(kv));
+        assert_eq!(decode_state(&data[..data.len() - 1]), None);
+        assert_eq!(decode_state(&[]), Some(KvState::new()));
     }
 }

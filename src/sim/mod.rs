@@ -23,9 +23,12 @@
 mod cluster;
 pub mod history;
 pub mod kv;
+pub mod monitor;
 pub mod net;
 pub mod scenarios;
+pub mod storage;
 
 pub use cluster::{Load, SimCluster, SimConfig};
 pub use history::{CheckReport, History, Op, OpId, OpKind, OpResult, Violation};
-pub use net::{NetConfig, SimNet};
+pub use monitor::{ElectionStats, LeaseMonitor, NodeView};
+pub use net::{DelayRule, NetConfig, SimNet};

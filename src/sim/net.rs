@@ -32,6 +32,27 @@ impl Default for NetConfig {
     }
 }
 
+/// Extra delay for the messages that match: a link, a message type, or both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DelayRule {
+    /// Only messages from this node (`None`: any).
+    pub from: Option<u64>,
+    /// Only messages to this node (`None`: any).
+    pub to: Option<u64>,
+    /// Only messages of this type (`None`: any).
+    pub msg_type: Option<MessageType>,
+    /// The extra one-way delay, in nanoseconds.
+    pub extra_ns: u64,
+}
+
+impl DelayRule {
+    fn matches(&self, m: &Message) -> bool {
+        self.from.is_none_or(|f| f == m.from)
+            && self.to.is_none_or(|t| t == m.to)
+            && self.msg_type.is_none_or(|ty| ty == m.get_msg_type())
+    }
+}
+
 /// A message in flight.
 #[derive(Debug, Clone)]
 pub struct InFlight {
@@ -48,8 +69,8 @@ pub struct SimNet {
     pub config: NetConfig,
     /// Directed links that drop everything: `(from, to)`.
     blocked: HashSet<(u64, u64)>,
-    /// Extra delay for one message type, in nanoseconds (to delay e.g. `MsgTimeoutNow`).
-    extra_delay_ns: BTreeMap<i32, u64>,
+    /// Extra delays; a message gets the largest that matches it.
+    delays: Vec<DelayRule>,
     /// Messages in flight, ordered by (delivery time, send sequence).
     queue: BinaryHeap<Reverse<(u64, u64)>>,
     by_seq: BTreeMap<u64, InFlight>,
@@ -64,7 +85,7 @@ impl SimNet {
         SimNet {
             config,
             blocked: HashSet::new(),
-            extra_delay_ns: BTreeMap::new(),
+            delays: Vec::new(),
             queue: BinaryHeap::new(),
             by_seq: BTreeMap::new(),
             seq: 0,
@@ -91,12 +112,7 @@ impl SimNet {
                 self.config.min_delay_us,
                 self.config.max_delay_us.max(self.config.min_delay_us),
             );
-            let delay_ns = rng.gen_range(lo..=hi) * 1_000
-                + self
-                    .extra_delay_ns
-                    .get(&(msg.get_msg_type() as i32))
-                    .copied()
-                    .unwrap_or(0);
+            let delay_ns = rng.gen_range(lo..=hi) * 1_000 + self.extra_delay_ns(&msg);
             self.seq += 1;
             let at = now_ns + delay_ns;
             self.queue.push(Reverse((at, self.seq)));
@@ -151,11 +167,32 @@ impl SimNet {
 
     /// Delay every message of type `ty` by an extra `extra_ns` (0 removes the rule).
     pub fn delay_type(&mut self, ty: MessageType, extra_ns: u64) {
-        if extra_ns == 0 {
-            self.extra_delay_ns.remove(&(ty as i32));
-        } else {
-            self.extra_delay_ns.insert(ty as i32, extra_ns);
+        self.delay(DelayRule {
+            from: None,
+            to: None,
+            msg_type: Some(ty),
+            extra_ns,
+        });
+    }
+
+    /// Add an extra delay for the messages `rule` matches, replacing a rule with the same
+    /// match. An `extra_ns` of 0 removes it.
+    pub fn delay(&mut self, rule: DelayRule) {
+        self.delays
+            .retain(|r| (r.from, r.to, r.msg_type) != (rule.from, rule.to, rule.msg_type));
+        if rule.extra_ns > 0 {
+            self.delays.push(rule);
         }
+    }
+
+    /// Remove every extra delay.
+    pub fn clear_delays(&mut self) {
+        self.delays.clear();
+    }
+
+    fn extra_delay_ns(&self, m: &Message) -> u64 {
+        let matching = self.delays.iter().filter(|r| r.matches(m));
+        matching.map(|r| r.extra_ns).max().unwrap_or(0)
     }
 
     /// Messages in flight.

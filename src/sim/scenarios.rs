@@ -6,7 +6,7 @@
 
 use raft::eraftpb::MessageType;
 
-use crate::config::UnsafeMode;
+use crate::config::{Safeties, TestingKnobs};
 use crate::read::ReadMode;
 use crate::sim::{Load, SimCluster, SimConfig};
 
@@ -52,9 +52,9 @@ pub struct Scenario {
 /// How a negative control breaks the safety.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Control {
-    /// Run the nodes in this unsafe mode.
-    Mode(UnsafeMode),
-    /// Let clocks drift at 15% while the lease assumes 1%.
+    /// Run the nodes with these safeties (one switched off).
+    Safeties(Safeties),
+    /// Let clocks drift at 30% while the lease assumes 1%.
     DriftBeyondBound,
 }
 
@@ -63,13 +63,13 @@ impl Scenario {
     pub fn config(&self, seed: u64, safe: bool) -> SimConfig {
         match (self.control, safe) {
             (Control::DriftBeyondBound, true) => drift_config(seed, 10_000),
-            (Control::DriftBeyondBound, false) => drift_config(seed, 150_000),
-            (Control::Mode(mode), safe) => {
+            (Control::DriftBeyondBound, false) => drift_config(seed, 300_000),
+            (Control::Safeties(control), safe) => {
                 let mut c = SimConfig {
                     seed,
                     ..SimConfig::default()
                 };
-                c.lease.unsafe_mode = if safe { UnsafeMode::Safe } else { mode };
+                c.lease.safeties = if safe { Safeties::default() } else { control };
                 c
             }
         }
@@ -83,49 +83,56 @@ impl Scenario {
     }
 }
 
+/// Safeties with one testing knob switched.
+pub fn knob(set: fn(&mut TestingKnobs)) -> Safeties {
+    let mut s = Safeties::default();
+    set(&mut s.testing);
+    s
+}
+
 /// Every scenario with a negative control.
 pub fn all() -> Vec<Scenario> {
     vec![
         Scenario {
             name: "partitioned old leader",
             hazard: "raft-rs LeaseBased trusts tick-based check-quorum",
-            control: Control::Mode(UnsafeMode::RaftLeaseBased),
+            control: Control::Safeties(Safeties::raft_lease_based()),
             run: partitioned_old_leader,
         },
         Scenario {
             name: "paused leader",
             hazard: "a paused LeaseBased leader serves reads on resume",
-            control: Control::Mode(UnsafeMode::RaftLeaseBased),
+            control: Control::Safeties(Safeties::raft_lease_based()),
             run: paused_leader,
         },
         Scenario {
             name: "stalled leader ticker",
             hazard: "no ticks, no step-down (etcd-io/etcd#13527)",
-            control: Control::Mode(UnsafeMode::RaftLeaseBased),
+            control: Control::Safeties(Safeties::raft_lease_based()),
             run: stalled_leader_ticker,
         },
         Scenario {
             name: "follower tick burst",
             hazard: "a tick-counted promise shrinks in a burst",
-            control: Control::Mode(UnsafeMode::NoPromise),
+            control: Control::Safeties(knob(|k| k.no_promise = true)),
             run: follower_tick_burst,
         },
         Scenario {
             name: "own campaign in a burst",
             hazard: "a promising node votes for itself",
-            control: Control::Mode(UnsafeMode::NoCampaignHold),
+            control: Control::Safeties(knob(|k| k.no_campaign_hold = true)),
             run: follower_tick_burst,
         },
         Scenario {
             name: "delayed MsgTimeoutNow",
             hazard: "a late forced election (tikv/raft-rs#234)",
-            control: Control::Mode(UnsafeMode::NoTransferFence),
+            control: Control::Safeties(knob(|k| k.no_transfer_fence = true)),
             run: delayed_timeout_now,
         },
         Scenario {
             name: "follower restart",
             hazard: "a restarted node forgets its promise (tikv/tikv#15035)",
-            control: Control::Mode(UnsafeMode::NoBootPromise),
+            control: Control::Safeties(knob(|k| k.no_boot_promise = true)),
             run: follower_restart,
         },
         Scenario {

@@ -1,0 +1,224 @@
+//! The lease monitor: checks the lease itself, at every step, not only the reads it serves.
+//!
+//! A stale read needs a client to ask at the wrong moment; an overlapping lease does not. At every
+//! instant of real (simulated) time the monitor checks that:
+//! - no two nodes hold a lease;
+//! - no node holds a lease of term `T` while another node leads a later term.
+//!
+//! A node holds a lease when its own clock says so ([`crate::LeaseNode::lease_status`]), paused or
+//! not: a paused node's clock runs on, and it would serve from that lease the moment it resumes.
+//! The monitor also counts elections, to report split votes (terms in which two or more nodes
+//! stood as candidates and none won).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use crate::sim::history::Violation;
+
+/// What the monitor sees of one node at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeView {
+    /// The node's raft id.
+    pub id: u64,
+    /// Its raft term.
+    pub term: u64,
+    /// Whether it believes it leads `term`.
+    pub leading: bool,
+    /// Whether it stands as a candidate (not a pre-candidate) in `term`.
+    pub candidate: bool,
+    /// The term of the lease it holds now by its own clock, if any.
+    pub lease_term: Option<u64>,
+}
+
+/// One election term as seen by the monitor.
+#[derive(Debug, Clone, Default)]
+struct Term {
+    candidates: BTreeSet<u64>,
+    leader: Option<u64>,
+}
+
+/// Watches every node's lease at every step. See the module docs.
+#[derive(Debug, Default, Clone)]
+pub struct LeaseMonitor {
+    /// Instants checked.
+    checks: u64,
+    /// Each overlap once, at the first instant it was seen.
+    violations: Vec<Violation>,
+    /// Overlaps already reported: (two holders?, holder, its lease term, other node, its term).
+    seen: HashSet<(bool, u64, u64, u64, u64)>,
+    terms: BTreeMap<u64, Term>,
+}
+
+/// How elections went: see [`LeaseMonitor::elections`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ElectionStats {
+    /// Terms in which some node stood as a candidate.
+    pub contested_terms: u64,
+    /// Terms won by a leader.
+    pub won_terms: u64,
+    /// Finished terms in which two or more candidates stood and none won.
+    pub split_votes: u64,
+}
+
+impl LeaseMonitor {
+    /// Check one instant `at_ns` of real time.
+    pub fn observe(&mut self, at_ns: u64, nodes: &[NodeView]) {
+        self.checks += 1;
+        for n in nodes {
+            self.record_election(n);
+        }
+        for holder in nodes.iter().filter(|n| n.lease_term.is_some()) {
+            let lease_term = holder.lease_term.expect("filtered");
+            for other in nodes.iter().filter(|o| o.id != holder.id) {
+                if let Some(other_term) = other.lease_term {
+                    self.report(holder, lease_term, other, other_term, || {
+                        Violation::TwoLeaseHolders {
+                            at_ns,
+                            first: holder.id,
+                            first_term: lease_term,
+                            second: other.id,
+                            second_term: other_term,
+                        }
+                    });
+                }
+                if other.leading && other.term > lease_term {
+                    self.report(holder, lease_term, other, other.term, || {
+                        Violation::LeaseBehindLeader {
+                            at_ns,
+                            holder: holder.id,
+                            lease_term,
+                            leader: other.id,
+                            leader_term: other.term,
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    fn report(
+        &mut self,
+        holder: &NodeView,
+        lease_term: u64,
+        other: &NodeView,
+        other_term: u64,
+        violation: impl FnOnce() -> Violation,
+    ) {
+        let violation = violation();
+        let two_holders = matches!(violation, Violation::TwoLeaseHolders { .. });
+        let key = (two_holders, holder.id, lease_term, other.id, other_term);
+        // Two holders are one overlap whichever is named first.
+        let mirror = (two_holders, other.id, other_term, holder.id, lease_term);
+        if !self.seen.contains(&mirror) && self.seen.insert(key) {
+            self.violations.push(violation);
+        }
+    }
+
+    fn record_election(&mut self, n: &NodeView) {
+        if !n.candidate && !n.leading {
+            return;
+        }
+        let term = self.terms.entry(n.term).or_default();
+        if n.candidate {
+            term.candidates.insert(n.id);
+        }
+        if n.leading {
+            term.leader = Some(n.id);
+        }
+    }
+
+    /// Instants checked so far.
+    pub fn checks(&self) -> u64 {
+        self.checks
+    }
+
+    /// Every overlap seen, each once.
+    pub fn violations(&self) -> &[Violation] {
+        &self.violations
+    }
+
+    /// Elections so far. The newest term is left out of split votes: it may still be won.
+    pub fn elections(&self) -> ElectionStats {
+        let newest = self.terms.keys().next_back().copied();
+        let mut stats = ElectionStats::default();
+        for (term, t) in &self.terms {
+            stats.contested_terms += u64::from(!t.candidates.is_empty());
+            stats.won_terms += u64::from(t.leader.is_some());
+            let finished = Some(*term) != newest;
+            stats.split_votes +=
+                u64::from(finished && t.leader.is_none() && t.candidates.len() >= 2);
+        }
+        stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(id: u64, term: u64, leading: bool, lease_term: Option<u64>) -> NodeView {
+        NodeView {
+            id,
+            term,
+            leading,
+            candidate: false,
+            lease_term,
+        }
+    }
+
+    #[test]
+    fn one_holder_and_its_followers_pass() {
+        let mut m = LeaseMonitor::default();
+        m.observe(1, &[view(1, 3, true, Some(3)), view(2, 3, false, None)]);
+        assert!(m.violations().is_empty());
+        assert_eq!(m.checks(), 1);
+    }
+
+    #[test]
+    fn a_lease_behind_a_newer_leader_is_caught_once() {
+        let mut m = LeaseMonitor::default();
+        let nodes = [view(1, 3, true, Some(3)), view(2, 4, true, None)];
+        m.observe(10, &nodes);
+        m.observe(11, &nodes);
+        assert_eq!(
+            m.violations(),
+            &[Violation::LeaseBehindLeader {
+                at_ns: 10,
+                holder: 1,
+                lease_term: 3,
+                leader: 2,
+                leader_term: 4
+            }]
+        );
+    }
+
+    #[test]
+    fn two_holders_are_caught_once_not_twice() {
+        let mut m = LeaseMonitor::default();
+        m.observe(5, &[view(1, 3, true, Some(3)), view(2, 4, true, Some(4))]);
+        let kinds: Vec<_> = m
+            .violations()
+            .iter()
+            .map(|v| matches!(v, Violation::TwoLeaseHolders { .. }))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![true, false],
+            "two holders, then the lease behind a leader"
+        );
+    }
+
+    #[test]
+    fn split_votes_are_finished_terms_with_two_candidates_and_no_leader() {
+        let mut m = LeaseMonitor::default();
+        let cand = |id, term| NodeView {
+            candidate: true,
+            ..view(id, term, false, None)
+        };
+        m.observe(1, &[cand(1, 2), cand(2, 2)]);
+        m.observe(2, &[cand(1, 3), view(2, 3, true, None)]);
+        m.observe(3, &[cand(1, 4), cand(2, 4)]);
+        let stats = m.elections();
+        assert_eq!(stats.split_votes, 1, "term 4 may still be won: {stats:?}");
+        assert_eq!((stats.contested_terms, stats.won_terms), (3, 1));
+    }
+}
