@@ -41,8 +41,32 @@ pub struct TestingKnobs {
     pub remap_retired_ctx: bool,
     /// A leader renews from its own clock whenever the configuration has one voter, itself or not.
     pub renew_any_singleton: bool,
+    /// raft-rs 0.7's own handling of a leader's removal: the leader may propose it, and keeps
+    /// leading after applying it (instead of being refused, and stepping down).
+    pub keep_removed_leader: bool,
     /// Followers whose promises end together campaign together (no jitter).
     pub no_campaign_jitter: bool,
+}
+
+impl TestingKnobs {
+    /// The names of the knobs that are set.
+    pub fn set(&self) -> Vec<&'static str> {
+        let knobs = [
+            (self.no_promise, "no_promise"),
+            (self.no_boot_promise, "no_boot_promise"),
+            (self.no_campaign_hold, "no_campaign_hold"),
+            (self.no_transfer_fence, "no_transfer_fence"),
+            (self.remap_retired_ctx, "remap_retired_ctx"),
+            (self.renew_any_singleton, "renew_any_singleton"),
+            (self.keep_removed_leader, "keep_removed_leader"),
+            (self.no_campaign_jitter, "no_campaign_jitter"),
+        ];
+        knobs
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, name)| name)
+            .collect()
+    }
 }
 
 impl Safeties {
@@ -82,6 +106,11 @@ impl Safeties {
     /// Only this node being the one voter (in every half) lets it renew from its own clock.
     pub(crate) fn self_renewal_needs_sole_voter(&self) -> bool {
         !self.testing.renew_any_singleton
+    }
+
+    /// A leader may not propose its own removal, and steps down if it applies one anyway.
+    pub(crate) fn guard_leader_removal(&self) -> bool {
+        !self.testing.keep_removed_leader
     }
 
     /// Campaigns held back by the promise start after seeded jitter.

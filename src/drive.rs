@@ -143,20 +143,27 @@ impl<C: Clock> MemApp<C> for Collect {
 }
 
 /// If `e` is a membership change, apply it to `node` and return the new configuration (to be
-/// recorded in storage); `None` for a normal entry.
+/// recorded in storage); `None` for a normal entry, and for a change raft refuses to apply (such
+/// as one removing every voter). raft checks a change against the configuration, which every
+/// node has applied identically, so every node refuses it alike: it is a no-op, not a failure.
 pub fn apply_conf_change_entry<S: Storage, C: Clock>(
     node: &mut LeaseNode<S, C>,
     e: &Entry,
 ) -> raft::Result<Option<raft::eraftpb::ConfState>> {
     use protobuf::Message as _;
     use raft::eraftpb::{ConfChange, ConfChangeV2, EntryType};
-    Ok(Some(match e.get_entry_type() {
+    let applied = match e.get_entry_type() {
         EntryType::EntryNormal => return Ok(None),
         EntryType::EntryConfChange => {
-            node.apply_conf_change(&ConfChange::parse_from_bytes(&e.data)?)?
+            node.apply_conf_change(&ConfChange::parse_from_bytes(&e.data)?)
         }
         EntryType::EntryConfChangeV2 => {
-            node.apply_conf_change(&ConfChangeV2::parse_from_bytes(&e.data)?)?
+            node.apply_conf_change(&ConfChangeV2::parse_from_bytes(&e.data)?)
         }
-    }))
+    };
+    match applied {
+        Ok(cs) => Ok(Some(cs)),
+        Err(raft::Error::ConfChangeError(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
 }

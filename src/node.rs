@@ -400,11 +400,22 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 
     /// Propose a membership change.
+    ///
+    /// A leader may not remove or demote itself (`ConfChangeError`): transfer leadership first,
+    /// as TiKV and etcd do. raft-rs 0.7 keeps a removed leader leading, drops its proposals and
+    /// panics when its commit index moves; and the voters left may not yet know they are voters,
+    /// with nobody left to tell them.
     pub fn propose_conf_change(
         &mut self,
         context: Vec<u8>,
         cc: impl ConfChangeI,
     ) -> raft::Result<()> {
+        let id = self.raw.raft.id;
+        if self.is_leader() && self.safeties.guard_leader_removal() && removes(&cc.as_v2(), id) {
+            return Err(raft::Error::ConfChangeError(format!(
+                "leader {id} cannot remove or demote itself: transfer leadership first"
+            )));
+        }
         let r = self.raw.propose_conf_change(context, cc);
         self.sync();
         r
@@ -412,15 +423,45 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// Apply a committed membership change. A leader drops its lease and re-establishes it
     /// under the new configuration's quorum (both quorums for a joint configuration).
+    ///
+    /// A leader that is no longer a voter steps down. raft-rs 0.7 would keep it leading: it
+    /// drops proposals, and panics when the commit index moves on (`maybe_commit` unwraps the
+    /// leader's own progress, which the change removed).
     pub fn apply_conf_change(&mut self, cc: &impl ConfChangeI) -> raft::Result<ConfState> {
         let cs = self.raw.apply_conf_change(cc)?;
         if self.raw.raft.state == StateRole::Leader {
             self.lose_lease(Loss::ConfigChanged);
             info!(self.logger, "membership changed: lease dropped until the new quorum acks";
                 "voters" => ?cs.voters, "voters_outgoing" => ?cs.voters_outgoing);
+            let id = self.raw.raft.id;
+            if !self.raw.raft.prs().conf().voters().contains(id)
+                && self.safeties.guard_leader_removal()
+            {
+                let term = self.raw.raft.term;
+                self.raw.raft.become_follower(term, raft::INVALID_ID);
+                info!(
+                    self.logger,
+                    "removed from the configuration while leading: stepped down"
+                );
+            }
         }
         self.sync();
         Ok(cs)
+    }
+
+    /// Tell raft whether a snapshot sent to `to` arrived (like `RawNode::report_snapshot`). A
+    /// transport that drops a `MsgSnapshot` must report `Failure`, or raft keeps waiting for it
+    /// and never sends that peer anything but heartbeats again.
+    pub fn report_snapshot(&mut self, to: u64, status: raft::SnapshotStatus) {
+        self.raw.report_snapshot(to, status);
+        self.sync();
+    }
+
+    /// Tell raft that the last message to `to` could not be delivered (like
+    /// `RawNode::report_unreachable`).
+    pub fn report_unreachable(&mut self, to: u64) {
+        self.raw.report_unreachable(to);
+        self.sync();
     }
 
     /// Start an election now.
@@ -769,9 +810,25 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
+    /// Whether this node's promise now stops it from voting for, or becoming, any leader but
+    /// `leader` (false when the promise is switched off). The lease of `leader` rests on a
+    /// quorum of such nodes; the simulator's lease monitor checks exactly that.
+    pub fn promise_backs(&self, leader: u64) -> bool {
+        let enforced = self.safeties.promise() && self.safeties.campaign_hold();
+        enforced && self.promise.backs(leader, self.clock.now_ns())
+    }
+
+    /// Whether a node that restarts refuses votes for `P` after boot.
+    pub fn boots_with_promise(&self) -> bool {
+        self.safeties.boot_promise()
+    }
+
     /// A copy of the event counters.
     pub fn counters(&self) -> CounterSnapshot {
-        self.shared.counters.snapshot()
+        CounterSnapshot {
+            rounds_evicted: self.rounds.evicted(),
+            ..self.shared.counters.snapshot()
+        }
     }
 
     /// The wrapped `RawNode`, read-only.
@@ -814,6 +871,15 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub fn pending_reads(&self) -> usize {
         self.reads.len()
     }
+}
+
+/// Whether `cc` removes `id` or makes it a learner.
+fn removes(cc: &raft::eraftpb::ConfChangeV2, id: u64) -> bool {
+    use raft::eraftpb::ConfChangeType::{AddLearnerNode, RemoveNode};
+    let leaves = |t| matches!(t, RemoveNode | AddLearnerNode);
+    cc.get_changes()
+        .iter()
+        .any(|c| c.node_id == id && leaves(c.get_change_type()))
 }
 
 /// Why the lease was dropped.

@@ -87,6 +87,12 @@ impl FollowerPromise {
         self.until_ns
     }
 
+    /// Whether, at `now_ns`, the promise stops this node from voting for any candidate but
+    /// `leader`: it is in force and made to `leader` (or made at boot, to nobody).
+    pub fn backs(&self, leader: u64, now_ns: u64) -> bool {
+        now_ns < self.until_ns && self.holder.is_none_or(|h| h == leader)
+    }
+
     /// The leader promised to, if any (`None` also for the boot promise).
     pub fn holder(&self) -> Option<u64> {
         self.holder
@@ -192,6 +198,20 @@ mod tests {
             VoteDecision::Refuse { .. }
         ));
         assert_eq!(p.check_vote(1, 10_000 + P), VoteDecision::Allow);
+    }
+
+    #[test]
+    fn a_promise_backs_its_holder_until_it_ends() {
+        let mut p = FollowerPromise::at_boot(P, 0);
+        assert!(
+            p.backs(1, P - 1) && p.backs(2, P - 1),
+            "the boot promise backs anyone"
+        );
+        assert!(!p.backs(1, P), "ended");
+        p.on_leader_message(1, 10);
+        assert!(p.backs(1, 10 + P - 1));
+        assert!(!p.backs(2, 10 + P - 1), "promised to 1, not 2");
+        assert!(!p.backs(1, 10 + P));
     }
 
     #[test]

@@ -61,6 +61,8 @@ pub struct RoundTracker {
     rounds: VecDeque<Round>,
     /// Negative control (tests only): a retired read context gets a new round, later `t0`.
     remap_retired: bool,
+    /// Rounds retired because the table was full.
+    evicted: u64,
 }
 
 impl RoundTracker {
@@ -121,6 +123,7 @@ impl RoundTracker {
         });
         while self.rounds.len() > MAX_ROUNDS {
             self.rounds.pop_front();
+            self.evicted += 1;
         }
         debug_assert!(self.rounds.len() <= MAX_ROUNDS);
     }
@@ -164,6 +167,11 @@ impl RoundTracker {
     /// Rounds still waiting for a quorum.
     pub fn pending(&self) -> usize {
         self.rounds.len()
+    }
+
+    /// Rounds retired so far because more than [`MAX_ROUNDS`] were in flight.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
     }
 }
 
@@ -274,6 +282,118 @@ mod tests {
             t.on_ack(c, 2, majority_of_3),
             Some(500),
             "the bug: an ack of the copy sent at 100 is credited at 500"
+        );
+    }
+
+    /// One step of the property test.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Wait(u64),
+        StartTagged,
+        /// Send a read context: a new one, or a copy of the `n`-th one sent so far.
+        SendRead(Option<usize>),
+        /// `from` acknowledges the `n`-th copy sent so far.
+        Ack(usize, u64),
+        Prune(u64),
+        Clear,
+        /// Start enough tagged rounds to evict the oldest.
+        Flood,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (1..50u64).prop_map(Op::Wait),
+            Just(Op::StartTagged),
+            proptest::option::of(0..64usize).prop_map(Op::SendRead),
+            (0..64usize, 2..=3u64).prop_map(|(n, from)| Op::Ack(n, from)),
+            (0..200u64).prop_map(Op::Prune),
+            Just(Op::Clear),
+            Just(Op::Flood),
+        ]
+    }
+
+    /// Runs `ops`; returns the first ack credited later than the copy it acknowledges, or a
+    /// lease that moved backwards, as an error.
+    fn check_ops(ops: &[Op], remap_retired: bool) -> Result<(), String> {
+        let mut t = RoundTracker::new(remap_retired);
+        let mut lease = crate::lease::LeaderLease::new(&crate::config::Derived {
+            promise_ns: 120,
+            lease_ns: 100,
+            renew_before_ns: 30,
+            campaign_jitter_ns: 0,
+        });
+        lease.start_term(1);
+        lease.on_commit_in_term(1);
+        let (mut now, mut next_read, mut copies) = (0u64, 1u64, Vec::<(LayerCtx, u64)>::new());
+        for op in ops {
+            match *op {
+                Op::Wait(dt) => now += dt,
+                Op::StartTagged => copies.push((t.start_tagged(1, now), now)),
+                Op::SendRead(which) => {
+                    let reads: Vec<LayerCtx> = copies
+                        .iter()
+                        .map(|c| c.0)
+                        .filter(|c| matches!(c, LayerCtx::Read(_)))
+                        .collect();
+                    let ctx = match which.and_then(|n| reads.get(n % reads.len().max(1)).copied()) {
+                        Some(ctx) => ctx,
+                        None => {
+                            next_read += 1;
+                            LayerCtx::Read(next_read - 1)
+                        }
+                    };
+                    t.on_read_ctx_sent(ctx, 1, now);
+                    copies.push((ctx, now));
+                }
+                Op::Ack(n, from) if !copies.is_empty() => {
+                    let (ctx, sent_at) = copies[n % copies.len()];
+                    if let Some(t0) = t.on_ack(ctx, from, majority_of_3) {
+                        if t0 > sent_at {
+                            return Err(format!(
+                                "ack of {ctx:?} sent at {sent_at} credited at {t0}"
+                            ));
+                        }
+                        let before = lease.usable_until_ns();
+                        lease.on_quorum_ack(1, t0);
+                        if lease.usable_until_ns() < before {
+                            return Err("the lease moved backwards".into());
+                        }
+                    }
+                }
+                Op::Ack(..) => {}
+                Op::Prune(age) => t.prune_before(now.saturating_sub(age)),
+                Op::Clear => t.clear(),
+                Op::Flood => (0..=MAX_ROUNDS).for_each(|_| {
+                    t.start_tagged(1, now);
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2_000))]
+        #[test]
+        fn an_ack_never_credits_a_later_t0_and_the_lease_never_regresses(
+            ops in proptest::collection::vec(op(), 1..80)
+        ) {
+            proptest::prop_assert_eq!(check_ops(&ops, false), Ok(()));
+        }
+    }
+
+    #[test]
+    fn control_the_property_test_finds_the_remapped_context() {
+        use proptest::strategy::{Strategy, ValueTree};
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let strategy = proptest::collection::vec(op(), 1..80);
+        let found = (0..2_000).find_map(|_| {
+            let ops = strategy.new_tree(&mut runner).unwrap().current();
+            check_ops(&ops, true).err()
+        });
+        assert!(
+            found.is_some(),
+            "random sequences never found the remapping bug"
         );
     }
 

@@ -42,6 +42,7 @@ impl Counters {
             refused_votes: get(&self.refused_votes),
             lease_refusals: get(&self.lease_refusals),
             index_rounds: get(&self.index_rounds),
+            rounds_evicted: 0,
         }
     }
 }
@@ -65,6 +66,9 @@ pub struct CounterSnapshot {
     pub lease_refusals: u64,
     /// See [`Counters::index_rounds`].
     pub index_rounds: u64,
+    /// Heartbeat rounds retired unanswered because the round table was full (more rounds in
+    /// flight than it keeps). They renew nothing.
+    pub rounds_evicted: u64,
 }
 
 /// The lease as seen at one instant.

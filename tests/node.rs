@@ -4,8 +4,8 @@ use raft::eraftpb::{Message, MessageType};
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
 use raft_lease::{
-    CampaignError, Collect, ConfigError, LeaseConfig, LeaseNode, LeaseState, NodeError, ReadError,
-    ReadKind, ReadMode, SimClock,
+    CampaignError, Clock, Collect, ConfigError, LeaseConfig, LeaseNode, LeaseState, NodeError,
+    ReadError, ReadKind, ReadMode, SimClock,
 };
 use slog::Logger;
 
@@ -272,4 +272,138 @@ fn garbage_from_peers_is_refused_without_panic() {
     }
     assert!(node.is_leader());
     assert!(node.lease_status().state.is_held());
+}
+
+/// A follower of leader 2 in voters {1, 2, 3}, with pre-vote off and the given jitter seed.
+fn follower(
+    clock: &SimClock,
+    knobs: raft_lease::Safeties,
+    seed: u64,
+) -> LeaseNode<MemStorage, SimClock> {
+    let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+    let cfg = LeaseConfig {
+        seed,
+        safeties: knobs,
+        ..lease_config()
+    };
+    let mut node =
+        LeaseNode::new(&raft_config(), storage, cfg, 10, clock.clone(), &logger()).unwrap();
+    clock.advance(100 * MS); // past the boot promise
+    let mut hb = Message::default();
+    hb.set_msg_type(MessageType::MsgHeartbeat);
+    (hb.from, hb.to, hb.term) = (2, 1, 1);
+    node.step(hb).unwrap();
+    assert_eq!(node.leader_id(), Some(2));
+    node
+}
+
+/// Ticks arrive faster than the clock (a burst): the election timer is due while the promise
+/// holds. Returns how long after the promise ended the node campaigned, in ms.
+fn campaign_delay_after_promise_ms(knobs: raft_lease::Safeties, seed: u64) -> u64 {
+    let clock = SimClock::new(0, 0);
+    let mut node = follower(&clock, knobs, seed);
+    let promise_end_ns = clock.now_ns() + 100 * MS;
+    for _ in 0..40 {
+        node.tick();
+    }
+    assert_eq!(
+        node.raw().raft.state,
+        StateRole::Follower,
+        "campaigned under the promise"
+    );
+    while node.raw().raft.state == StateRole::Follower {
+        clock.advance(MS);
+        node.tick();
+        assert!(
+            clock.now_ns() < promise_end_ns + 200 * MS,
+            "never campaigned"
+        );
+    }
+    assert!(
+        clock.now_ns() >= promise_end_ns,
+        "campaigned before the promise ended"
+    );
+    (clock.now_ns() - promise_end_ns) / MS
+}
+
+#[test]
+fn a_held_back_campaign_starts_after_seeded_jitter() {
+    let delays: Vec<u64> = (0..8)
+        .map(|seed| campaign_delay_after_promise_ms(Default::default(), seed))
+        .collect();
+    // The jitter is at most raft's election timeout spread: (20 − 10) ticks × 10 ms.
+    assert!(delays.iter().all(|&d| d <= 100), "{delays:?}");
+    let mut distinct = delays.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert!(
+        distinct.len() > 2,
+        "the jitter must spread campaigns: {delays:?}"
+    );
+    assert_eq!(
+        campaign_delay_after_promise_ms(Default::default(), 3),
+        delays[3],
+        "seeded: the same seed, the same delay"
+    );
+    let mut lined_up = raft_lease::Safeties::default();
+    lined_up.testing.no_campaign_jitter = true;
+    let control: Vec<u64> = (0..8)
+        .map(|seed| campaign_delay_after_promise_ms(lined_up, seed))
+        .collect();
+    assert!(
+        control.iter().all(|&d| d == 0),
+        "control: without jitter every node campaigns the moment its promise ends: {control:?}"
+    );
+}
+
+#[test]
+fn a_leader_cannot_remove_itself_and_steps_down_if_its_removal_is_applied() {
+    use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
+    let clock = SimClock::new(0, 0);
+    let mut node = leader(&clock);
+    let mut cc = ConfChangeV2::default();
+    let mut remove = ConfChangeSingle::default();
+    remove.set_change_type(ConfChangeType::RemoveNode);
+    remove.node_id = 1;
+    cc.set_changes(vec![remove].into());
+    match node.propose_conf_change(vec![], cc.clone()) {
+        Err(raft::Error::ConfChangeError(e)) => {
+            assert!(e.contains("transfer leadership first"), "{e}")
+        }
+        other => panic!("a leader proposing its own removal must be refused, got {other:?}"),
+    }
+    // A removal proposed by an earlier leader and applied by this one.
+    let mut add = ConfChangeSingle::default();
+    add.set_change_type(ConfChangeType::AddNode);
+    add.node_id = 2;
+    let mut grow = ConfChangeV2::default();
+    grow.set_changes(vec![add].into());
+    node.apply_conf_change(&grow).unwrap();
+    assert!(node.is_leader());
+    node.apply_conf_change(&cc).unwrap();
+    assert!(!node.is_leader(), "a removed leader must step down");
+    assert!(!node.lease_status().state.is_held());
+}
+
+#[test]
+fn caller_read_contexts_cannot_collide_with_the_layers() {
+    let clock = SimClock::new(0, 0);
+    let mut node = leader(&clock);
+    let ours = raft_lease::ctx::LayerCtx::Read(1).encode();
+    assert_eq!(node.raw_read_index(ours), Err(raft_lease::ReservedContext));
+    assert_eq!(
+        node.raw_read_index(b"rl\0anything".to_vec()),
+        Err(raft_lease::ReservedContext)
+    );
+    assert_eq!(
+        node.raw_read_index(b"rl-round:\0\0\0\0\0\0\0\x01".to_vec()),
+        Ok(())
+    );
+    drive(&mut node);
+    let answered = node.take_raw_read_states();
+    assert_eq!(
+        answered.len(),
+        1,
+        "the caller's own context is answered as its own"
+    );
 }

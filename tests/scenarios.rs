@@ -6,6 +6,7 @@
 //! The scenarios themselves live in `raft_lease::sim::scenarios`.
 
 use raft::eraftpb::{ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2};
+
 use raft_lease::sim::scenarios::{self, elect, others, Scenario};
 use raft_lease::sim::{CheckReport, Load, SimCluster, SimConfig};
 use raft_lease::{LeaseState, ReadMode, Safeties};
@@ -88,7 +89,7 @@ fn assert_caught(runs: &[(u64, CheckReport)]) -> usize {
 #[test]
 fn every_scenario_has_a_negative_control() {
     let all = scenarios::all();
-    assert_eq!(all.len(), 8);
+    assert_eq!(all.len(), 10);
     for s in &all {
         assert!(
             !matches!(s.control, scenarios::Control::Safeties(c) if c.all_on()),
@@ -183,6 +184,92 @@ fn drift_at_the_bound_is_safe() {
 #[test]
 fn control_drift_beyond_the_bound_serves_stale_reads() {
     assert_caught(&run_seeds("clock drift", false));
+}
+
+#[test]
+fn a_resent_read_context_never_credits_a_later_t0() {
+    assert_safe(&run_seeds(
+        "re-sent read context after a ticker stall",
+        true,
+    ));
+}
+
+#[test]
+fn control_a_retired_context_remapped_to_a_new_round_outlives_the_promise() {
+    assert_caught(&run_seeds(
+        "re-sent read context after a ticker stall",
+        false,
+    ));
+}
+
+#[test]
+fn a_removed_leader_never_renews_its_own_lease() {
+    assert_safe_with_lease_reads(&run_seeds("removed leader", true));
+}
+
+#[test]
+fn a_removed_leader_left_leading_still_never_renews_its_own_lease() {
+    // raft-rs's own handling (the leader may remove itself and keeps leading), with the
+    // sole-voter check on: the lease then rests on the remaining voter's acks alone.
+    let s = scenario("removed leader");
+    for seed in SEEDS {
+        let mut c = s.config(seed, true);
+        c.lease.safeties.testing.keep_removed_leader = true;
+        let mut sim = SimCluster::new(c);
+        (s.run)(&mut sim);
+        let r = sim.check();
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {:?}",
+            r.violations[0]
+        );
+    }
+}
+
+#[test]
+fn control_a_removed_leader_renewing_from_its_own_clock_serves_stale_reads() {
+    let runs = run_seeds("removed leader", false);
+    assert_caught(&runs);
+    assert!(
+        runs.iter().any(|(_, r)| r.stale_reads() > 0),
+        "the bug as reviewed served stale lease reads"
+    );
+}
+
+#[test]
+fn a_transfer_raft_ignores_costs_no_lease_and_a_real_one_fences() {
+    let cfg = SimConfig {
+        nodes: 4,
+        voters: Some(vec![1, 2, 3]),
+        seed: 5,
+        ..SimConfig::default()
+    };
+    let mut sim = SimCluster::new(cfg);
+    let l = elect(&mut sim);
+    scenarios::change_membership(
+        &mut sim,
+        l,
+        scenarios::conf_change(ConfChangeType::AddLearnerNode, 4),
+        |cs| cs.learners.contains(&4),
+    );
+    assert!(sim.run_until(500, |s| lease_state(s, l).is_held()));
+    sim.transfer_leader(l, l); // to itself: raft ignores it
+    sim.transfer_leader(l, 4); // to a learner: raft ignores it
+    sim.run_for_ms(50);
+    let status = sim.node(l).unwrap().lease_status();
+    assert!(
+        status.state.is_held() && !status.fenced,
+        "an ignored transfer fenced: {status:?}"
+    );
+    let to = others(&sim, l).into_iter().find(|&n| n != 4).unwrap();
+    sim.net_mut()
+        .delay_type(raft::eraftpb::MessageType::MsgTimeoutNow, 500_000_000);
+    sim.transfer_leader(l, to);
+    let status = sim.node(l).unwrap().lease_status();
+    assert!(
+        status.fenced && !status.state.is_held(),
+        "a real transfer must fence: {status:?}"
+    );
 }
 
 // ----- a membership change ---------------------------------------------------------------------

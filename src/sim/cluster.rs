@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use raft::eraftpb::{ConfChangeV2, ConfState, Message};
+use raft::eraftpb::{ConfChangeV2, ConfState, Message, MessageType};
 use raft::{StateRole, Storage};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -96,6 +96,19 @@ struct SimNode {
     held: Vec<Message>,
     writes: HashSet<OpId>,
     reads: HashMap<ReadId, (OpId, Vec<u8>)>,
+    /// Snapshots installed from a leader since the start (they survive crashes).
+    installs: u64,
+}
+
+/// Totals over a run: see [`SimCluster::totals`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimTotals {
+    /// Snapshots installed by followers that fell behind compaction.
+    pub snapshots_installed: u64,
+    /// Lease reads served by a node that had installed a snapshot before.
+    pub lease_reads_after_install: u64,
+    /// Heartbeat rounds retired because a round table was full.
+    pub rounds_evicted: u64,
 }
 
 /// A deterministic cluster: the same config and the same calls give the same history.
@@ -107,6 +120,8 @@ pub struct SimCluster {
     net: SimNet,
     history: History,
     monitor: LeaseMonitor,
+    /// Running totals; evictions of crashed nodes are added at the crash.
+    totals: SimTotals,
     logger: Logger,
 }
 
@@ -144,6 +159,7 @@ impl SimCluster {
                     held: Vec::new(),
                     writes: HashSet::new(),
                     reads: HashMap::new(),
+                    installs: 0,
                 }
             })
             .collect();
@@ -156,6 +172,7 @@ impl SimCluster {
             net,
             history: History::default(),
             monitor: LeaseMonitor::default(),
+            totals: SimTotals::default(),
             logger,
         };
         for idx in 0..cluster.nodes.len() {
@@ -217,6 +234,7 @@ impl SimCluster {
         for m in self.net.due(self.now_ns) {
             self.deliver(m);
         }
+        self.report_dropped_snapshots();
         for idx in 0..self.nodes.len() {
             self.tick_node(idx);
             self.process(idx);
@@ -226,20 +244,27 @@ impl SimCluster {
 
     /// Show the lease monitor every node's lease at this instant.
     fn observe_leases(&mut self) {
+        let ids: Vec<u64> = self.nodes.iter().map(|n| n.id).collect();
+        let boot_promise = self.config.lease.safeties.boot_promise();
         let views: Vec<NodeView> = self
             .nodes
             .iter()
-            .filter_map(|n| n.node.as_ref())
-            .map(|node| {
-                let status = node.lease_status();
-                let r = &node.raw().raft;
-                NodeView {
-                    id: node.id(),
-                    term: r.term,
-                    leading: r.state == StateRole::Leader,
-                    candidate: r.state == StateRole::Candidate,
-                    lease_term: status.term.filter(|_| status.state.is_held()),
-                }
+            .map(|n| match n.node.as_ref() {
+                Some(node) => node_view(node, &ids),
+                None => NodeView {
+                    id: n.id,
+                    term: 0,
+                    leading: false,
+                    candidate: false,
+                    lease_term: None,
+                    // A crashed node cannot vote; once up again, it refuses votes for P.
+                    backs: if boot_promise {
+                        ids.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    voters: (Vec::new(), Vec::new()),
+                },
             })
             .collect();
         self.monitor.observe(self.now_ns, &views);
@@ -265,16 +290,42 @@ impl SimCluster {
         done(self)
     }
 
+    /// A transport tells raft of a snapshot it failed to deliver, or raft waits for it for ever.
+    fn report_dropped_snapshots(&mut self) {
+        for (from, to) in self.net.take_dropped_snapshots() {
+            self.report_snapshot(from, to, raft::SnapshotStatus::Failure);
+        }
+    }
+
+    /// The transport tells the sender how a snapshot went, as a real one does once it has
+    /// streamed the snapshot or failed to.
+    fn report_snapshot(&mut self, from: u64, to: u64, status: raft::SnapshotStatus) {
+        let Some(idx) = self.live_index(from) else {
+            return;
+        };
+        let node = self.nodes[idx].node.as_mut().expect("live");
+        node.report_snapshot(to, status);
+        self.process(idx);
+    }
+
     fn deliver(&mut self, m: Message) {
         let Some(idx) = self.index(m.to) else { return };
         let n = &mut self.nodes[idx];
-        let Some(node) = n.node.as_mut() else { return };
+        let Some(node) = n.node.as_mut() else {
+            self.net.dropped(&m); // to a crashed node
+            return;
+        };
         if n.paused {
             n.held.push(m);
             return;
         }
+        let snapshot_from = (m.get_msg_type() == MessageType::MsgSnapshot).then_some(m.from);
         let _ = node.step(m); // a peer's bad message is raft's to refuse; the node keeps running
         self.process(idx);
+        if let Some(from) = snapshot_from {
+            let to = self.nodes[idx].id;
+            self.report_snapshot(from, to, raft::SnapshotStatus::Finish);
+        }
     }
 
     fn tick_node(&mut self, idx: usize) {
@@ -302,6 +353,7 @@ impl SimCluster {
             history,
             now_ns,
             config,
+            totals,
             ..
         } = self;
         let n = &mut nodes[idx];
@@ -317,6 +369,7 @@ impl SimCluster {
             net,
             rng,
             now_ns: *now_ns,
+            installs: &mut n.installs,
         };
         node.handle_ready(&mut io)
             .expect("the sim's storage never fails");
@@ -329,7 +382,11 @@ impl SimCluster {
                 continue;
             };
             let result = match s.result {
-                Ok((value, served)) => OpResult::Read { value, served },
+                Ok((value, served)) => {
+                    let after_install = n.installs > 0 && served == crate::ReadKind::Lease;
+                    totals.lease_reads_after_install += u64::from(after_install);
+                    OpResult::Read { value, served }
+                }
                 Err(e) => OpResult::Failed(e.to_string()),
             };
             history.complete(op, result, *now_ns);
@@ -482,6 +539,11 @@ impl SimCluster {
     pub fn crash(&mut self, node: u64) {
         let idx = self.index(node).expect("known node");
         let n = &mut self.nodes[idx];
+        let evicted = n
+            .node
+            .as_ref()
+            .map_or(0, |node| node.counters().rounds_evicted);
+        self.totals.rounds_evicted += evicted;
         n.node = None;
         n.paused = false;
         n.held.clear();
@@ -583,6 +645,41 @@ impl SimCluster {
             .extend_from_slice(self.monitor.violations());
         report.lease_checks = self.monitor.checks();
         report
+    }
+
+    /// Totals so far: snapshots installed, lease reads after an install, rounds evicted.
+    pub fn totals(&self) -> SimTotals {
+        let live = self.nodes.iter().filter_map(|n| n.node.as_ref());
+        SimTotals {
+            snapshots_installed: self.nodes.iter().map(|n| n.installs).sum(),
+            rounds_evicted: self.totals.rounds_evicted
+                + live.map(|node| node.counters().rounds_evicted).sum::<u64>(),
+            ..self.totals
+        }
+    }
+
+    /// One line per node: up, paused or crashed; role, term, leader; configuration; log
+    /// positions; lease. For failure messages.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for n in &self.nodes {
+            let line = match n.node.as_ref() {
+                None => format!("node {}: crashed\n", n.id),
+                Some(node) => {
+                    let r = &node.raw().raft;
+                    let cs = r.prs().conf().to_conf_state();
+                    format!(
+                        "node {}: {:?} term {} leader {} paused {} stalled {} voters {:?}/{:?} learners {:?} \
+                         commit {} applied {} last {} lease {:?}\n",
+                        n.id, r.state, r.term, r.leader_id, n.paused, n.ticks_stalled, cs.voters,
+                        cs.voters_outgoing, cs.learners, r.raft_log.committed, r.raft_log.applied,
+                        r.raft_log.last_index(), node.lease_status().state
+                    )
+                }
+            };
+            out.push_str(&line);
+        }
+        out
     }
 
     /// How elections went so far (split votes).
@@ -692,15 +789,37 @@ impl SimCluster {
 }
 
 /// Snapshot the node's state and compact its log once `every` entries were applied since the
-/// last snapshot. The state is exactly the applied index here: the ready loop just ran.
+/// last snapshot, or when raft wanted a fresher snapshot to send. The state is exactly the
+/// applied index here: the ready loop just ran.
 fn compact_if_due(node: &SimLeaseNode, storage: &SimStorage, kv: &KvState, every: u64) {
     let applied = node.raw().raft.raft_log.applied;
     let snap_index = storage.latest_snapshot().get_metadata().index;
     let first = storage.first_index().expect("MemStorage first index");
-    if every == 0 || applied < snap_index + every || applied < first {
+    let due = every > 0 && applied >= snap_index + every;
+    if !(storage.take_wanted() || due) || applied < first {
         return;
     }
     storage
         .compact(applied, encode_state(kv))
         .unwrap_or_else(|e| panic!("node {} failed to compact at {applied}: {e}", node.id()));
+}
+
+/// What the lease monitor sees of a running node.
+fn node_view(node: &SimLeaseNode, ids: &[u64]) -> NodeView {
+    let status = node.lease_status();
+    let r = &node.raw().raft;
+    let conf = r.prs().conf().to_conf_state();
+    NodeView {
+        id: node.id(),
+        term: r.term,
+        leading: r.state == StateRole::Leader,
+        candidate: r.state == StateRole::Candidate,
+        lease_term: status.term.filter(|_| status.state.is_held()),
+        backs: ids
+            .iter()
+            .copied()
+            .filter(|&l| node.promise_backs(l))
+            .collect(),
+        voters: (conf.voters, conf.voters_outgoing),
+    }
 }

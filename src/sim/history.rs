@@ -143,6 +143,17 @@ pub enum Violation {
         /// That term.
         leader_term: u64,
     },
+    /// A node held a lease that no quorum of promises backed: it outlived the promises it rests on.
+    UnbackedLease {
+        /// Real time it was first seen.
+        at_ns: u64,
+        /// The node holding the lease.
+        holder: u64,
+        /// The term of its lease.
+        lease_term: u64,
+        /// The nodes whose promise backed it then.
+        backers: Vec<u64>,
+    },
 }
 
 impl Violation {
@@ -150,7 +161,9 @@ impl Violation {
     pub fn is_lease_overlap(&self) -> bool {
         matches!(
             self,
-            Violation::TwoLeaseHolders { .. } | Violation::LeaseBehindLeader { .. }
+            Violation::TwoLeaseHolders { .. }
+                | Violation::LeaseBehindLeader { .. }
+                | Violation::UnbackedLease { .. }
         )
     }
 }

@@ -89,6 +89,8 @@ pub struct SimIo<'a> {
     pub rng: &'a mut ChaCha8Rng,
     /// Real simulated time.
     pub now_ns: u64,
+    /// Snapshots this node installed, counted.
+    pub installs: &'a mut u64,
 }
 
 impl SimIo<'_> {
@@ -119,6 +121,7 @@ impl ReadyIo<SimStorage, SimClock> for SimIo<'_> {
         });
         self.storage.install(snapshot)?;
         *self.kv = kv;
+        *self.installs += 1;
         Ok(())
     }
 

@@ -25,10 +25,11 @@ pub mod history;
 pub mod kv;
 pub mod monitor;
 pub mod net;
+pub mod random;
 pub mod scenarios;
 pub mod storage;
 
-pub use cluster::{Load, SimCluster, SimConfig};
+pub use cluster::{Load, SimCluster, SimConfig, SimTotals};
 pub use history::{CheckReport, History, Op, OpId, OpKind, OpResult, Violation};
 pub use monitor::{ElectionStats, LeaseMonitor, NodeView};
 pub use net::{DelayRule, NetConfig, SimNet};

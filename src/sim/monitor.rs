@@ -3,7 +3,12 @@
 //! A stale read needs a client to ask at the wrong moment; an overlapping lease does not. At every
 //! instant of real (simulated) time the monitor checks that:
 //! - no two nodes hold a lease;
-//! - no node holds a lease of term `T` while another node leads a later term.
+//! - no node holds a lease of term `T` while another node leads a later term;
+//! - every lease held is backed: the nodes whose promise stops them from voting for anyone but
+//!   the holder form a quorum of the holder's configuration (both halves when joint). This is the
+//!   lease argument itself, checked directly: it fails as soon as a lease outlives the promises
+//!   it rests on, before any election has to happen in the gap. A crashed node counts as backing
+//!   when it will refuse votes for `P` after it restarts.
 //!
 //! A node holds a lease when its own clock says so ([`crate::LeaseNode::lease_status`]), paused or
 //! not: a paused node's clock runs on, and it would serve from that lease the moment it resumes.
@@ -15,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use crate::sim::history::Violation;
 
 /// What the monitor sees of one node at one instant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeView {
     /// The node's raft id.
     pub id: u64,
@@ -27,6 +32,10 @@ pub struct NodeView {
     pub candidate: bool,
     /// The term of the lease it holds now by its own clock, if any.
     pub lease_term: Option<u64>,
+    /// The nodes whose lease this node's promise backs now (see the module docs).
+    pub backs: Vec<u64>,
+    /// The voters of its configuration: incoming, and outgoing (empty unless joint).
+    pub voters: (Vec<u64>, Vec<u64>),
 }
 
 /// One election term as seen by the monitor.
@@ -68,6 +77,7 @@ impl LeaseMonitor {
         }
         for holder in nodes.iter().filter(|n| n.lease_term.is_some()) {
             let lease_term = holder.lease_term.expect("filtered");
+            self.check_backed(at_ns, holder, lease_term, nodes);
             for other in nodes.iter().filter(|o| o.id != holder.id) {
                 if let Some(other_term) = other.lease_term {
                     self.report(holder, lease_term, other, other_term, || {
@@ -92,6 +102,31 @@ impl LeaseMonitor {
                     });
                 }
             }
+        }
+    }
+
+    /// The holder's lease must rest on a quorum of promises.
+    fn check_backed(&mut self, at_ns: u64, holder: &NodeView, lease_term: u64, nodes: &[NodeView]) {
+        let backers: Vec<u64> = nodes
+            .iter()
+            .filter(|n| n.backs.contains(&holder.id))
+            .map(|n| n.id)
+            .collect();
+        let (incoming, outgoing) = &holder.voters;
+        let majority = |voters: &Vec<u64>| {
+            voters.is_empty()
+                || 2 * voters.iter().filter(|v| backers.contains(v)).count() > voters.len()
+        };
+        if majority(incoming) && majority(outgoing) {
+            return;
+        }
+        if self.seen.insert((false, holder.id, lease_term, 0, 0)) {
+            self.violations.push(Violation::UnbackedLease {
+                at_ns,
+                holder: holder.id,
+                lease_term,
+                backers,
+            });
         }
     }
 
@@ -155,6 +190,7 @@ impl LeaseMonitor {
 mod tests {
     use super::*;
 
+    /// A node of a 3-voter configuration whose promise backs node 1.
     fn view(id: u64, term: u64, leading: bool, lease_term: Option<u64>) -> NodeView {
         NodeView {
             id,
@@ -162,6 +198,8 @@ mod tests {
             leading,
             candidate: false,
             lease_term,
+            backs: vec![1],
+            voters: (vec![1, 2, 3], vec![]),
         }
     }
 
@@ -194,7 +232,17 @@ mod tests {
     #[test]
     fn two_holders_are_caught_once_not_twice() {
         let mut m = LeaseMonitor::default();
-        m.observe(5, &[view(1, 3, true, Some(3)), view(2, 4, true, Some(4))]);
+        let backing_both = |v: NodeView| NodeView {
+            backs: vec![1, 2],
+            ..v
+        };
+        m.observe(
+            5,
+            &[
+                backing_both(view(1, 3, true, Some(3))),
+                backing_both(view(2, 4, true, Some(4))),
+            ],
+        );
         let kinds: Vec<_> = m
             .violations()
             .iter()
@@ -205,6 +253,50 @@ mod tests {
             vec![true, false],
             "two holders, then the lease behind a leader"
         );
+    }
+
+    #[test]
+    fn a_lease_without_a_quorum_of_promises_is_caught() {
+        let mut m = LeaseMonitor::default();
+        let follower = |id, backs: Vec<u64>| NodeView {
+            backs,
+            ..view(id, 3, false, None)
+        };
+        m.observe(
+            1,
+            &[
+                view(1, 3, true, Some(3)),
+                follower(2, vec![1]),
+                follower(3, vec![]),
+            ],
+        );
+        assert!(m.violations().is_empty(), "1 and 2 back the lease");
+        m.observe(
+            2,
+            &[
+                view(1, 3, true, Some(3)),
+                follower(2, vec![]),
+                follower(3, vec![2]),
+            ],
+        );
+        assert!(matches!(
+            m.violations(),
+            [Violation::UnbackedLease {
+                holder: 1,
+                lease_term: 3,
+                ..
+            }]
+        ));
+        let joint = NodeView {
+            voters: (vec![1, 2, 3], vec![1, 4, 5]),
+            ..view(1, 4, true, Some(4))
+        };
+        let mut m = LeaseMonitor::default();
+        m.observe(
+            3,
+            &[joint.clone(), follower(2, vec![1]), follower(4, vec![])],
+        );
+        assert_eq!(m.violations().len(), 1, "the outgoing half has no quorum");
     }
 
     #[test]

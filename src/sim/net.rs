@@ -77,6 +77,8 @@ pub struct SimNet {
     seq: u64,
     /// Messages handed to the network, by type.
     pub sent_by_type: BTreeMap<i32, u64>,
+    /// `MsgSnapshot`s the network dropped, as `(from, to)`, for the sender's raft to hear of.
+    dropped_snapshots: Vec<(u64, u64)>,
 }
 
 impl SimNet {
@@ -90,6 +92,7 @@ impl SimNet {
             by_seq: BTreeMap::new(),
             seq: 0,
             sent_by_type: BTreeMap::new(),
+            dropped_snapshots: Vec::new(),
         }
     }
 
@@ -100,6 +103,7 @@ impl SimNet {
             .entry(msg.get_msg_type() as i32)
             .or_default() += 1;
         if self.is_blocked(msg.from, msg.to) || rng.gen_bool(self.config.loss.clamp(0.0, 1.0)) {
+            self.dropped(&msg);
             return;
         }
         let copies = if rng.gen_bool(self.config.duplicate.clamp(0.0, 1.0)) {
@@ -135,15 +139,36 @@ impl SimNet {
             }
             self.queue.pop();
             let m = self.by_seq.remove(&seq).expect("queued message").msg;
-            if !self.is_blocked(m.from, m.to) {
+            if self.is_blocked(m.from, m.to) {
+                self.dropped(&m);
+            } else {
                 out.push(m);
             }
         }
         out
     }
 
+    /// Record that `m` was lost (a snapshot's sender hears of it).
+    pub(crate) fn dropped(&mut self, m: &Message) {
+        if m.get_msg_type() == MessageType::MsgSnapshot {
+            self.dropped_snapshots.push((m.from, m.to));
+        }
+    }
+
+    /// The `MsgSnapshot`s dropped since the last call, as `(from, to)`.
+    pub fn take_dropped_snapshots(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.dropped_snapshots)
+    }
+
     /// Drop every message in flight to `node` (it crashed).
     pub fn drop_to(&mut self, node: u64) {
+        let lost: Vec<Message> = self
+            .by_seq
+            .values()
+            .filter(|f| f.msg.to == node)
+            .map(|f| f.msg.clone())
+            .collect();
+        lost.iter().for_each(|m| self.dropped(m));
         self.by_seq.retain(|_, f| f.msg.to != node);
         let by_seq = &self.by_seq;
         self.queue

@@ -4,11 +4,11 @@
 //! [`Load`]; then [`SimCluster::check`] tells whether any read was stale. Run each with the safety
 //! on and, as a negative control, with it switched off: see [`Scenario::control`].
 
-use raft::eraftpb::MessageType;
+use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2, MessageType};
 
 use crate::config::{Safeties, TestingKnobs};
 use crate::read::ReadMode;
-use crate::sim::{Load, SimCluster, SimConfig};
+use crate::sim::{DelayRule, Load, SimCluster, SimConfig};
 
 /// Elect a leader (within 3 s of simulated time) and return it. Panics if none is elected.
 pub fn elect(sim: &mut SimCluster) -> u64 {
@@ -47,6 +47,8 @@ pub struct Scenario {
     pub control: Control,
     /// Drive the cluster through the hazard.
     pub run: fn(&mut SimCluster),
+    /// Changes to the default cluster config the hazard needs.
+    pub configure: fn(&mut SimConfig),
 }
 
 /// How a negative control breaks the safety.
@@ -59,8 +61,33 @@ pub enum Control {
 }
 
 impl Scenario {
+    fn new(
+        name: &'static str,
+        hazard: &'static str,
+        control: Control,
+        run: fn(&mut SimCluster),
+    ) -> Self {
+        Scenario {
+            name,
+            hazard,
+            control,
+            run,
+            configure: |_| {},
+        }
+    }
+
+    fn configured(self, configure: fn(&mut SimConfig)) -> Self {
+        Scenario { configure, ..self }
+    }
+
     /// The cluster config for `seed`, with the safety on (`safe`) or switched off.
     pub fn config(&self, seed: u64, safe: bool) -> SimConfig {
+        let mut c = self.control_config(seed, safe);
+        (self.configure)(&mut c);
+        c
+    }
+
+    fn control_config(&self, seed: u64, safe: bool) -> SimConfig {
         match (self.control, safe) {
             (Control::DriftBeyondBound, true) => drift_config(seed, 10_000),
             (Control::DriftBeyondBound, false) => drift_config(seed, 300_000),
@@ -92,55 +119,72 @@ pub fn knob(set: fn(&mut TestingKnobs)) -> Safeties {
 
 /// Every scenario with a negative control.
 pub fn all() -> Vec<Scenario> {
+    let raft_lease_based = Control::Safeties(Safeties::raft_lease_based());
     vec![
-        Scenario {
-            name: "partitioned old leader",
-            hazard: "raft-rs LeaseBased trusts tick-based check-quorum",
-            control: Control::Safeties(Safeties::raft_lease_based()),
-            run: partitioned_old_leader,
-        },
-        Scenario {
-            name: "paused leader",
-            hazard: "a paused LeaseBased leader serves reads on resume",
-            control: Control::Safeties(Safeties::raft_lease_based()),
-            run: paused_leader,
-        },
-        Scenario {
-            name: "stalled leader ticker",
-            hazard: "no ticks, no step-down (etcd-io/etcd#13527)",
-            control: Control::Safeties(Safeties::raft_lease_based()),
-            run: stalled_leader_ticker,
-        },
-        Scenario {
-            name: "follower tick burst",
-            hazard: "a tick-counted promise shrinks in a burst",
-            control: Control::Safeties(knob(|k| k.no_promise = true)),
-            run: follower_tick_burst,
-        },
-        Scenario {
-            name: "own campaign in a burst",
-            hazard: "a promising node votes for itself",
-            control: Control::Safeties(knob(|k| k.no_campaign_hold = true)),
-            run: follower_tick_burst,
-        },
-        Scenario {
-            name: "delayed MsgTimeoutNow",
-            hazard: "a late forced election (tikv/raft-rs#234)",
-            control: Control::Safeties(knob(|k| k.no_transfer_fence = true)),
-            run: delayed_timeout_now,
-        },
-        Scenario {
-            name: "follower restart",
-            hazard: "a restarted node forgets its promise (tikv/tikv#15035)",
-            control: Control::Safeties(knob(|k| k.no_boot_promise = true)),
-            run: follower_restart,
-        },
-        Scenario {
-            name: "clock drift",
-            hazard: "clocks drift beyond the bound",
-            control: Control::DriftBeyondBound,
-            run: partition_node_1,
-        },
+        Scenario::new(
+            "partitioned old leader",
+            "raft-rs LeaseBased trusts tick-based check-quorum",
+            raft_lease_based,
+            partitioned_old_leader,
+        ),
+        Scenario::new(
+            "paused leader",
+            "a paused LeaseBased leader serves reads on resume",
+            raft_lease_based,
+            paused_leader,
+        ),
+        Scenario::new(
+            "stalled leader ticker",
+            "no ticks, no step-down (etcd-io/etcd#13527)",
+            raft_lease_based,
+            stalled_leader_ticker,
+        ),
+        Scenario::new(
+            "follower tick burst",
+            "a tick-counted promise shrinks in a burst",
+            Control::Safeties(knob(|k| k.no_promise = true)),
+            follower_tick_burst,
+        ),
+        Scenario::new(
+            "own campaign in a burst",
+            "a promising node votes for itself",
+            Control::Safeties(knob(|k| k.no_campaign_hold = true)),
+            follower_tick_burst,
+        ),
+        Scenario::new(
+            "delayed MsgTimeoutNow",
+            "a late forced election (tikv/raft-rs#234)",
+            Control::Safeties(knob(|k| k.no_transfer_fence = true)),
+            delayed_timeout_now,
+        ),
+        Scenario::new(
+            "follower restart",
+            "a restarted node forgets its promise (tikv/tikv#15035)",
+            Control::Safeties(knob(|k| k.no_boot_promise = true)),
+            follower_restart,
+        ),
+        Scenario::new(
+            "clock drift",
+            "clocks drift beyond the bound",
+            Control::DriftBeyondBound,
+            partition_node_1,
+        ),
+        Scenario::new(
+            "re-sent read context after a ticker stall",
+            "a late ack of a context's first copy credited with a later copy's t0",
+            Control::Safeties(knob(|k| k.remap_retired_ctx = true)),
+            stalled_leader_resends_a_retired_read_context,
+        )
+        .configured(long_check_quorum),
+        Scenario::new(
+            "removed leader",
+            "a leader that removed itself renews its lease from its own clock",
+            Control::Safeties(knob(|k| {
+                k.keep_removed_leader = true;
+                k.renew_any_singleton = true;
+            })),
+            removed_leader_keeps_leading,
+        ),
     ]
 }
 
@@ -263,6 +307,105 @@ pub fn partition_node_1(sim: &mut SimCluster) {
     sim.run_with_load(400, &Load::default());
     sim.partition(&[1], &[2, 3]);
     sim.run_with_load(800, &Load::default());
+    sim.heal();
+    sim.run_with_load(300, &Load::default());
+}
+
+fn single(ty: ConfChangeType, node: u64) -> ConfChangeSingle {
+    let mut s = ConfChangeSingle::default();
+    s.set_change_type(ty);
+    s.node_id = node;
+    s
+}
+
+/// A membership change of one step.
+pub fn conf_change(ty: ConfChangeType, node: u64) -> ConfChangeV2 {
+    let mut cc = ConfChangeV2::default();
+    cc.set_changes(vec![single(ty, node)].into());
+    cc
+}
+
+/// Propose `cc` through `leader` and wait (up to 1 s) until `leader` has applied a
+/// configuration that satisfies `applied`. Panics if it never does.
+pub fn change_membership(
+    sim: &mut SimCluster,
+    leader: u64,
+    cc: ConfChangeV2,
+    applied: impl Fn(&raft::eraftpb::ConfState) -> bool,
+) {
+    sim.propose_conf_change(leader, cc)
+        .unwrap_or_else(|e| panic!("conf change refused: {e}"));
+    let done = sim.run_until(1_000, |s| {
+        s.conf_state(leader).is_some_and(|cs| applied(&cs))
+    });
+    assert!(done, "the membership change never applied on {leader}");
+}
+
+/// An election timeout of 300 ms (P stays 100 ms): a leader's ticker can stall for most of it
+/// without two check-quorum rounds firing in the burst that follows.
+pub fn long_check_quorum(c: &mut SimConfig) {
+    c.election_tick = 30;
+    c.election_spread_ticks = 15;
+}
+
+/// The leader sends a ReadIndex context, then its ticker stalls while it is cut off, with one
+/// follower's heartbeat responses delayed past the stall. raft-rs re-sends the pending context
+/// when the ticker runs again, after the context's round was pruned; the follower's late ack of
+/// the *first* copy then arrives. Credited to a new round, it would stretch the lease past
+/// that follower's promise while the other two elect a new leader.
+pub fn stalled_leader_resends_a_retired_read_context(sim: &mut SimCluster) {
+    let leader = elect(sim);
+    sim.run_with_load(300, &Load::default());
+    let rest = others(sim, leader);
+    let (f1, f2) = (rest[0], rest[1]);
+    sim.partition(&[leader], &[f1]);
+    sim.net_mut().delay(DelayRule {
+        from: Some(f2),
+        to: Some(leader),
+        msg_type: Some(MessageType::MsgHeartbeatResponse),
+        extra_ns: 350_000_000,
+    });
+    sim.run_with_load(400, &Load::default());
+    sim.get(leader, b"k0", ReadMode::ReadIndex);
+    sim.run_for_ms(3); // the context's first copy reaches f2, which answers (late)
+    sim.block(leader, f2);
+    sim.stall_ticks(leader, true);
+    // Writes still reach the leader: each stamp prunes the context's round once it is old.
+    sim.run_with_load(290, &Load::default());
+    sim.stall_ticks(leader, false); // the burst re-sends the pending context
+    sim.run_with_load(400, &Load::default());
+    sim.heal();
+    sim.net_mut().clear_delays();
+    sim.run_with_load(300, &Load::default());
+}
+
+/// Voters {L, A, B}: B is removed, then L tries to remove itself, leaving {A}. The node refuses;
+/// where it is let through and L left leading (raft-rs's own behaviour), L, cut off from A,
+/// must still not renew its lease from its own clock: it is not the one voter. A's promise
+/// ends, A elects itself and takes writes.
+pub fn removed_leader_keeps_leading(sim: &mut SimCluster) {
+    let leader = elect(sim);
+    sim.run_with_load(300, &Load::default());
+    let rest = others(sim, leader);
+    let (a, b) = (rest[0], rest[1]);
+    change_membership(
+        sim,
+        leader,
+        conf_change(ConfChangeType::RemoveNode, b),
+        |cs| !cs.voters.contains(&b),
+    );
+    if sim
+        .propose_conf_change(leader, conf_change(ConfChangeType::RemoveNode, leader))
+        .is_ok()
+    {
+        let removed = sim.run_until(1_000, |s| {
+            s.conf_state(leader).is_some_and(|cs| cs.voters == [a])
+        });
+        assert!(removed, "the leader's removal never applied");
+    }
+    sim.run_with_load(200, &Load::default());
+    sim.partition(&[leader], &[a, b]);
+    sim.run_with_load(600, &Load::default());
     sim.heal();
     sim.run_with_load(300, &Load::default());
 }

@@ -2,6 +2,7 @@
 //! snapshot that carries the state machine, so that compaction and catching up by snapshot
 //! exercise the state machine too (`MemStorage`'s own snapshots carry no data).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -17,6 +18,9 @@ pub struct SimStorage {
     /// The latest snapshot: taken here at compaction, or installed from the leader. Its index
     /// is at or below the log's first index, and its data is the state machine at that index.
     snapshot: Arc<Mutex<Snapshot>>,
+    /// raft asked for a snapshot that the latest one cannot serve (too old, or from a
+    /// configuration without the receiver): the node should take a fresh one.
+    wanted: Arc<AtomicBool>,
 }
 
 impl SimStorage {
@@ -25,6 +29,7 @@ impl SimStorage {
         SimStorage {
             mem: MemStorage::new_with_conf_state((voters, vec![])),
             snapshot: Arc::new(Mutex::new(Snapshot::default())),
+            wanted: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -71,6 +76,11 @@ impl SimStorage {
         self.mem.wl().compact(index)
     }
 
+    /// Whether raft asked for a fresher snapshot since the last call (then take one).
+    pub fn take_wanted(&self) -> bool {
+        self.wanted.swap(false, Ordering::Relaxed)
+    }
+
     /// The latest snapshot (empty when none was taken or installed).
     pub fn latest_snapshot(&self) -> Snapshot {
         self.snapshot.lock().clone()
@@ -109,9 +119,21 @@ impl Storage for SimStorage {
         self.mem.last_index()
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+    /// The latest snapshot, if it is recent enough and its configuration includes `to` (a node
+    /// outside it refuses to restore it). Otherwise a fresh one is wanted, and raft retries.
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
         let snap = self.snapshot.lock();
-        if snap.get_metadata().index < request_index.max(1) {
+        let meta = snap.get_metadata();
+        let cs = meta.get_conf_state();
+        let members = [
+            &cs.voters,
+            &cs.learners,
+            &cs.voters_outgoing,
+            &cs.learners_next,
+        ];
+        let includes_to = members.iter().any(|ids| ids.contains(&to));
+        if meta.index < request_index.max(1) || !includes_to {
+            self.wanted.store(true, Ordering::Relaxed);
             return Err(raft::Error::Store(
                 StorageError::SnapshotTemporarilyUnavailable,
             ));

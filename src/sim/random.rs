@@ -1,0 +1,627 @@
+//! The seeded randomized simulation, in the style of TigerBeetle's VOPR: a random cluster
+//! configuration and random, overlapping faults under client load (the safety phase), then every
+//! fault healed (the liveness phase). The history checker and the lease monitor must find
+//! nothing, and the healed cluster must serve a write and a read again.
+//!
+//! Everything follows from the seed: the same [`RandomRun`] gives the same run, so a failing
+//! seed reproduces. A negative control ([`Control`]) runs the same seed with one safety off; the
+//! crate's tests show that each control is caught within the CI seeds.
+
+use raft::eraftpb::{ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState, MessageType};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::config::{LeaseConfig, Safeties};
+use crate::read::ReadMode;
+use crate::sim::history::{CheckReport, OpResult};
+use crate::sim::scenarios::{conf_change, Control};
+use crate::sim::{DelayRule, Load, NetConfig, SimCluster, SimConfig};
+
+/// One randomized run.
+#[derive(Debug, Clone, Copy)]
+pub struct RandomRun {
+    /// Fixes the configuration, the faults and the network.
+    pub seed: u64,
+    /// The negative control to run, or `None` for the lease as designed.
+    pub control: Option<Control>,
+    /// Length of the safety phase, in simulated milliseconds.
+    pub safety_ms: u64,
+}
+
+/// What one randomized run found.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The cluster configuration the seed chose.
+    pub config: SimConfig,
+    /// Linearizability and lease-monitor findings.
+    pub report: CheckReport,
+    /// Client operations recorded.
+    pub ops: usize,
+    /// The faults injected, with their times, for the failure message.
+    pub faults: Vec<String>,
+    /// Whether the healed cluster served again, or what it last did.
+    pub liveness: Result<(), String>,
+    /// Split votes seen during the liveness phase.
+    pub liveness_split_votes: u64,
+    /// Heartbeat rounds retired because a round table was full, summed over the nodes up at the end.
+    pub rounds_evicted: u64,
+    /// Snapshots installed by followers that had fallen behind compaction.
+    pub snapshots_installed: u64,
+    /// Lease reads served by a node after it had installed a snapshot.
+    pub lease_reads_after_install: u64,
+}
+
+/// The largest drift of the drift control: 30%, against a configured bound of at most 2%.
+const DRIFT_BEYOND_PPM: i64 = 300_000;
+
+/// A random cluster configuration for `seed`, with `control` applied.
+pub fn random_config(seed: u64, control: Option<Control>, rng: &mut ChaCha8Rng) -> SimConfig {
+    let nodes = rng.gen_range(3..=5);
+    let voters: Vec<u64> = (1..=if rng.gen_bool(0.5) { 3 } else { nodes }).collect();
+    let (tick_ms, heartbeat_tick, election_tick) = random_ticks(rng);
+    let mut c = SimConfig {
+        nodes,
+        voters: Some(voters),
+        seed,
+        tick_ms,
+        heartbeat_tick,
+        election_tick,
+        election_spread_ticks: rng.gen_range(1..=election_tick),
+        pre_vote: rng.gen_bool(0.8),
+        compact_every: if rng.gen_bool(0.8) {
+            rng.gen_range(5..=200)
+        } else {
+            0
+        },
+        ..SimConfig::default()
+    };
+    c.lease = random_lease(&c, rng);
+    c.net = random_net(&c, rng);
+    let rho = c.lease.drift_ppm as i64;
+    let drift = match control {
+        Some(Control::DriftBeyondBound) => DRIFT_BEYOND_PPM,
+        _ => rho,
+    };
+    c.drift_ppm = (0..c.nodes)
+        .map(|_| rng.gen_range(-drift..=drift))
+        .collect();
+    if let Some(Control::Safeties(safeties)) = control {
+        c.lease.safeties = safeties;
+    }
+    c
+}
+
+/// `(tick_ms, heartbeat_tick, election_tick)`. One seed in ten has 1 ms heartbeats and a 300 ms
+/// election timeout: hundreds of rounds in flight per lease, past the round table's limit.
+fn random_ticks(rng: &mut ChaCha8Rng) -> (u64, usize, usize) {
+    if rng.gen_bool(0.1) {
+        return (1, 1, 300);
+    }
+    let tick_ms = [1, 2, 5, 10][rng.gen_range(0..4)];
+    let heartbeat_tick = rng.gen_range(1..=3);
+    // An election timeout of at least 20 ms and three heartbeats.
+    let min_election = (20 / tick_ms as usize).max(3 * heartbeat_tick).max(2);
+    let election_tick = rng.gen_range(min_election..=min_election.max(30));
+    (tick_ms, heartbeat_tick, election_tick)
+}
+
+/// A valid lease config: `P` from just above one heartbeat interval up to the election timeout,
+/// ρ up to 2%, ε up to 3 ms.
+fn random_lease(c: &SimConfig, rng: &mut ChaCha8Rng) -> LeaseConfig {
+    let raft = raft::Config {
+        election_tick: c.election_tick,
+        heartbeat_tick: c.heartbeat_tick,
+        ..raft::Config::default()
+    };
+    let heartbeat_ms = c.heartbeat_tick as u64 * c.tick_ms;
+    let election_ms = c.election_tick as u64 * c.tick_ms;
+    // With 300 heartbeats per election timeout, a long P keeps more rounds alive than the
+    // round table holds.
+    // A quarter of the seeds have P under two heartbeat intervals: a pending context's round
+    // is pruned between two of its copies.
+    let (lo_ms, hi_ms) = if election_ms >= 300 * heartbeat_ms {
+        (election_ms * 9 / 10, election_ms)
+    } else if rng.gen_bool(0.25) {
+        (heartbeat_ms + 1, (2 * heartbeat_ms).min(election_ms))
+    } else {
+        (heartbeat_ms + 1, election_ms)
+    };
+    for _ in 0..20 {
+        let lease = LeaseConfig {
+            promise_ms: rng.gen_range(lo_ms..=hi_ms),
+            drift_ppm: rng.gen_range(0..=20_000),
+            margin_ms: rng.gen_range(0..=3),
+            ..LeaseConfig::default()
+        };
+        if lease.validate(&raft, c.tick_ms).is_ok() {
+            return lease;
+        }
+    }
+    LeaseConfig {
+        promise_ms: election_ms,
+        drift_ppm: 0,
+        margin_ms: 0,
+        ..LeaseConfig::default()
+    }
+}
+
+/// One-way delays up to half a heartbeat interval (at most 3 ms), from 50 µs.
+fn random_net(c: &SimConfig, rng: &mut ChaCha8Rng) -> NetConfig {
+    let heartbeat_us = c.heartbeat_tick as u64 * c.tick_ms * 1_000;
+    let max_delay_us = rng.gen_range(100..=(heartbeat_us / 2).clamp(100, 3_000));
+    NetConfig {
+        min_delay_us: rng.gen_range(50..=max_delay_us),
+        max_delay_us,
+        loss: 0.0,
+        duplicate: 0.0,
+    }
+}
+
+/// A fault that ends by itself later.
+#[derive(Debug, Clone, Copy)]
+enum Later {
+    Resume(u64),
+    Restart(u64),
+    Stall(u64),
+    Unstall(u64),
+    Block(u64, u64),
+    Isolate(u64),
+}
+
+/// Chooses and applies faults. All its choices come from its seeded generator.
+struct Nemesis {
+    rng: ChaCha8Rng,
+    /// Faults to undo, with the simulated millisecond at which to undo them.
+    later: Vec<(u64, Later)>,
+    /// The promise `P` and election timeout, in ms, to scale pauses and delays.
+    promise_ms: u64,
+    election_ms: u64,
+    /// An episode (a composite fault) runs undisturbed until this simulated millisecond: no
+    /// other fault starts, and clients read through ReadIndex rounds.
+    episode_until_ms: u64,
+    /// Clients do not write during the episode (a node leaving takes no new work).
+    episode_without_writes: bool,
+}
+
+impl Nemesis {
+    fn undo_due(&mut self, sim: &mut SimCluster) {
+        let now_ms = sim.now_ns() / 1_000_000;
+        let (due, rest): (Vec<_>, Vec<_>) = self.later.drain(..).partition(|(at, _)| *at <= now_ms);
+        self.later = rest;
+        for (_, undo) in due {
+            match undo {
+                Later::Resume(n) if sim.is_paused(n) => sim.resume(n),
+                Later::Restart(n) if !sim.is_up(n) => sim.restart(n),
+                Later::Stall(n) => sim.stall_ticks(n, true),
+                Later::Unstall(n) => sim.stall_ticks(n, false),
+                Later::Block(from, to) => sim.block(from, to),
+                Later::Isolate(n) => {
+                    let rest = crate::sim::scenarios::others(sim, n);
+                    sim.partition(&[n], &rest);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn pick(&mut self, ids: &[u64]) -> u64 {
+        ids[self.rng.gen_range(0..ids.len())]
+    }
+
+    /// Later than now by `lo..=hi` ms.
+    fn after(&mut self, sim: &SimCluster, lo: u64, hi: u64) -> u64 {
+        sim.now_ns() / 1_000_000 + self.rng.gen_range(lo..=hi.max(lo))
+    }
+
+    /// Inject one random fault; returns its description (empty when none applied).
+    fn inject(&mut self, sim: &mut SimCluster) -> String {
+        let ids = sim.ids();
+        let node = self.pick(&ids);
+        let (p, e) = (self.promise_ms, self.election_ms);
+        match self.rng.gen_range(0..15) {
+            0 => {
+                let rest: Vec<u64> = ids.iter().copied().filter(|&i| i != node).collect();
+                sim.partition(&[node], &rest);
+                format!("isolate {node}")
+            }
+            1 => {
+                let to = self.pick(&ids);
+                sim.block(node, to);
+                format!("block {node}->{to}")
+            }
+            2 => {
+                sim.heal();
+                "heal".into()
+            }
+            3 => self.pause(sim, node, p / 2, 4 * e),
+            4 => self.crash(sim, node),
+            5 => {
+                let stalled = self.rng.gen_bool(0.5);
+                sim.stall_ticks(node, stalled);
+                format!("stall ticks {node}: {stalled}")
+            }
+            6 => self.net(sim),
+            7 => self.transfer(sim, node),
+            8 => {
+                let rho = sim.config().lease.drift_ppm as i64;
+                let ppm = match sim.config().drift_ppm.iter().map(|d| d.abs()).max() {
+                    Some(d) if d > rho => self.rng.gen_range(-d..=d), // the drift control
+                    _ => self.rng.gen_range(-rho..=rho),
+                };
+                sim.clock(node).set_drift_ppm(ppm);
+                format!("drift {node} {ppm}ppm")
+            }
+            9 => self.delay(sim, &ids),
+            10 | 11 => self.membership(sim),
+            12 | 13 => self.flaky_leader(sim),
+            _ => {
+                sim.net_mut().clear_delays();
+                "clear delays".into()
+            }
+        }
+    }
+
+    fn pause(&mut self, sim: &mut SimCluster, node: u64, lo_ms: u64, hi_ms: u64) -> String {
+        if !sim.is_up(node) || sim.is_paused(node) {
+            return String::new();
+        }
+        sim.pause(node);
+        let until = self.after(sim, lo_ms.max(1), hi_ms);
+        self.later.push((until, Later::Resume(node)));
+        format!("pause {node} until {until}ms")
+    }
+
+    fn crash(&mut self, sim: &mut SimCluster, node: u64) -> String {
+        if !sim.is_up(node) {
+            return String::new();
+        }
+        sim.crash(node);
+        if self.rng.gen_bool(0.5) {
+            sim.restart(node);
+            return format!("crash+restart {node}");
+        }
+        let at = self.after(sim, self.promise_ms / 2, 3 * self.promise_ms);
+        self.later.push((at, Later::Restart(node)));
+        format!("crash {node}, restart at {at}ms")
+    }
+
+    fn net(&mut self, sim: &mut SimCluster) -> String {
+        let hi =
+            (sim.config().heartbeat_tick as u64 * sim.config().tick_ms * 1_000).clamp(200, 5_000);
+        let max_delay_us = self.rng.gen_range(100..=hi);
+        let net = NetConfig {
+            min_delay_us: self.rng.gen_range(50..=max_delay_us),
+            max_delay_us,
+            loss: self.rng.gen_range(0.0..0.1),
+            duplicate: self.rng.gen_range(0.0..0.05),
+        };
+        let desc = format!("net {net:?}");
+        sim.net_mut().config = net;
+        desc
+    }
+
+    /// A leadership transfer; sometimes the old leader is paused right after it.
+    fn transfer(&mut self, sim: &mut SimCluster, to: u64) -> String {
+        let Some(leader) = sim.leader().filter(|&l| l != to) else {
+            return String::new();
+        };
+        sim.transfer_leader(leader, to);
+        if self.rng.gen_bool(0.3) {
+            let (p, e) = (self.promise_ms, self.election_ms);
+            return format!(
+                "transfer {leader}->{to}, then {}",
+                self.pause(sim, leader, p, 2 * e)
+            );
+        }
+        format!("transfer {leader}->{to}")
+    }
+
+    /// An extra delay, up to twice `P`, on one link, one message type, or one type on one link.
+    fn delay(&mut self, sim: &mut SimCluster, ids: &[u64]) -> String {
+        const TYPES: [MessageType; 5] = [
+            MessageType::MsgHeartbeat,
+            MessageType::MsgHeartbeatResponse,
+            MessageType::MsgAppend,
+            MessageType::MsgAppendResponse,
+            MessageType::MsgTimeoutNow,
+        ];
+        let (from, to) = (self.pick(ids), self.pick(ids));
+        let msg_type = TYPES[self.rng.gen_range(0..TYPES.len())];
+        let rule = match self.rng.gen_range(0..3) {
+            0 => DelayRule {
+                from: Some(from),
+                to: Some(to),
+                msg_type: None,
+                extra_ns: 0,
+            },
+            1 => DelayRule {
+                from: None,
+                to: None,
+                msg_type: Some(msg_type),
+                extra_ns: 0,
+            },
+            _ => DelayRule {
+                from: Some(from),
+                to: Some(to),
+                msg_type: Some(msg_type),
+                extra_ns: 0,
+            },
+        };
+        let extra_ms = self.rng.gen_range(0..=2 * self.promise_ms);
+        sim.net_mut().delay(DelayRule {
+            extra_ns: extra_ms * 1_000_000,
+            ..rule
+        });
+        format!("delay {rule:?} by {extra_ms}ms")
+    }
+
+    /// A flaky leader, as an undisturbed episode: the heartbeat responses of just enough
+    /// followers for a quorum are slow (sometimes duplicated), the leader is cut off from every
+    /// other node, its ticker may stall, and a moment later those followers may stop hearing it.
+    fn flaky_leader(&mut self, sim: &mut SimCluster) -> String {
+        let Some(leader) = sim.leader() else {
+            return String::new();
+        };
+        let Some(conf) = sim.conf_state(leader) else {
+            return String::new();
+        };
+        let (p, e) = (self.promise_ms, self.election_ms);
+        let heartbeat_ms = sim.config().heartbeat_tick as u64 * sim.config().tick_ms;
+        let mut followers: Vec<u64> = conf
+            .voters
+            .iter()
+            .copied()
+            .filter(|&v| v != leader)
+            .collect();
+        let keep = (conf.voters.len() / 2).min(followers.len());
+        let slow: Vec<u64> = (0..keep)
+            .map(|_| followers.remove(self.rng.gen_range(0..followers.len())))
+            .collect();
+        let extra_ms = self.rng.gen_range(heartbeat_ms..=2 * p);
+        for &f in &slow {
+            sim.net_mut().delay(DelayRule {
+                from: Some(f),
+                to: Some(leader),
+                msg_type: Some(MessageType::MsgHeartbeatResponse),
+                extra_ns: extra_ms * 1_000_000,
+            });
+        }
+        if self.rng.gen_bool(0.5) {
+            sim.net_mut().config.duplicate = self.rng.gen_range(0.0..0.2);
+        }
+        let rest: Vec<u64> = sim
+            .ids()
+            .into_iter()
+            .filter(|id| *id != leader && !slow.contains(id))
+            .collect();
+        sim.partition(&[leader], &rest);
+        // Slow acks in flight before anything else happens.
+        let mut cut_at = self.after(sim, extra_ms, extra_ms + 4 * heartbeat_ms);
+        let mut desc = format!("flaky leader {leader}: acks {slow:?}->{leader} +{extra_ms}ms");
+        if self.rng.gen_bool(0.5) {
+            let stall_at = self.after(sim, extra_ms, extra_ms + 4 * heartbeat_ms);
+            let until = stall_at + self.rng.gen_range(p / 2..=e.max(p / 2));
+            self.later.push((stall_at, Later::Stall(leader)));
+            self.later.push((until, Later::Unstall(leader)));
+            cut_at = self.rng.gen_range(stall_at..=until);
+            desc += &format!(", ticks stalled {stall_at}..{until}ms");
+        }
+        for &f in &slow {
+            self.later.push((cut_at, Later::Block(leader, f)));
+        }
+        self.episode_until_ms = cut_at + extra_ms + 3 * p;
+        self.episode_without_writes = false;
+        desc + &format!(", cut from them at {cut_at}ms")
+    }
+
+    /// A membership change proposed at the leader: add or promote, remove (the leader too),
+    /// a joint change, or leaving a joint configuration.
+    fn membership(&mut self, sim: &mut SimCluster) -> String {
+        let Some(leader) = sim.leader() else {
+            return String::new();
+        };
+        let Some(conf) = sim.conf_state(leader) else {
+            return String::new();
+        };
+        let cc = self.random_change(&conf, &sim.ids(), leader);
+        let leaves = cc
+            .get_changes()
+            .iter()
+            .any(|c| c.node_id == leader && c.get_change_type() == ConfChangeType::RemoveNode);
+        let desc = format!("membership at {leader}: {:?}", cc.get_changes());
+        if let Err(e) = sim.propose_conf_change(leader, cc) {
+            return format!("{desc} refused: {e}");
+        }
+        if !leaves {
+            return desc;
+        }
+        let desc = format!("{desc} (voters {:?})", conf.voters);
+        // A node leaving the cluster often loses its network soon after.
+        let cut_at = self.after(sim, self.promise_ms / 4, 2 * self.promise_ms);
+        self.later.push((cut_at, Later::Isolate(leader)));
+        self.episode_until_ms = cut_at + 2 * self.election_ms;
+        self.episode_without_writes = true;
+        format!("{desc}, then isolated at {cut_at}ms")
+    }
+
+    /// A change that keeps one voter or more: a joint configuration is left; with two voters,
+    /// the leader tries to remove itself half the time.
+    fn random_change(&mut self, conf: &ConfState, ids: &[u64], leader: u64) -> ConfChangeV2 {
+        if !conf.voters_outgoing.is_empty() {
+            return ConfChangeV2::default(); // leave the joint configuration
+        }
+        let outside: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !conf.voters.contains(id) && !conf.learners.contains(id))
+            .collect();
+        let others: Vec<u64> = conf
+            .voters
+            .iter()
+            .copied()
+            .filter(|&v| v != leader)
+            .collect();
+        let mut pick = |v: &[u64]| (!v.is_empty()).then(|| v[self.rng.gen_range(0..v.len())]);
+        let (add, promote, remove) = (pick(&outside), pick(&conf.learners), pick(&others));
+        // Removals outweigh additions, so that configurations of two voters come up.
+        let choice = match conf.voters.len() {
+            2 if self.rng.gen_bool(0.5) => 3,
+            _ => [0, 1, 2, 3, 4, 4, 4, 5][self.rng.gen_range(0..8)],
+        };
+        let single = |ty, node: Option<u64>| conf_change(ty, node.unwrap_or(leader));
+        match choice {
+            0 => single(ConfChangeType::AddLearnerNode, add),
+            1 => single(ConfChangeType::AddNode, promote),
+            2 => single(ConfChangeType::AddNode, add),
+            3 => single(ConfChangeType::RemoveNode, Some(leader)),
+            4 => single(ConfChangeType::RemoveNode, remove),
+            _ => {
+                let mut cc = single(ConfChangeType::AddNode, add);
+                let out = single(ConfChangeType::RemoveNode, remove).take_changes();
+                cc.mut_changes().extend(out.into_iter());
+                if self.rng.gen_bool(0.5) {
+                    cc.set_transition(ConfChangeTransition::Explicit);
+                }
+                cc
+            }
+        }
+    }
+}
+
+/// Run one seed: the safety phase, then the liveness phase.
+pub fn run(run: RandomRun) -> RunOutcome {
+    let mut rng = ChaCha8Rng::seed_from_u64(run.seed ^ 0x5eed_1ea5e);
+    let config = random_config(run.seed, run.control, &mut rng);
+    let mut sim = SimCluster::new(config.clone());
+    let mut nemesis = Nemesis {
+        rng,
+        later: Vec::new(),
+        promise_ms: config.lease.promise_ms,
+        election_ms: config.election_tick as u64 * config.tick_ms,
+        episode_until_ms: 0,
+        episode_without_writes: false,
+    };
+    let faults = safety_phase(&mut sim, &mut nemesis, run.safety_ms);
+    heal_everything(&mut sim);
+    let split_before = sim.elections().split_votes;
+    let liveness = liveness_phase(&mut sim);
+    let totals = sim.totals();
+    RunOutcome {
+        report: sim.check(),
+        ops: sim.history().ops().len(),
+        faults,
+        liveness,
+        liveness_split_votes: sim.elections().split_votes - split_before,
+        rounds_evicted: totals.rounds_evicted,
+        snapshots_installed: totals.snapshots_installed,
+        lease_reads_after_install: totals.lease_reads_after_install,
+        config,
+    }
+}
+
+/// Faults every 20 ms with probability 0.4, under load, reads in a random mode per slice.
+fn safety_phase(sim: &mut SimCluster, nemesis: &mut Nemesis, safety_ms: u64) -> Vec<String> {
+    let mut faults = Vec::new();
+    while sim.now_ns() / 1_000_000 < safety_ms {
+        nemesis.undo_due(sim);
+        let now_ms = sim.now_ns() / 1_000_000;
+        let in_episode = now_ms < nemesis.episode_until_ms;
+        if !in_episode && nemesis.rng.gen_bool(0.4) {
+            let fault = nemesis.inject(sim);
+            if !fault.is_empty() {
+                faults.push(format!("{now_ms}ms {fault}"));
+            }
+        }
+        let modes = [ReadMode::Lease, ReadMode::Auto, ReadMode::ReadIndex];
+        let read_mode = if in_episode {
+            ReadMode::ReadIndex
+        } else {
+            modes[nemesis.rng.gen_range(0..3)]
+        };
+        let quiet = in_episode && nemesis.episode_without_writes;
+        let write_every_us = if quiet {
+            0
+        } else {
+            Load::default().write_every_us
+        };
+        sim.run_with_load(
+            20,
+            &Load {
+                read_mode,
+                keys: 3,
+                write_every_us,
+                ..Load::default()
+            },
+        );
+    }
+    faults
+}
+
+fn heal_everything(sim: &mut SimCluster) {
+    sim.heal();
+    sim.net_mut().config = NetConfig::default();
+    sim.net_mut().clear_delays();
+    for node in sim.ids() {
+        if sim.is_paused(node) {
+            sim.resume(node);
+        }
+        sim.stall_ticks(node, false);
+        if !sim.is_up(node) {
+            sim.restart(node);
+        }
+    }
+}
+
+/// With every fault healed, a leader emerges and serves a write and a read within 10 s of
+/// simulated time. Leadership may still move while the last faults settle (a node that
+/// campaigned during a partition rejoins with a higher term), so each try starts afresh.
+fn liveness_phase(sim: &mut SimCluster) -> Result<(), String> {
+    let start_ns = sim.now_ns();
+    let mut last = String::from("no leader");
+    while sim.now_ns() - start_ns < 10_000_000_000 {
+        if !sim.run_until(1_000, |s| s.leader().is_some()) {
+            continue;
+        }
+        sim.run_with_load(
+            200,
+            &Load {
+                read_mode: ReadMode::Auto,
+                keys: 3,
+                ..Load::default()
+            },
+        );
+        let Some(leader) = sim.leader() else { continue };
+        let write = sim.put(leader, b"liveness");
+        sim.run_for_ms(200);
+        let read = sim.get(leader, b"liveness", ReadMode::Auto);
+        sim.run_for_ms(200);
+        let ops = sim.history().ops();
+        match (&ops[write as usize].done, &ops[read as usize].done) {
+            (
+                Some((_, OpResult::Written { .. })),
+                Some((_, OpResult::Read { value: Some(_), .. })),
+            ) => {
+                return Ok(());
+            }
+            (w, r) => last = format!("write {w:?}, read {r:?}"),
+        }
+    }
+    Err(format!(
+        "not serving 10 s after healing; last try: {last}\n{}",
+        sim.describe()
+    ))
+}
+
+/// The safeties a control switches off, for a report line.
+pub fn describe(control: Option<Control>) -> String {
+    match control {
+        None => "the lease as designed".into(),
+        Some(Control::DriftBeyondBound) => {
+            format!("clocks drifting up to {}%", DRIFT_BEYOND_PPM / 10_000)
+        }
+        Some(Control::Safeties(s)) if s == Safeties::raft_lease_based() => {
+            "raft-rs LeaseBased".into()
+        }
+        Some(Control::Safeties(s)) => s.testing.set().join(" + "),
+    }
+}
