@@ -3,9 +3,13 @@
 //! `cargo test` builds the `kv` example first; these tests run its binary. The attacks of the
 //! security model each have a test in `kv/attack_*.rs`, with a control where one makes sense.
 
+#[path = "kv/attack_peer.rs"]
+mod attack_peer;
 #[path = "kv/cluster.rs"]
 mod cluster;
 mod common;
+#[path = "kv/forge.rs"]
+mod forge;
 
 use std::io::Write;
 use std::net::TcpStream;

@@ -79,7 +79,9 @@ impl Cluster {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let data = dir.path().to_path_buf();
-        let mut all: Vec<String> = FAST.iter().chain(args).map(|s| s.to_string()).collect();
+        // Flags given in `args` replace the fast defaults.
+        let fast = FAST.chunks(2).filter(|kv| !args.contains(&kv[0])).flatten();
+        let mut all: Vec<String> = fast.chain(args).map(|s| s.to_string()).collect();
         if !args.contains(&"--insecure-peers") {
             let ids: Vec<u64> = (1..=n as u64).collect();
             make_certs(&data.join("tls"), &ids);
@@ -327,6 +329,11 @@ pub fn transfer(c: &Cluster, from: u64, to: u64) {
         }
     }
     panic!("leadership never moved to node {to}:\n{}", c.log_tail());
+}
+
+/// The ids 1..=3 other than `id`.
+pub fn others(id: u64) -> Vec<u64> {
+    (1..=3).filter(|&i| i != id).collect()
 }
 
 /// A process's resident set and its peak, in KiB (from /proc/<pid>/status).
