@@ -3,6 +3,8 @@
 //! `cargo test` builds the `kv` example first; these tests run its binary. The attacks of the
 //! security model each have a test in `kv/attack_*.rs`, with a control where one makes sense.
 
+#[path = "kv/attack_http.rs"]
+mod attack_http;
 #[path = "kv/attack_peer.rs"]
 mod attack_peer;
 #[path = "kv/cluster.rs"]

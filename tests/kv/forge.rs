@@ -70,7 +70,7 @@ fn certs(path: &Path) -> Vec<CertificateDer<'static>> {
         .unwrap()
 }
 
-fn client_config(ca: &Path, client: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
+pub fn client_config(ca: &Path, client: Option<(&Path, &Path)>) -> Arc<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for c in certs(ca) {
