@@ -7,6 +7,8 @@
 mod attack_http;
 #[path = "kv/attack_peer.rs"]
 mod attack_peer;
+#[path = "kv/attack_storage.rs"]
+mod attack_storage;
 #[path = "kv/cluster.rs"]
 mod cluster;
 mod common;
@@ -231,11 +233,19 @@ fn control_unsafe_lease_based_serves_a_stale_read_after_a_pause() {
 }
 
 #[test]
-fn log_is_compacted_and_a_lagging_node_catches_up_by_snapshot() {
+fn log_is_compacted_and_a_lagging_node_catches_up_by_a_snapshot_larger_than_a_frame() {
     let mut c = Cluster::start(3, &["--fault-injection", "--snapshot-every", "50"]);
     let l = c.leader(&[1, 2, 3], 15);
     let f = [1, 2, 3].into_iter().find(|&i| i != l).unwrap();
     c.kill9(f);
+    // 3 values of 700 KiB: the snapshot (over 2 MiB) is larger than a 1 MiB peer frame.
+    let big: Vec<Vec<u8>> = (0..3u8).map(|i| vec![b'a' + i; 700 << 10]).collect();
+    for (i, v) in big.iter().enumerate() {
+        assert_eq!(
+            http(c.port(l), "PUT", &format!("/kv/big{i}"), v).unwrap().0,
+            200
+        );
+    }
     for i in 0..300 {
         put(c.port(l), &format!("k{}", i % 7), &format!("v{i}"));
     }
@@ -256,6 +266,21 @@ fn log_is_compacted_and_a_lagging_node_catches_up_by_snapshot() {
             "{body}"
         );
     }
+    let raw = [("Accept", "application/octet-stream")];
+    for (i, v) in big.iter().enumerate() {
+        let (code, got) =
+            cluster::http_with(c.port(l2), "GET", &format!("/kv/big{i}"), b"", &raw).unwrap();
+        assert!(
+            code == 200 && &got == v,
+            "big{i}: {code}, {} bytes",
+            got.len()
+        );
+    }
+    let (_, metrics) = http(c.port(f), "GET", "/metrics", b"").unwrap();
+    let snapshots = metrics
+        .lines()
+        .find(|l| l.starts_with("raft_messages_received_total") && l.contains("MsgSnapshot"));
+    assert!(snapshots.is_some(), "node {f} caught up without a snapshot");
 }
 
 #[test]

@@ -1,8 +1,6 @@
 //! A cluster of real `kv` node processes on loopback for the tests: certificates made with
 //! `kv certs`, an admin token, bounded waits, and everything killed on drop.
 
-#![allow(dead_code)] // removed once every helper has its attack test
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -108,6 +106,11 @@ impl Cluster {
 
     /// The command line of node `id` (as `spawn` runs it).
     pub fn command(&self, id: u64) -> Command {
+        self.command_in(id, &self.data.join(format!("node{id}")))
+    }
+
+    /// The command line of node `id` on data dir `dir`.
+    pub fn command_in(&self, id: u64, dir: &std::path::Path) -> Command {
         let list = |ports: &[u16]| {
             ports
                 .iter()
@@ -123,7 +126,7 @@ impl Cluster {
             .arg(list(&self.http_ports))
             .args(["--http", &format!("127.0.0.1:{}", self.port(id))])
             .arg("--data-dir")
-            .arg(self.data.join(format!("node{id}")))
+            .arg(dir)
             .args(&self.args);
         if !self.args.iter().any(|a| a == "--insecure-peers") {
             let tls = self.tls();
