@@ -56,6 +56,10 @@ pub enum DirError {
          refusing to start"
     )]
     NoMarker { dir: String },
+    #[error(
+        "{dir}: its raft store is {what} (and the dir has no {MARKER_FILE}); refusing to start"
+    )]
+    Unusable { dir: String, what: String },
     #[error("{path}: unreadable marker: {why}")]
     BadMarker { path: String, why: String },
     #[error("{0}")]
@@ -111,8 +115,12 @@ pub fn open_data_dir(
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let d = dir.display().to_string();
     let Some(m) = read_marker(dir)? else {
-        let store = DiskStorage::create(dir, voters, node_id).map_err(|e| store_err(&d, e))?;
-        if !store.is_pristine().map_err(|e| store_err(&d, e))? {
+        let unusable = |e: StoreError| DirError::Unusable {
+            dir: d.clone(),
+            what: e.to_string(),
+        };
+        let store = DiskStorage::create(dir, voters, node_id).map_err(unusable)?;
+        if !store.is_pristine().map_err(unusable)? {
             return Err(DirError::NoMarker { dir: d });
         }
         write_marker(
