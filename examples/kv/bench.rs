@@ -91,6 +91,7 @@ pub fn run(args: BenchArgs) -> i32 {
         peer_delay_ms: args.peer_delay_ms,
         fault_injection: false,
         unsafe_lease_based: false,
+        insecure_peers: false,
     };
     let children = match spawn_all(&cluster, dir.path()) {
         Ok(c) => c,

@@ -1,12 +1,20 @@
 //! `kv cluster`: start N node processes on loopback, print their endpoints, stop them on Ctrl-C.
+//!
+//! It sets up everything the nodes need in its data dir, with no manual step: a throwaway cluster
+//! CA and node certificates (`tls/`), a cluster id (`cluster-id`), and with `--fault-injection` an
+//! admin token (`admin.token`).
 
-use std::path::PathBuf;
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+
+use crate::admin::AdminToken;
 
 #[derive(Args)]
 pub struct ClusterArgs {
@@ -28,6 +36,9 @@ pub struct ClusterArgs {
     /// Passed to every node (UNSAFE, demonstrations only).
     #[arg(long)]
     pub unsafe_lease_based: bool,
+    /// Passed to every node: plaintext, unauthenticated peers (UNSAFE, local experiments only).
+    #[arg(long)]
+    pub insecure_peers: bool,
 }
 
 pub fn run(args: ClusterArgs) -> i32 {
@@ -86,9 +97,66 @@ fn addrs(args: &ClusterArgs) -> (String, String) {
     (peers, https)
 }
 
-pub fn spawn_all(args: &ClusterArgs, dir: &std::path::Path) -> Result<Vec<Child>, String> {
+/// The cluster id in `dir/cluster-id`, made up the first time.
+fn cluster_id(dir: &Path) -> Result<String, String> {
+    let path = dir.join("cluster-id");
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        return Ok(id.trim().to_string());
+    }
+    let token = AdminToken::generate().map_err(|e| e.to_string())?;
+    let id = format!("kv-{}", &token.expose()[..12]);
+    std::fs::write(&path, &id).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(id)
+}
+
+/// The admin token in `dir/admin.token` (mode 0600), made up the first time.
+pub fn admin_token_file(dir: &Path) -> Result<PathBuf, String> {
+    let path = dir.join("admin.token");
+    if !path.exists() {
+        let token = AdminToken::generate().map_err(|e| e.to_string())?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(token.expose().as_bytes()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(path)
+}
+
+/// The flags that give node `id` its TLS files, cluster id and admin token.
+fn security_args(args: &ClusterArgs, dir: &Path, id: u64) -> Result<Vec<String>, String> {
+    let mut out = vec!["--cluster-id".to_string(), cluster_id(dir)?];
+    if args.insecure_peers {
+        out.push("--insecure-peers".into());
+    } else {
+        let tls = dir.join("tls");
+        let (cert, key) = crate::certs::node_files(&tls, id);
+        for (flag, path) in [
+            ("--peer-ca", tls.join("ca.pem")),
+            ("--peer-cert", cert),
+            ("--peer-key", key),
+        ] {
+            out.push(flag.into());
+            out.push(path.display().to_string());
+        }
+    }
+    if args.fault_injection {
+        out.push("--fault-injection".into());
+        out.push("--admin-token-file".into());
+        out.push(admin_token_file(dir)?.display().to_string());
+    }
+    Ok(out)
+}
+
+pub fn spawn_all(args: &ClusterArgs, dir: &Path) -> Result<Vec<Child>, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let (peers, https) = addrs(args);
+    if !args.insecure_peers {
+        let ids: Vec<u64> = (1..=args.nodes).collect();
+        crate::certs::make(&dir.join("tls"), &ids, &[])?;
+    }
     let mut children = Vec::new();
     for id in 1..=args.nodes {
         let node_dir = dir.join(format!("node{id}"));
@@ -110,9 +178,7 @@ pub fn spawn_all(args: &ClusterArgs, dir: &std::path::Path) -> Result<Vec<Child>
         ]);
         cmd.arg("--data-dir").arg(&node_dir);
         cmd.args(["--peer-delay-ms", &args.peer_delay_ms.to_string()]);
-        if args.fault_injection {
-            cmd.arg("--fault-injection");
-        }
+        cmd.args(security_args(args, dir, id)?);
         if args.unsafe_lease_based {
             cmd.arg("--unsafe-lease-based");
         }
@@ -127,12 +193,27 @@ pub fn spawn_all(args: &ClusterArgs, dir: &std::path::Path) -> Result<Vec<Child>
     Ok(children)
 }
 
-fn print_banner(args: &ClusterArgs, dir: &std::path::Path) {
+fn print_banner(args: &ClusterArgs, dir: &Path) {
     println!(
         "raft-lease KV cluster: {} nodes, data in {}",
         args.nodes,
         dir.display()
     );
+    if args.insecure_peers {
+        println!("  peers: PLAINTEXT, UNAUTHENTICATED (--insecure-peers): local experiments only");
+    } else {
+        println!(
+            "  peers: mutual TLS, certificates in {}",
+            dir.join("tls").display()
+        );
+    }
+    if args.fault_injection {
+        let token = dir.join("admin.token");
+        println!(
+            "  /admin: curl -H \"Authorization: Bearer $(cat {})\" ...",
+            token.display()
+        );
+    }
     for id in 1..=args.nodes {
         println!(
             "  node {id}: http://127.0.0.1:{}   log: {}",

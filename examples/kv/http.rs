@@ -1,143 +1,138 @@
-//! The HTTP API. Lease reads are served on the HTTP thread through the read handle; everything
+//! The HTTP API. Lease reads are served on the HTTP worker through the read handle; everything
 //! else goes to the raft thread over a channel. Errors are JSON: `{"error": "...", ...}`.
+//!
+//! Keys and lock names are decoded strictly (see `keys`); values are bytes. A GET answers
+//! `{"value": text}` for a UTF-8 value and `{"value_base64": ...}` otherwise, or the raw value
+//! with `Accept: application/octet-stream`.
 
-use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::bounded;
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{HeaderMap, Method, Request as HttpRequest, Response};
 use raft_lease::{ReadKind, ReadMode};
 use serde_json::{json, Value};
-use tiny_http::{Header, Method, Request as HttpRequest, Response};
+use tokio::sync::oneshot;
 
+use crate::keys::{self, NameError};
+use crate::limits::HttpLimits;
+use crate::reply::{error, reply, Reply};
 use crate::server::{ReadReply, Request, Shared, WriteReply};
 use crate::state::{Command, Outcome, Refusal, Stored};
 
-pub const MAX_KEY_BYTES: usize = 1024;
-pub const MAX_VALUE_BYTES: usize = 1 << 20;
-/// How long an HTTP thread waits for the raft thread.
+/// Largest JSON body (sessions, admin).
+const MAX_JSON_BYTES: usize = 64 << 10;
+/// How long a request waits for the raft thread.
 const WAIT: Duration = Duration::from_secs(5);
 
-/// A response: status and JSON body (or plain text for metrics).
-pub struct Reply {
-    status: u16,
-    body: String,
-    json: bool,
-}
+type Query = Vec<(String, String)>;
 
-fn reply(status: u16, body: Value) -> Reply {
-    Reply {
-        status,
-        body: body.to_string(),
-        json: true,
+/// Answer one request.
+pub async fn handle(
+    rq: HttpRequest<Incoming>,
+    shared: Arc<Shared>,
+    limits: Arc<HttpLimits>,
+) -> Response<Full<Bytes>> {
+    shared.metrics.http_requests.inc();
+    let r = route(rq, &shared, &limits).await.unwrap_or_else(|e| e);
+    if r.status >= 400 {
+        shared.metrics.http_errors.inc();
     }
+    r.into_response()
 }
 
-fn error(status: u16, what: &str, detail: impl Into<String>) -> Reply {
-    reply(status, json!({"error": what, "detail": detail.into()}))
-}
-
-/// Serve requests until the server is unblocked.
-pub fn serve(server: Arc<tiny_http::Server>, shared: Arc<Shared>) {
-    for mut rq in server.incoming_requests() {
-        shared.metrics.http_requests.inc();
-        let r = route(&mut rq, &shared);
-        if r.status >= 400 {
-            shared.metrics.http_errors.inc();
+async fn route(
+    rq: HttpRequest<Incoming>,
+    shared: &Shared,
+    limits: &HttpLimits,
+) -> Result<Reply, Reply> {
+    let (parts, body) = rq.into_parts();
+    let path = parts.uri.path();
+    let query = keys::parse_query(parts.uri.query().unwrap_or(""))
+        .map_err(|e| error(400, "bad_query", e.to_string()))?;
+    let m = &parts.method;
+    Ok(match (m, path) {
+        (&Method::GET, "/status") => status(shared),
+        (&Method::GET, "/metrics") => metrics(shared),
+        (_, p) if p.starts_with("/kv/") => {
+            let key = name(&p[4..], "bad_key")?;
+            match *m {
+                Method::GET => get(shared, key, &query, &parts.headers).await?,
+                Method::PUT => {
+                    let value = read_body(body, limits.max_body_bytes, limits).await?;
+                    put(shared, key, &query, value).await?
+                }
+                Method::DELETE => write(shared, Command::Delete { req: 0, key }, Vec::new()).await,
+                _ => return Err(error(405, "method_not_allowed", format!("{m} on /kv/"))),
+            }
         }
-        let ctype = if r.json {
-            "application/json"
-        } else {
-            "text/plain; version=0.0.4"
-        };
-        let header =
-            Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes()).expect("valid header");
-        let _ = rq.respond(
-            Response::from_string(r.body)
-                .with_status_code(r.status)
-                .with_header(header),
-        );
-    }
+        (&Method::POST, "/session") => {
+            session_grant(shared, json_body(body, limits).await?).await?
+        }
+        (&Method::POST, "/session/keepalive") => {
+            session_keepalive(shared, json_body(body, limits).await?).await?
+        }
+        (&Method::DELETE, p) if p.starts_with("/session/") => {
+            session_revoke(shared, &p[9..]).await?
+        }
+        (&Method::POST, p) if p.starts_with("/lock/") => lock(shared, &p[6..], &query).await?,
+        (&Method::POST, p) if p.starts_with("/admin/") => {
+            crate::admin::authorize(shared, &parts.headers)?;
+            let body = if p == "/admin/heal" {
+                Value::Null
+            } else {
+                json_body(body, limits).await?
+            };
+            crate::admin::route(shared, &p[7..], body)?
+        }
+        _ => error(404, "not_found", format!("no route for {m} {path}")),
+    })
 }
 
-fn route(rq: &mut HttpRequest, shared: &Shared) -> Reply {
-    let url = rq.url().to_string();
-    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-    let query = parse_query(query);
-    let method = rq.method().clone();
-    match (method, path) {
-        (Method::Get, "/status") => status(shared),
-        (Method::Get, "/metrics") => metrics(shared),
-        (m, p) if p.starts_with("/kv/") => kv(rq, shared, &m, &p[4..], &query),
-        (Method::Post, "/session") => session_grant(rq, shared),
-        (Method::Post, "/session/keepalive") => session_keepalive(rq, shared),
-        (Method::Delete, p) if p.starts_with("/session/") => session_revoke(shared, &p[9..]),
-        (Method::Post, p) if p.starts_with("/lock/") => lock(shared, &p[6..], &query),
-        (Method::Post, p) if p.starts_with("/admin/") => admin(rq, shared, &p[7..]),
-        _ => error(
-            404,
-            "not_found",
-            format!("no route for {} {path}", rq.method()),
-        ),
-    }
+fn name(raw: &str, what: &str) -> Result<String, Reply> {
+    keys::name(raw).map_err(|e| match e {
+        NameError::TooLong(_) => error(400, "key_too_long", e.to_string()),
+        e => error(400, what, e.to_string()),
+    })
 }
 
-fn parse_query(q: &str) -> Vec<(String, String)> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn param<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
+fn param<'a>(q: &'a Query, name: &str) -> Option<&'a str> {
     q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
-/// Decode `%XX` escapes; a malformed escape is kept as it is.
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = b
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (b[i], hex) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
+/// Read the whole body: at most `limit` bytes (413), within the body timeout (408).
+pub async fn read_body(
+    body: Incoming,
+    limit: usize,
+    limits: &HttpLimits,
+) -> Result<Vec<u8>, Reply> {
+    let too_large = || error(413, "too_large", format!("body over {limit} bytes"));
+    if hyper::body::Body::size_hint(&body)
+        .exact()
+        .is_some_and(|n| n > limit as u64)
+    {
+        return Err(too_large());
     }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Read the body, refusing more than `limit` bytes.
-fn body(rq: &mut HttpRequest, limit: usize) -> Result<Vec<u8>, Reply> {
-    if rq.body_length().is_some_and(|n| n > limit) {
-        return Err(error(413, "too_large", format!("body over {limit} bytes")));
-    }
-    let mut buf = Vec::new();
-    let n = rq.as_reader().take(limit as u64 + 1).read_to_end(&mut buf);
-    match n {
-        Err(e) => Err(error(400, "bad_body", e.to_string())),
-        Ok(_) if buf.len() > limit => {
-            Err(error(413, "too_large", format!("body over {limit} bytes")))
-        }
-        Ok(_) => Ok(buf),
+    match tokio::time::timeout(limits.body_timeout(), Limited::new(body, limit).collect()).await {
+        Err(_) => Err(error(
+            408,
+            "body_timeout",
+            format!(
+                "the body did not arrive within {} ms",
+                limits.body_timeout_ms
+            ),
+        )),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(error(400, "bad_body", e.to_string())),
+        Ok(Ok(c)) => Ok(c.to_bytes().to_vec()),
     }
 }
 
-fn json_body(rq: &mut HttpRequest) -> Result<Value, Reply> {
-    let b = body(rq, 64 << 10)?;
+async fn json_body(body: Incoming, limits: &HttpLimits) -> Result<Value, Reply> {
+    let b = read_body(body, MAX_JSON_BYTES.min(limits.max_body_bytes), limits).await?;
     serde_json::from_slice(&b).map_err(|e| error(400, "bad_json", e.to_string()))
 }
 
@@ -155,7 +150,8 @@ fn status(shared: &Shared) -> Reply {
     reply(
         200,
         json!({"id": shared.opts.id, "role": s.role, "term": s.term, "leader_id": s.leader_id,
-               "commit": s.commit, "applied": s.applied, "log_entries": s.log_entries,
+               "commit": s.commit, "applied": s.applied, "last_index": s.last_index,
+               "log_entries": s.log_entries, "insecure_peers": shared.opts.insecure_peers,
                "lease": {"state": state.as_str(), "remaining_ms": remaining_ns / 1_000_000}}),
     )
 }
@@ -163,151 +159,140 @@ fn status(shared: &Shared) -> Reply {
 fn metrics(shared: &Shared) -> Reply {
     let s = shared.status.read().clone();
     let lease = s.lease.unwrap_or((raft_lease::LeaseState::Expired, 0));
-    Reply {
-        status: 200,
-        body: shared.metrics.render(shared.opts.id, lease, &s.counters),
-        json: false,
+    let body = shared.metrics.render(shared.opts.id, lease, &s.counters);
+    Reply::raw(200, "text/plain; version=0.0.4", body)
+}
+
+/// Send `req` to the raft thread and wait for its answer.
+async fn ask<T>(shared: &Shared, req: Request, rx: oneshot::Receiver<T>) -> Result<T, Reply> {
+    match shared.requests.try_send(req) {
+        Ok(()) => {}
+        Err(crossbeam_channel::TrySendError::Full(_)) => {
+            return Err(error(
+                503,
+                "overloaded",
+                "the raft thread's queue is full; retry",
+            ))
+        }
+        Err(crossbeam_channel::TrySendError::Disconnected(_)) => {
+            return Err(error(503, "shutting_down", "the node is stopping"))
+        }
+    }
+    match tokio::time::timeout(WAIT, rx).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(_)) => Err(error(503, "shutting_down", "the node is stopping")),
+        Err(_) => Err(error(
+            504,
+            "timeout",
+            "no answer in time; a write may or may not be applied",
+        )),
     }
 }
 
-fn kv(
-    rq: &mut HttpRequest,
-    shared: &Shared,
-    method: &Method,
-    raw_key: &str,
-    q: &[(String, String)],
-) -> Reply {
-    let key = percent_decode(raw_key);
-    if key.is_empty() {
-        return error(400, "bad_key", "empty key");
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return error(
-            400,
-            "key_too_long",
-            format!("key of {} bytes exceeds {MAX_KEY_BYTES}", key.len()),
-        );
-    }
-    match method {
-        Method::Get => get(shared, key, q),
-        Method::Put => put(rq, shared, key, q),
-        Method::Delete => write(shared, Command::Delete { req: 0, key }, Vec::new()),
-        m => error(405, "method_not_allowed", format!("{m} on /kv/")),
-    }
-}
-
-fn get(shared: &Shared, key: String, q: &[(String, String)]) -> Reply {
+async fn get(shared: &Shared, key: String, q: &Query, headers: &HeaderMap) -> Result<Reply, Reply> {
+    let raw = headers
+        .get("accept")
+        .is_some_and(|a| a.as_bytes().starts_with(b"application/octet-stream"));
     let mode = match param(q, "read").unwrap_or("auto") {
         "lease" => ReadMode::Lease,
         "index" => ReadMode::ReadIndex,
         "auto" => ReadMode::Auto,
         other => {
-            return error(
+            return Err(error(
                 400,
                 "bad_read_mode",
                 format!("read={other}: use lease, index or auto"),
-            )
+            ))
         }
     };
-    // Fast path: the lease on this thread. raft-rs LeaseBased (unsafe mode) goes through raft.
+    // Fast path: the lease, on this worker. raft-rs LeaseBased (unsafe mode) goes through raft.
     if mode != ReadMode::ReadIndex && !shared.opts.unsafe_lease_based {
         let local = shared
             .handle
             .read(|| shared.state.read().kv.get(&key).cloned());
         if let Ok(stored) = local {
-            return value_reply(&key, stored, ReadKind::Lease);
+            return Ok(value_reply(&key, stored, ReadKind::Lease, raw));
         }
         if mode == ReadMode::Lease {
             let s = shared.status.read().clone();
-            return if s.is_leader {
+            return Ok(if s.is_leader {
                 error(503, "lease_not_held", "no valid lease is held")
             } else {
                 not_leader(shared, s.leader_id)
-            };
+            });
         }
     }
-    let (tx, rx) = bounded(1);
-    if shared
-        .requests
-        .send(Request::Read {
-            key: key.clone(),
-            mode,
-            reply: tx,
-        })
-        .is_err()
-    {
-        return error(503, "shutting_down", "the node is stopping");
-    }
-    match rx.recv_timeout(WAIT) {
-        Ok(ReadReply::Value { stored, kind }) => value_reply(&key, stored, kind),
-        Ok(ReadReply::NotLeader { leader }) => not_leader(shared, leader),
-        Ok(ReadReply::LeaseNotHeld) => error(503, "lease_not_held", "no valid lease is held"),
-        Err(_) => error(504, "timeout", "the read did not complete in time"),
-    }
+    let (tx, rx) = oneshot::channel();
+    let req = Request::Read {
+        key: key.clone(),
+        mode,
+        reply: tx,
+    };
+    Ok(match ask(shared, req, rx).await? {
+        ReadReply::Value { stored, kind } => value_reply(&key, stored, kind, raw),
+        ReadReply::NotLeader { leader } => not_leader(shared, leader),
+        ReadReply::LeaseNotHeld => error(503, "lease_not_held", "no valid lease is held"),
+    })
 }
 
-fn value_reply(key: &str, stored: Option<Stored>, kind: ReadKind) -> Reply {
-    match stored {
-        None => reply(
+fn value_reply(key: &str, stored: Option<Stored>, kind: ReadKind, raw: bool) -> Reply {
+    let Some(s) = stored else {
+        return reply(
             404,
             json!({"error": "not_found", "key": key, "read": kind.as_str()}),
-        ),
-        Some(s) => {
-            let value = String::from_utf8_lossy(&s.value);
-            reply(
-                200,
-                json!({"key": key, "value": value, "revision": s.revision, "read": kind.as_str()}),
-            )
+        );
+    };
+    if raw {
+        return Reply::raw(200, "application/octet-stream", s.value)
+            .with_header("x-kv-revision", s.revision.to_string())
+            .with_header("x-kv-read", kind.as_str());
+    }
+    let mut body = json!({"key": key, "revision": s.revision, "read": kind.as_str()});
+    match std::str::from_utf8(&s.value) {
+        Ok(text) => body["value"] = text.into(),
+        Err(_) => {
+            body["value_base64"] = base64::engine::general_purpose::STANDARD
+                .encode(&s.value)
+                .into()
         }
     }
+    reply(200, body)
 }
 
-fn put(rq: &mut HttpRequest, shared: &Shared, key: String, q: &[(String, String)]) -> Reply {
+async fn put(shared: &Shared, key: String, q: &Query, value: Vec<u8>) -> Result<Reply, Reply> {
     let session = match param(q, "session").map(str::parse::<u64>) {
         None => None,
         Some(Ok(s)) => Some(s),
-        Some(Err(_)) => return error(400, "bad_session", "session must be a number"),
+        Some(Err(_)) => return Err(error(400, "bad_session", "session must be a number")),
     };
     let fence = match param(q, "fence") {
         None => None,
-        Some(f) => match f
-            .rsplit_once(':')
-            .and_then(|(n, t)| Some((n.to_string(), t.parse::<u64>().ok()?)))
-        {
-            Some(f) => Some(f),
-            None => return error(400, "bad_fence", "fence must be <lock name>:<token>"),
-        },
+        Some(f) => {
+            let (n, t) = f
+                .rsplit_once(':')
+                .and_then(|(n, t)| Some((n, t.parse::<u64>().ok()?)))
+                .ok_or_else(|| error(400, "bad_fence", "fence must be <lock name>:<token>"))?;
+            keys::check_name(n).map_err(|e| error(400, "bad_fence", e.to_string()))?;
+            Some((n.to_string(), t))
+        }
     };
-    let value = match body(rq, MAX_VALUE_BYTES) {
-        Ok(v) => v,
-        Err(r) => return r,
+    let cmd = Command::Put {
+        req: 0,
+        key,
+        session,
+        fence,
     };
-    write(
-        shared,
-        Command::Put {
-            req: 0,
-            key,
-            session,
-            fence,
-        },
-        value,
-    )
+    Ok(write(shared, cmd, value).await)
 }
 
-fn write(shared: &Shared, cmd: Command, value: Vec<u8>) -> Reply {
-    let (tx, rx) = bounded(1);
-    if shared
-        .requests
-        .send(Request::Write {
-            cmd,
-            value,
-            reply: tx,
-        })
-        .is_err()
-    {
-        return error(503, "shutting_down", "the node is stopping");
-    }
-    match rx.recv_timeout(WAIT) {
+async fn write(shared: &Shared, cmd: Command, value: Vec<u8>) -> Reply {
+    let (tx, rx) = oneshot::channel();
+    let req = Request::Write {
+        cmd,
+        value,
+        reply: tx,
+    };
+    match ask(shared, req, rx).await {
         Ok(WriteReply::Done(outcome)) => outcome_reply(outcome),
         Ok(WriteReply::NotLeader { leader }) => not_leader(shared, leader),
         Ok(WriteReply::NotReady) => error(
@@ -316,11 +301,7 @@ fn write(shared: &Shared, cmd: Command, value: Vec<u8>) -> Reply {
             "new leader; sessions not yet on its clock, retry",
         ),
         Ok(WriteReply::Unknown(why)) => error(503, "outcome_unknown", why),
-        Err(_) => error(
-            504,
-            "timeout",
-            "no answer in time; the write may or may not be applied",
-        ),
+        Err(r) => r,
     }
 }
 
@@ -333,131 +314,77 @@ fn outcome_reply(o: Outcome) -> Reply {
             reply(200, json!({"refreshed": refreshed, "unknown": unknown}))
         }
         Outcome::Revoked => reply(200, json!({"revoked": true})),
-        Outcome::Refused(Refusal::NotFound) => reply(404, json!({"error": "not_found"})),
-        Outcome::Refused(Refusal::UnknownSession(id)) => {
+        Outcome::Refused(r) => refusal_reply(r),
+    }
+}
+
+fn refusal_reply(r: Refusal) -> Reply {
+    match r {
+        Refusal::NotFound => reply(404, json!({"error": "not_found"})),
+        Refusal::UnknownSession(id) => {
             reply(404, json!({"error": "unknown_session", "session": id}))
         }
-        Outcome::Refused(Refusal::LockHeld { holder }) => {
-            reply(409, json!({"error": "lock_held", "holder": holder}))
-        }
-        Outcome::Refused(Refusal::StaleFence { token, highest }) => reply(
+        Refusal::LockHeld { holder } => reply(409, json!({"error": "lock_held", "holder": holder})),
+        Refusal::StaleFence { token, current } => reply(
             409,
-            json!({"error": "stale_fence", "token": token, "highest": highest}),
+            json!({"error": "stale_fence", "token": token, "current": current}),
         ),
-        Outcome::Refused(Refusal::BadTtl { ttl_ms, max_ttl_ms }) => reply(
+        Refusal::LockNotHeld { lock } => reply(
+            409,
+            json!({"error": "lock_not_held", "detail": "a fence needs a lock that is held", "lock": lock}),
+        ),
+        Refusal::BadTtl { ttl_ms, max_ttl_ms } => reply(
             400,
             json!({"error": "bad_ttl", "ttl_ms": ttl_ms, "max_ttl_ms": max_ttl_ms}),
         ),
+        Refusal::BadName(why) => error(400, "bad_key", why),
     }
 }
 
-fn session_grant(rq: &mut HttpRequest, shared: &Shared) -> Reply {
-    let ttl_ms = match json_body(rq).map(|v| v.get("ttl_ms").and_then(Value::as_u64)) {
-        Ok(Some(t)) => t,
-        Ok(None) => return error(400, "bad_json", "expected {\"ttl_ms\": N}"),
-        Err(r) => return r,
+async fn session_grant(shared: &Shared, body: Value) -> Result<Reply, Reply> {
+    let ttl_ms = body
+        .get("ttl_ms")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| error(400, "bad_json", "expected {\"ttl_ms\": N}"))?;
+    let cmd = Command::SessionGrant {
+        req: 0,
+        ttl_ms,
+        now_ns: 0,
     };
-    write(
-        shared,
-        Command::SessionGrant {
-            req: 0,
-            ttl_ms,
-            now_ns: 0,
-        },
-        Vec::new(),
-    )
+    Ok(write(shared, cmd, Vec::new()).await)
 }
 
-fn session_keepalive(rq: &mut HttpRequest, shared: &Shared) -> Reply {
-    let ids: Option<Vec<u64>> = match json_body(rq) {
-        Ok(v) => v
-            .get("ids")
-            .and_then(Value::as_array)
-            .and_then(|a| a.iter().map(Value::as_u64).collect()),
-        Err(r) => return r,
+async fn session_keepalive(shared: &Shared, body: Value) -> Result<Reply, Reply> {
+    let ids: Vec<u64> = body
+        .get("ids")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(Value::as_u64).collect())
+        .ok_or_else(|| error(400, "bad_json", "expected {\"ids\": [N, ...]}"))?;
+    let cmd = Command::SessionKeepalive {
+        req: 0,
+        ids,
+        now_ns: 0,
     };
-    match ids {
-        Some(ids) => write(
-            shared,
-            Command::SessionKeepalive {
-                req: 0,
-                ids,
-                now_ns: 0,
-            },
-            Vec::new(),
-        ),
-        None => error(400, "bad_json", "expected {\"ids\": [N, ...]}"),
-    }
+    Ok(write(shared, cmd, Vec::new()).await)
 }
 
-fn session_revoke(shared: &Shared, id: &str) -> Reply {
-    match id.parse() {
-        Ok(id) => write(shared, Command::SessionRevoke { req: 0, id }, Vec::new()),
-        Err(_) => error(400, "bad_session", "session id must be a number"),
-    }
+async fn session_revoke(shared: &Shared, id: &str) -> Result<Reply, Reply> {
+    let id = id
+        .parse()
+        .map_err(|_| error(400, "bad_session", "session id must be a number"))?;
+    Ok(write(shared, Command::SessionRevoke { req: 0, id }, Vec::new()).await)
 }
 
-fn lock(shared: &Shared, name: &str, q: &[(String, String)]) -> Reply {
-    let name = percent_decode(name);
-    match param(q, "session").map(str::parse::<u64>) {
-        Some(Ok(session)) if !name.is_empty() => write(
-            shared,
-            Command::Lock {
-                req: 0,
-                name,
-                session,
-                now_ns: 0,
-            },
-            Vec::new(),
-        ),
-        _ => error(400, "bad_lock", "use POST /lock/<name>?session=<id>"),
-    }
-}
-
-fn admin(rq: &mut HttpRequest, shared: &Shared, what: &str) -> Reply {
-    if !shared.opts.fault_injection {
-        return error(
-            404,
-            "fault_injection_disabled",
-            "start the node with --fault-injection",
-        );
-    }
-    let body = if what == "heal" {
-        Value::Null
-    } else {
-        json_body(rq).unwrap_or(Value::Null)
+async fn lock(shared: &Shared, raw_name: &str, q: &Query) -> Result<Reply, Reply> {
+    let name = name(raw_name, "bad_lock")?;
+    let session = param(q, "session")
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| error(400, "bad_lock", "use POST /lock/<name>?session=<id>"))?;
+    let cmd = Command::Lock {
+        req: 0,
+        name,
+        session,
+        now_ns: 0,
     };
-    match what {
-        "partition" => match body.get("peers").and_then(Value::as_array) {
-            Some(peers) => {
-                shared
-                    .blocked
-                    .write()
-                    .extend(peers.iter().filter_map(Value::as_u64));
-                reply(200, json!({"blocked": *shared.blocked.read()}))
-            }
-            None => error(400, "bad_json", "expected {\"peers\": [N, ...]}"),
-        },
-        "heal" => {
-            shared.blocked.write().clear();
-            reply(200, json!({"blocked": []}))
-        }
-        "clock" => match body
-            .get("rate")
-            .and_then(Value::as_f64)
-            .map(|r| shared.clock.set_rate(r))
-        {
-            Some(Ok(())) => reply(200, json!({"rate": body["rate"]})),
-            Some(Err(e)) => error(400, "bad_rate", e),
-            None => error(400, "bad_json", "expected {\"rate\": F}"),
-        },
-        "transfer" => match body.get("to").and_then(Value::as_u64) {
-            Some(to) => {
-                let _ = shared.requests.send(Request::Transfer { to });
-                reply(200, json!({"transfer_to": to}))
-            }
-            None => error(400, "bad_json", "expected {\"to\": N}"),
-        },
-        _ => error(404, "not_found", format!("no admin action {what}")),
-    }
+    Ok(write(shared, cmd, Vec::new()).await)
 }

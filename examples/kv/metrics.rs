@@ -20,6 +20,20 @@ impl Counter {
     }
 }
 
+/// A value that goes up and down.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    pub fn set(&self, v: u64) {
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Raft message types, by protobuf number (0..=19 in raft-proto 0.7).
 const MSG_TYPES: usize = 20;
 
@@ -31,6 +45,24 @@ pub struct Metrics {
     pub http_errors: Counter,
     pub bad_frames: Counter,
     pub dropped_full: Counter,
+    /// HTTP connections open now.
+    pub http_open: Gauge,
+    /// Idle HTTP connections closed to admit a new one (the table was full).
+    pub http_evicted: Counter,
+    /// HTTP connections refused: the table was full of busy ones.
+    pub http_refused: Counter,
+    pub http_accept_errors: Counter,
+    pub http_tls_failures: Counter,
+    /// `/admin` requests without the right bearer token.
+    pub admin_denied: Counter,
+    /// Peer connections refused: too many open, or too many from one peer.
+    pub peer_refused: Counter,
+    /// Peer TLS handshakes that failed, or certificates that name no other member.
+    pub peer_tls_failures: Counter,
+    /// Peer messages whose `from` is not the id in the connection's certificate.
+    pub peer_spoofed: Counter,
+    /// Peer messages of a type peers never send (proposals, node-local types).
+    pub peer_refused_types: Counter,
     sent: [Counter; MSG_TYPES],
     received: [Counter; MSG_TYPES],
 }
@@ -67,6 +99,11 @@ impl Metrics {
                 "Time left on the lease.",
                 lease.1 / 1_000_000,
             ),
+            (
+                "kv_http_connections",
+                "HTTP connections open.",
+                self.http_open.get(),
+            ),
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(
@@ -84,8 +121,8 @@ impl Metrics {
         out
     }
 
-    fn counters(&self, c: &CounterSnapshot) -> [(&'static str, &'static str, u64); 13] {
-        [
+    fn counters(&self, c: &CounterSnapshot) -> Vec<(&'static str, &'static str, u64)> {
+        vec![
             (
                 "raft_lease_reads_total",
                 "Reads served under the lease.",
@@ -150,6 +187,51 @@ impl Metrics {
                 "kv_peer_dropped_total",
                 "Messages dropped on a full queue.",
                 self.dropped_full.get(),
+            ),
+            (
+                "kv_http_evicted_total",
+                "Idle HTTP connections closed to admit a new one.",
+                self.http_evicted.get(),
+            ),
+            (
+                "kv_http_refused_total",
+                "HTTP connections refused: all open ones were busy.",
+                self.http_refused.get(),
+            ),
+            (
+                "kv_http_accept_errors_total",
+                "HTTP accept errors (such as running out of descriptors).",
+                self.http_accept_errors.get(),
+            ),
+            (
+                "kv_http_tls_failures_total",
+                "HTTPS handshakes that failed.",
+                self.http_tls_failures.get(),
+            ),
+            (
+                "kv_admin_denied_total",
+                "/admin requests without the right bearer token.",
+                self.admin_denied.get(),
+            ),
+            (
+                "kv_peer_refused_total",
+                "Peer connections refused by the connection limits.",
+                self.peer_refused.get(),
+            ),
+            (
+                "kv_peer_tls_failures_total",
+                "Peer TLS handshakes failed or certificates naming no other member.",
+                self.peer_tls_failures.get(),
+            ),
+            (
+                "kv_peer_spoofed_total",
+                "Peer messages whose sender is not the certificate's node.",
+                self.peer_spoofed.get(),
+            ),
+            (
+                "kv_peer_refused_types_total",
+                "Peer messages of a type peers never send (proposals, local types).",
+                self.peer_refused_types.get(),
             ),
         ]
     }

@@ -17,7 +17,9 @@ use raft_lease::{
     ReadKind, ReadMode, ReadyIo, Safeties,
 };
 use slog::{crit, info, warn, Logger};
+use tokio::sync::oneshot;
 
+use crate::admin::AdminToken;
 use crate::clock::ScaledClock;
 use crate::metrics::Metrics;
 use crate::state::{decode, encode, Command, KvState, Outcome, Stored};
@@ -32,6 +34,8 @@ pub struct NodeOptions {
     pub peer_http: BTreeMap<u64, String>,
     pub http: SocketAddr,
     pub data_dir: PathBuf,
+    /// Recorded in the data dir's marker.
+    pub cluster_id: String,
     pub election_ms: u64,
     pub heartbeat_ms: u64,
     pub tick_ms: u64,
@@ -39,6 +43,10 @@ pub struct NodeOptions {
     pub margin_ms: u64,
     pub peer_delay_ms: u64,
     pub fault_injection: bool,
+    /// Required for `/admin` (with `fault_injection`).
+    pub admin_token: Option<AdminToken>,
+    /// Peers talk plaintext, unauthenticated (local experiments only).
+    pub insecure_peers: bool,
     pub unsafe_lease_based: bool,
     /// Snapshot and compact the log once this many entries were applied since the last snapshot;
     /// a tenth of it stays behind the snapshot for followers that lag a little.
@@ -76,12 +84,12 @@ pub enum Request {
     Write {
         cmd: Command,
         value: Vec<u8>,
-        reply: Sender<WriteReply>,
+        reply: oneshot::Sender<WriteReply>,
     },
     Read {
         key: String,
         mode: ReadMode,
-        reply: Sender<ReadReply>,
+        reply: oneshot::Sender<ReadReply>,
     },
     Transfer {
         to: u64,
@@ -96,6 +104,8 @@ pub struct StatusView {
     pub leader_id: Option<u64>,
     pub commit: u64,
     pub applied: u64,
+    /// The last index in the raft log.
+    pub last_index: u64,
     pub lease: Option<(LeaseState, u64)>,
     pub counters: CounterSnapshot,
     pub is_leader: bool,
@@ -126,7 +136,7 @@ pub struct Runtime {
     shared: Arc<Shared>,
     inbox: Receiver<Message>,
     requests: Receiver<Request>,
-    pending_reads: HashMap<ReadId, (String, Sender<ReadReply>)>,
+    pending_reads: HashMap<ReadId, (String, oneshot::Sender<ReadReply>)>,
     next_req: u64,
     takeover_proposed: u64,
     last_expire: Instant,
@@ -139,7 +149,7 @@ pub struct KvIo {
     storage: DiskStorage,
     shared: Arc<Shared>,
     transport: Transport,
-    pending_writes: HashMap<u64, Sender<WriteReply>>,
+    pending_writes: HashMap<u64, oneshot::Sender<WriteReply>>,
     snapshot_index: u64,
     logger: Logger,
 }
@@ -175,22 +185,33 @@ fn configs(o: &NodeOptions, applied: u64) -> (raft::Config, LeaseConfig) {
     (rc, lease)
 }
 
+/// What connects the raft thread to the transport and the HTTP side.
+pub struct Wiring {
+    pub inbox: Receiver<Message>,
+    pub transport: Transport,
+    pub blocked: Blocked,
+    pub metrics: Arc<Metrics>,
+    pub stop: Arc<AtomicBool>,
+}
+
 /// Why a node could not start.
 pub type StartError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Runtime {
-    /// Open storage, rebuild the state from the latest snapshot, and create the node.
+    /// Rebuild the state from the storage's latest snapshot, and create the node.
     pub fn open(
         opts: NodeOptions,
-        inbox: Receiver<Message>,
-        transport: Transport,
-        blocked: Blocked,
-        metrics: Arc<Metrics>,
-        stop: Arc<AtomicBool>,
+        storage: DiskStorage,
+        wiring: Wiring,
         logger: Logger,
     ) -> Result<(Runtime, Arc<Shared>), StartError> {
-        let voters: Vec<u64> = opts.peers.keys().copied().collect();
-        let storage = DiskStorage::open(&opts.data_dir, &voters)?;
+        let Wiring {
+            inbox,
+            transport,
+            blocked,
+            metrics,
+            stop,
+        } = wiring;
         let state = match storage.latest_snapshot()? {
             Some(s) => KvState::from_snapshot(&s.data)?,
             None => KvState::new(),
@@ -243,8 +264,10 @@ impl Runtime {
         Ok((rt, shared))
     }
 
-    /// Run until stopped. A storage failure is fatal: the node stops rather than risk safety.
-    pub fn run(mut self) {
+    /// Run until stopped. A storage failure is fatal: the node stops rather than risk safety,
+    /// and the error is returned so that the process exits non-zero.
+    pub fn run(mut self) -> Result<(), DiskError> {
+        let mut result = Ok(());
         let tick = Duration::from_millis(self.shared.opts.tick_ms);
         let mut next_tick = Instant::now() + tick;
         while !self.shared.stop.load(Ordering::Relaxed) {
@@ -263,6 +286,7 @@ impl Runtime {
             if let Err(e) = self.handle_ready() {
                 crit!(self.logger, "storage failed; stopping"; "error" => %e);
                 self.shared.stop.store(true, Ordering::Relaxed);
+                result = Err(e);
                 break;
             }
             self.serve_reads();
@@ -270,6 +294,7 @@ impl Runtime {
         }
         self.fail_pending("node shutting down");
         info!(self.logger, "raft thread stopped");
+        result
     }
 
     fn step(&mut self, m: Message) {
@@ -304,7 +329,7 @@ impl Runtime {
         }
     }
 
-    fn write(&mut self, mut cmd: Command, value: Vec<u8>, reply: Sender<WriteReply>) {
+    fn write(&mut self, mut cmd: Command, value: Vec<u8>, reply: oneshot::Sender<WriteReply>) {
         if !self.node.is_leader() {
             let _ = reply.send(WriteReply::NotLeader {
                 leader: self.node.leader_id(),
@@ -417,6 +442,7 @@ impl Runtime {
             leader_id: self.node.leader_id(),
             commit: r.raft_log.committed,
             applied: r.raft_log.applied,
+            last_index: r.raft_log.last_index(),
             lease: Some((ls.state, ls.remaining_ns)),
             counters: self.node.counters(),
             is_leader,

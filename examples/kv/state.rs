@@ -95,9 +95,24 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     UnknownSession(u64),
-    LockHeld { holder: u64 },
-    StaleFence { token: u64, highest: u64 },
-    BadTtl { ttl_ms: u64, max_ttl_ms: u64 },
+    LockHeld {
+        holder: u64,
+    },
+    /// A fence whose token is not the lock's current one.
+    StaleFence {
+        token: u64,
+        current: u64,
+    },
+    /// A fence for a lock that nobody holds.
+    LockNotHeld {
+        lock: String,
+    },
+    BadTtl {
+        ttl_ms: u64,
+        max_ttl_ms: u64,
+    },
+    /// A key or lock name over the limits (only a forged or buggy proposal gets this far).
+    BadName(String),
     NotFound,
 }
 
@@ -145,6 +160,9 @@ impl KvState {
             self.applied
         );
         self.applied = index;
+        if let Err(why) = check_names(&cmd) {
+            return Outcome::Refused(Refusal::BadName(why));
+        }
         match cmd {
             Command::Put {
                 key,
@@ -216,12 +234,15 @@ impl KvState {
         session: Option<u64>,
         fence: Option<(String, u64)>,
     ) -> Outcome {
-        if let Some((name, token)) = fence {
-            if let Err(stale) = self.sessions.check_fence(&name, token) {
-                return Outcome::Refused(Refusal::StaleFence {
-                    token: stale.token,
-                    highest: stale.highest,
-                });
+        if let Some((lock, token)) = fence {
+            // Exactly the current holder's token: a lower one is stale, a higher one was never
+            // issued, and a lock nobody holds fences nothing.
+            match self.sessions.lock_holder(&lock) {
+                None => return Outcome::Refused(Refusal::LockNotHeld { lock }),
+                Some((_, current)) if current != token => {
+                    return Outcome::Refused(Refusal::StaleFence { token, current })
+                }
+                Some(_) => {}
             }
         }
         if let Some(id) = session {
@@ -353,10 +374,27 @@ struct SnapshotHeader {
     keys: Vec<(String, u64, u64)>,
 }
 
+/// Session keys are attached from `String` keys, so they are UTF-8; nothing is decoded lossily.
 fn to_strings(keys: &[Vec<u8>]) -> Vec<String> {
     keys.iter()
-        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .map(|k| String::from_utf8(k.clone()).expect("session keys come from UTF-8 keys"))
         .collect()
+}
+
+/// Every key and lock name a command carries must be within the HTTP API's limits.
+fn check_names(cmd: &Command) -> Result<(), String> {
+    let names: Vec<&str> = match cmd {
+        Command::Put { key, fence, .. } => std::iter::once(key.as_str())
+            .chain(fence.iter().map(|(n, _)| n.as_str()))
+            .collect(),
+        Command::Delete { key, .. } => vec![key],
+        Command::Lock { name, .. } => vec![name],
+        _ => vec![],
+    };
+    names
+        .into_iter()
+        .try_for_each(crate::keys::check_name)
+        .map_err(|e| e.to_string())
 }
 
 fn encode_raw(header: &[u8], rest: &[u8]) -> Vec<u8> {
@@ -441,7 +479,7 @@ mod tests {
             s.apply(5, stale, b"y"),
             Outcome::Refused(Refusal::StaleFence {
                 token: 0,
-                highest: 1
+                current: 1
             })
         );
         let copy = KvState::from_snapshot(&s.snapshot()).unwrap();
@@ -460,5 +498,53 @@ mod tests {
         );
         assert!(copy.kv.is_empty());
         assert!(KvState::from_snapshot(b"junk").is_err());
+    }
+
+    #[test]
+    fn a_fence_needs_a_held_lock_and_exactly_its_current_token() {
+        let mut s = KvState::new();
+        s.apply(1, Command::Takeover { term: 1, now_ns: 0 }, b"");
+        let grant = Command::SessionGrant {
+            req: 1,
+            ttl_ms: 1_000,
+            now_ns: 0,
+        };
+        let Outcome::Session(id) = s.apply(2, grant, b"") else {
+            panic!()
+        };
+        let fenced = |lock: &str, token| Command::Put {
+            req: 9,
+            key: "k".into(),
+            session: None,
+            fence: Some((lock.into(), token)),
+        };
+        let not_held = Outcome::Refused(Refusal::LockNotHeld { lock: "L".into() });
+        assert_eq!(s.apply(3, fenced("L", 5), b"v"), not_held, "never issued");
+        let lock = Command::Lock {
+            req: 2,
+            name: "L".into(),
+            session: id,
+            now_ns: 0,
+        };
+        assert_eq!(s.apply(4, lock, b""), Outcome::Token(1));
+        let higher = Outcome::Refused(Refusal::StaleFence {
+            token: 2,
+            current: 1,
+        });
+        assert_eq!(s.apply(5, fenced("L", 2), b"v"), higher, "never issued");
+        assert_eq!(s.apply(6, fenced("L", 1), b"v"), Outcome::Revision(6));
+        s.apply(7, Command::SessionRevoke { req: 3, id }, b"");
+        assert_eq!(s.apply(8, fenced("L", 1), b"v"), not_held, "released");
+        let long = Command::Put {
+            req: 4,
+            key: "k".repeat(1025),
+            session: None,
+            fence: None,
+        };
+        assert!(matches!(
+            s.apply(9, long, b"v"),
+            Outcome::Refused(Refusal::BadName(_))
+        ));
+        assert_eq!(s.kv.len(), 1);
     }
 }

@@ -11,12 +11,15 @@ use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use thiserror::Error;
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 const HARD_STATE: &str = "hard_state";
 const CONF_STATE: &str = "conf_state";
 const SNAPSHOT: &str = "snapshot";
+/// The raft id of the node the store belongs to (u64, big-endian).
+const NODE_ID: &str = "node_id";
 
 /// Any failure of the disk store. The node treats it as fatal: raft cannot continue safely.
 pub type DiskError = Box<dyn std::error::Error + Send + Sync>;
@@ -44,30 +47,106 @@ fn other(e: impl std::error::Error + Send + Sync + 'static) -> raft::Error {
     raft::Error::Store(StorageError::Other(Box::new(e)))
 }
 
+/// Why an existing store could not be opened as this node's.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("missing")]
+    Missing,
+    #[error("empty (0 bytes)")]
+    Empty,
+    #[error("not initialized (it holds no configuration)")]
+    Uninitialized,
+    #[error("node {0}'s")]
+    OtherNode(u64),
+    #[error("corrupt or unreadable ({0})")]
+    Corrupt(String),
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+const STORE_FILE: &str = "raft.redb";
+
 impl DiskStorage {
-    /// Open (or create) `dir/raft.redb`. A new store starts with `voters` as its configuration.
-    pub fn open(dir: &Path, voters: &[u64]) -> Result<Self, DiskError> {
-        std::fs::create_dir_all(dir)?;
-        let db = Database::create(dir.join("raft.redb"))?;
-        let txn = db.begin_write()?;
-        {
-            txn.open_table(LOG)?;
-            let mut meta = txn.open_table(META)?;
-            if meta.get(CONF_STATE)?.is_none() {
-                let cs = ConfState {
-                    voters: voters.to_vec(),
-                    ..Default::default()
-                };
-                meta.insert(CONF_STATE, cs.write_to_bytes()?.as_slice())?;
+    /// Create (or open) `dir/raft.redb` for node `node_id`. A new store starts with `voters` as
+    /// its configuration. For a dir without a marker only: see `marker::open_data_dir`.
+    pub fn create(dir: &Path, voters: &[u64], node_id: u64) -> Result<Self, StoreError> {
+        let db = Database::create(dir.join(STORE_FILE)).map_err(corrupt)?;
+        let init = || -> Result<(), DiskError> {
+            let txn = db.begin_write()?;
+            {
+                txn.open_table(LOG)?;
+                let mut meta = txn.open_table(META)?;
+                if meta.get(CONF_STATE)?.is_none() {
+                    let cs = ConfState {
+                        voters: voters.to_vec(),
+                        ..Default::default()
+                    };
+                    meta.insert(CONF_STATE, cs.write_to_bytes()?.as_slice())?;
+                }
+                if meta.get(NODE_ID)?.is_none() {
+                    meta.insert(NODE_ID, node_id.to_be_bytes().as_slice())?;
+                }
             }
+            txn.commit()?;
+            Ok(())
+        };
+        init().map_err(corrupt)?;
+        Self::checked(db, node_id)
+    }
+
+    /// Open the existing `dir/raft.redb` of node `node_id`: never creates one, and refuses a
+    /// store that is empty, uninitialized, unreadable or another node's.
+    pub fn open_existing(dir: &Path, node_id: u64) -> Result<Self, StoreError> {
+        let path = dir.join(STORE_FILE);
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::Missing),
+            Err(e) => return Err(corrupt(e)),
+            Ok(m) if m.len() == 0 => return Err(StoreError::Empty),
+            Ok(_) => {}
         }
-        txn.commit()?;
+        // redb reports corruption as errors; a panic in it must not take the node down either.
+        let opened = std::panic::catch_unwind(|| Database::open(&path))
+            .map_err(|_| corrupt("the store library panicked reading it"))?;
+        Self::checked(opened.map_err(corrupt)?, node_id)
+    }
+
+    fn checked(db: Database, node_id: u64) -> Result<Self, StoreError> {
+        let found = {
+            let txn = db.begin_read().map_err(corrupt)?;
+            let meta = match txn.open_table(META) {
+                Ok(m) => m,
+                Err(redb::TableError::TableDoesNotExist(_)) => {
+                    return Err(StoreError::Uninitialized)
+                }
+                Err(e) => return Err(corrupt(e)),
+            };
+            if meta.get(CONF_STATE).map_err(corrupt)?.is_none() {
+                return Err(StoreError::Uninitialized);
+            }
+            let id = meta
+                .get(NODE_ID)
+                .map_err(corrupt)?
+                .map(|v| v.value().to_vec());
+            id.and_then(|b| Some(u64::from_be_bytes(b.try_into().ok()?)))
+                .ok_or(StoreError::Uninitialized)?
+        };
+        if found != node_id {
+            return Err(StoreError::OtherNode(found));
+        }
         let storage = DiskStorage {
             db: Arc::new(db),
             cache: Arc::default(),
         };
-        storage.reload()?;
+        storage.reload().map_err(corrupt)?;
         Ok(storage)
+    }
+
+    /// Whether nothing was ever persisted: no term, vote, entry or snapshot.
+    pub fn is_pristine(&self) -> Result<bool, StoreError> {
+        let c = self.cache.read();
+        Ok(c.hard_state == HardState::default() && c.last_index == 0 && c.snapshot_meta.index == 0)
     }
 
     fn reload(&self) -> Result<(), DiskError> {
@@ -328,7 +407,8 @@ mod tests {
     #[test]
     fn persists_reopens_truncates_and_compacts() {
         let dir = tempfile::tempdir().unwrap();
-        let s = DiskStorage::open(dir.path(), &[1, 2, 3]).unwrap();
+        let s = DiskStorage::create(dir.path(), &[1, 2, 3], 1).unwrap();
+        assert!(s.is_pristine().unwrap());
         assert_eq!(s.initial_state().unwrap().conf_state.voters, vec![1, 2, 3]);
         let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
         let hs = HardState {
@@ -340,7 +420,12 @@ mod tests {
         s.persist(&entries, Some(&hs)).unwrap();
         s.persist(&[entry(8, 2)], None).unwrap(); // a conflicting suffix is replaced
         drop(s);
-        let s = DiskStorage::open(dir.path(), &[9]).unwrap();
+        assert!(matches!(
+            DiskStorage::open_existing(dir.path(), 2).map(|_| ()),
+            Err(StoreError::OtherNode(1))
+        ));
+        let s = DiskStorage::open_existing(dir.path(), 1).unwrap();
+        assert!(!s.is_pristine().unwrap());
         assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (1, 8));
         assert_eq!(s.term(8).unwrap(), 2);
         assert_eq!(s.initial_state().unwrap().hard_state, hs);

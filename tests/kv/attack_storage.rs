@@ -1,0 +1,151 @@
+//! A data dir that is not what it should be refuses to start (exit 3, a clear message, never a
+//! panic, never an empty start), and a fatal storage error exits non-zero.
+
+use std::time::{Duration, Instant};
+
+use crate::cluster::{http, json, put, Cluster};
+
+/// Stop node `id` with SIGTERM; it must exit 0.
+fn stop(c: &mut Cluster, id: u64) {
+    c.signal(id, libc::SIGTERM);
+    let s = c.wait_exit(id, 10);
+    assert!(s.success(), "SIGTERM: {s}");
+}
+
+/// Start node `id` and expect it to refuse: exit code and the log's last lines.
+fn refused_start(c: &mut Cluster, id: u64) -> (Option<i32>, String) {
+    c.spawn(id);
+    let code = c.wait_exit(id, 10).code();
+    let log = std::fs::read_to_string(c.log_path(id)).unwrap();
+    (code, log)
+}
+
+#[test]
+fn a_truncated_missing_or_corrupt_raft_store_refuses_to_start() {
+    let mut c = Cluster::start(1, &[]);
+    c.leader(&[1], 15);
+    put(c.port(1), "k", "kept");
+    stop(&mut c, 1);
+    let store = c.data.join("node1/raft.redb");
+    let intact = std::fs::read(&store).unwrap();
+    let mut junk = intact.clone();
+    junk[..4096.min(intact.len())].fill(0xa5);
+    let half = intact[..intact.len() / 2].to_vec();
+    let damage: [(&str, Option<Vec<u8>>); 4] = [
+        ("truncated to 0 bytes", Some(Vec::new())),
+        ("deleted", None),
+        ("header overwritten", Some(junk)),
+        ("cut in half", Some(half)),
+    ];
+    for (what, damaged) in damage {
+        match &damaged {
+            Some(bytes) => std::fs::write(&store, bytes).unwrap(),
+            None => std::fs::remove_file(&store).unwrap(),
+        }
+        let (code, log) = refused_start(&mut c, 1);
+        let last = log.lines().last().unwrap_or_default().to_string();
+        eprintln!("raft.redb {what}: exit {code:?}: {last}");
+        assert_eq!(code, Some(3), "{what}: {log}");
+        assert!(
+            log.contains("refusing to start") && !log.contains("panicked"),
+            "{what}: {log}"
+        );
+        assert_eq!(
+            std::fs::read(&store).ok(),
+            damaged,
+            "{what}: the store was touched"
+        );
+        std::fs::write(&store, &intact).unwrap();
+    }
+    // Control: the same dir with its store intact starts and still has the write.
+    c.spawn(1);
+    c.leader(&[1], 15);
+    let (code, body) = http(c.port(1), "GET", "/kv/k?read=index", b"").unwrap();
+    assert_eq!((code, json(&body)["value"].as_str()), (200, Some("kept")));
+}
+
+#[test]
+fn another_nodes_or_clusters_data_dir_is_refused() {
+    let mut c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    put(c.port(l), "k", "v");
+    for id in [1, 2] {
+        stop(&mut c, id);
+    }
+    let (d1, d2) = (c.data.join("node1"), c.data.join("node2"));
+    let saved = std::fs::read(d2.join("raft.redb")).unwrap();
+    // Node 1's store copied over node 2's, under node 2's marker.
+    std::fs::copy(d1.join("raft.redb"), d2.join("raft.redb")).unwrap();
+    let (code, log) = refused_start(&mut c, 2);
+    eprintln!("node 1's store in node 2's dir: exit {code:?}");
+    assert!(code == Some(3) && log.contains("node 1's"), "{log}");
+    std::fs::write(d2.join("raft.redb"), saved).unwrap();
+    // Node 2 pointed at node 1's whole dir.
+    let out = c.command_in(2, &d1).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("node 2 on node 1's dir: exit {:?}", out.status.code());
+    assert!(
+        out.status.code() == Some(3) && err.contains("belongs to node 1"),
+        "{err}"
+    );
+    // Another cluster's name.
+    let out = c
+        .command(1)
+        .args(["--cluster-id", "other"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Control: the right node on its own dir starts.
+    c.spawn(2);
+    c.spawn(1);
+    c.leader(&[1, 2, 3], 15);
+}
+
+#[test]
+fn a_fatal_storage_error_exits_non_zero() {
+    let mut c = Cluster::start(1, &[]);
+    c.leader(&[1], 15);
+    put(c.port(1), "k", "v");
+    let store = c.data.join("node1/raft.redb");
+    let size = std::fs::metadata(&store).unwrap().len();
+    // The disk is full: no file of the node may grow past its size now.
+    let lim = libc::rlimit {
+        rlim_cur: size + 4096,
+        rlim_max: size + 4096,
+    };
+    // SAFETY: prlimit on a child process we own, with a valid struct.
+    let rc = unsafe {
+        libc::prlimit(
+            c.pid(1) as libc::pid_t,
+            libc::RLIMIT_FSIZE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit");
+    let value = vec![b'x'; 512 << 10];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut acked = 0;
+    while c.running(1) {
+        assert!(
+            Instant::now() < deadline,
+            "the node never failed:\n{}",
+            c.log_tail()
+        );
+        if http(c.port(1), "PUT", &format!("/kv/big{acked}"), &value)
+            .is_some_and(|(code, _)| code == 200)
+        {
+            acked += 1;
+        }
+    }
+    let code = c.wait_exit(1, 5).code();
+    let log = std::fs::read_to_string(c.log_path(1)).unwrap();
+    eprintln!("disk full after {acked} acknowledged 512 KiB writes: exit {code:?}");
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("storage failed"), "{log}");
+}
