@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use raft_lease::grant::{
-    FencedStore, GrantConfig, LeaseEvent, LeaseHolder, LeaseServer, LossReason, Renewer, SessionId,
-    Sessions, SimSleeper, StaleToken,
+    AcquireError, FencedStore, GrantConfig, GrantorRecord, LeaseEvent, LeaseHolder, LeaseServer,
+    LossReason, Renewer, SessionId, Sessions, SimSleeper, StaleToken,
 };
 use raft_lease::{Clock, SimClock};
 use rand::{Rng, SeedableRng};
@@ -12,6 +12,11 @@ use rand_chacha::ChaCha8Rng;
 
 const MS: u64 = 1_000_000;
 const PPM: u128 = 1_000_000;
+
+/// A grantor's first start: nothing was ever granted.
+fn fresh(clock: SimClock, config: GrantConfig) -> LeaseServer<SimClock> {
+    LeaseServer::restore(clock, config, GrantorRecord::default())
+}
 
 /// The first real instant (ns from the start) at which a clock that read `start_ns` at real 0 and
 /// runs at `1 + ppm/1e6` reads at least `local_ns`.
@@ -53,7 +58,7 @@ fn ends(case: &Case, from_response: bool) -> (u128, u128) {
     let holder_clock = SimClock::new(5 * MS, case.holder_ppm);
     let grantor_clock = SimClock::new(9 * MS, case.grantor_ppm);
     let (h0, g0) = (holder_clock.now_ns(), grantor_clock.now_ns());
-    let mut server = LeaseServer::new(grantor_clock.clone(), case.config, 0);
+    let mut server = fresh(grantor_clock.clone(), case.config);
     let mut holder = LeaseHolder::new(case.config);
     let sent_at_ns = holder_clock.now_ns();
     for c in [&holder_clock, &grantor_clock] {
@@ -111,7 +116,7 @@ fn control_a_holder_timing_from_the_response_outlives_the_grantor() {
 fn a_paused_ex_holders_late_write_is_fenced() {
     let config = GrantConfig::default();
     let clock = SimClock::new(0, 0);
-    let mut server = LeaseServer::new(clock.clone(), config, 0);
+    let mut server = fresh(clock.clone(), config);
     let mut storage = FencedStore::new("initial");
     let mut a = LeaseHolder::new(config);
     a.on_grant(clock.now_ns(), server.acquire_now(1, 1_000).unwrap());
@@ -138,7 +143,7 @@ fn a_paused_ex_holders_late_write_is_fenced() {
 fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<LeaseEvent>, u64) {
     let config = GrantConfig::default();
     let clock = SimClock::new(0, 0);
-    let mut server = LeaseServer::new(clock.clone(), config, 0);
+    let mut server = fresh(clock.clone(), config);
     let mut holder = LeaseHolder::new(config);
     holder.on_grant(clock.now_ns(), server.acquire_now(1, 3_000).unwrap());
     let first_until = holder.valid_until_ns().unwrap();
@@ -280,4 +285,70 @@ fn a_batched_keepalive_of_10000_sessions_refreshes_them_all() {
     assert!(even.iter().all(|id| sessions.is_live(*id, 14_000 * MS)));
     let ka = sessions.keepalive(&ids, 14_000 * MS);
     assert_eq!((ka.refreshed, ka.unknown.len()), (5_000, 5_000));
+}
+
+/// Client 1 is granted 3 s at 0; the grantor restarts at 100 ms (`restart` builds the new one from
+/// the old); client 2 asks every millisecond from 101 ms. Returns (client 2's grant, end of
+/// client 1's view), in ns on the shared clock (drift 0, so also real time).
+fn restart_scenario(
+    restart: impl FnOnce(SimClock, GrantConfig, &LeaseServer<SimClock>) -> LeaseServer<SimClock>,
+) -> (u64, u64) {
+    let config = GrantConfig {
+        drift_ppm: 500,
+        margin_ms: 10,
+        max_term_ms: 3_000,
+    };
+    let clock = SimClock::new(0, 0);
+    let mut grantor = fresh(clock.clone(), config);
+    let mut c1 = LeaseHolder::new(config);
+    c1.on_grant(clock.now_ns(), grantor.acquire_now(1, 3_000).unwrap());
+    clock.advance(100 * MS);
+    let mut grantor = restart(clock.clone(), config, &grantor);
+    clock.advance(MS);
+    let granted_at = loop {
+        match grantor.acquire_now(2, 3_000) {
+            Ok(_) => break clock.now_ns(),
+            Err(AcquireError::BootHoldback { .. } | AcquireError::Held { .. }) => clock.advance(MS),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    (granted_at, c1.valid_until_ns().unwrap())
+}
+
+fn report_overlap(what: &str, (granted_at, c1_until): (u64, u64)) -> u64 {
+    let overlap = c1_until.saturating_sub(granted_at);
+    eprintln!(
+        "{what}: client 2 granted at {} ms, client 1 believes until {} ms: overlap {} ms",
+        granted_at as f64 / 1e6,
+        c1_until as f64 / 1e6,
+        overlap as f64 / 1e6
+    );
+    overlap
+}
+
+#[test]
+fn restarted_grantor_never_gives_two_holders() {
+    let boot =
+        restart_scenario(|clock, config, old| LeaseServer::boot(clock, config, old.last_token()));
+    assert_eq!(report_overlap("boot holdback", boot), 0);
+    // Holdback: 3 s·1.0005 + 10 ms = 3011.5 ms after the restart at 100 ms.
+    assert_eq!(boot.0, 3_112 * MS);
+    let restore =
+        restart_scenario(|clock, config, old| LeaseServer::restore(clock, config, old.record()));
+    assert_eq!(report_overlap("restore", restore), 0);
+    assert_eq!(
+        restore.0,
+        3_112 * MS,
+        "client 1 keeps a full term from the restart"
+    );
+}
+
+#[test]
+fn control_a_restart_that_forgets_its_holder_gives_two_holders() {
+    let forgot = restart_scenario(|clock, config, old| {
+        LeaseServer::control_restart_forgetting_holder(clock, config, old.last_token())
+    });
+    let overlap = report_overlap("control (forgets holder)", forgot);
+    assert_eq!(forgot.0, 101 * MS);
+    assert!(overlap > 2_800 * MS, "the control did not give two holders");
 }

@@ -8,12 +8,13 @@
 //! holder *should* have stopped, so writes carry the fencing token and storage rejects lower ones.
 //!
 //! ```
-//! use raft_lease::grant::{FencedStore, GrantConfig, LeaseHolder, LeaseServer};
+//! use raft_lease::grant::{FencedStore, GrantConfig, GrantorRecord, LeaseHolder, LeaseServer};
 //! use raft_lease::{Clock, SimClock};
 //!
 //! let config = GrantConfig { drift_ppm: 1_000, margin_ms: 10, max_term_ms: 60_000 };
 //! let (client_clock, server_clock) = (SimClock::new(0, 0), SimClock::new(0, 0));
-//! let mut server = LeaseServer::new(server_clock.clone(), config, 0);
+//! // A first start: nothing was ever granted. (After a restart: `boot` or `restore`.)
+//! let mut server = LeaseServer::restore(server_clock.clone(), config, GrantorRecord::default());
 //! let mut holder = LeaseHolder::new(config);
 //! let mut storage = FencedStore::new(String::new());
 //!
@@ -48,7 +49,7 @@ pub mod session;
 pub use fence::{FencedStore, StaleToken};
 pub use holder::LeaseHolder;
 pub use renewer::{ClockSleeper, LeaseEvent, LossReason, Renewer, SimSleeper, Sleeper, Transport};
-pub use server::{AcquireError, ClientId, Grant, LeaseServer};
+pub use server::{AcquireError, ClientId, Grant, GrantorRecord, LeaseServer};
 pub use session::{
     KeepAlive, Revoked, SessionError, SessionId, SessionImage, Sessions, SessionsImage,
 };
@@ -84,6 +85,12 @@ impl GrantConfig {
         let d = term_ms as u128 * NS_PER_MS;
         let scaled = (d * (PPM + self.drift_ppm as u128)).div_ceil(PPM);
         (scaled + self.margin_ms as u128 * NS_PER_MS) as u64
+    }
+
+    /// How long a restarted grantor refuses every grant ([`LeaseServer::boot`]): the grantor's hold
+    /// of the longest term, `max_term·(1+ρ) + ε`, in ns.
+    pub fn boot_holdback_ns(&self) -> u64 {
+        self.grantor_hold_ns(self.max_term_ms)
     }
 
     /// How long the holder believes a lease of `term_ms`: `d·(1−ρ) − ε`, rounded down, at least 0.
