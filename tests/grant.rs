@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use raft_lease::grant::{
     AcquireError, FencedStore, GrantConfig, GrantorRecord, LeaseEvent, LeaseHolder, LeaseServer,
-    LossReason, Renewer, SessionId, Sessions, SimSleeper, StaleToken,
+    LossReason, Renewal, Renewer, SessionId, Sessions, SimSleeper, SimTransportTime, StaleToken,
 };
 use raft_lease::{Clock, SimClock};
 use rand::{Rng, SeedableRng};
@@ -148,7 +148,7 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
     holder.on_grant(clock.now_ns(), server.acquire_now(1, 3_000).unwrap());
     let first_until = holder.valid_until_ns().unwrap();
     let mut calls = 0u32;
-    let transport = move |term_ms: u64| {
+    let transport = move |term_ms: u64, _deadline_ns: u64| {
         calls += 1;
         match answer(calls) {
             Some(0) => server.acquire_now(1, term_ms).map_err(|e| e.to_string()),
@@ -161,7 +161,7 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
         holder,
         3_000,
         transport,
-        SimSleeper(clock),
+        SimSleeper::new(clock),
     );
     let mut events = Vec::new();
     loop {
@@ -177,6 +177,138 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
     }
     renewer.stop();
     (events, first_until)
+}
+
+/// Wait for the renewer's `Lost` and return its local time.
+fn lost_at(renewer: &Renewer) -> (u64, LossReason) {
+    loop {
+        let e = renewer
+            .events()
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("renewer hung");
+        if let LeaseEvent::Lost { at_ns, reason } = e {
+            return (at_ns, reason);
+        }
+    }
+}
+
+/// A 3 s lease granted at 0 (ρ = 500 ppm, ε = 10 ms, one clock with no drift, so local is real
+/// time). Its renewal at 1988.5 ms goes to `transport`, which never reaches the grantor. Returns
+/// (Lost, end of the holder's view, grantor's expiry = when client 2 is granted), in ns.
+fn blocked_renewal<T>(
+    control: bool,
+    transport: impl FnOnce(SimTransportTime) -> T,
+) -> (u64, u64, u64)
+where
+    T: raft_lease::grant::Transport + 'static,
+{
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = fresh(clock.clone(), config);
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(0, server.acquire_now(1, 3_000).unwrap());
+    let view_end_ns = holder.valid_until_ns().unwrap();
+    let (_, expiry_ns) = server.holder(0).unwrap();
+    let mut core = Renewal::new(holder, 3_000);
+    if control {
+        core = core.control_loss_only_when_the_transport_returns();
+    }
+    let sleeper = SimSleeper::new(clock.clone());
+    let transport = transport(sleeper.transport_time());
+    let renewer = Renewer::spawn_core(Arc::new(clock.clone()), core, transport, sleeper);
+    let (lost_ns, reason) = lost_at(&renewer);
+    assert_eq!(
+        reason,
+        LossReason::RenewalsFailed {
+            valid_until_ns: view_end_ns
+        }
+    );
+    renewer.stop();
+    let c2 = server
+        .acquire(2, 3_000, expiry_ns)
+        .expect("free at the grantor's expiry");
+    assert_eq!(c2.token, 2);
+    eprintln!(
+        "{}: view ends {} ms, grantor expiry (client 2 granted) {} ms, Lost at {} ms: overlap {} ms",
+        if control { "control" } else { "fixed" },
+        view_end_ns as f64 / 1e6,
+        expiry_ns as f64 / 1e6,
+        lost_ns as f64 / 1e6,
+        lost_ns.saturating_sub(expiry_ns) as f64 / 1e6
+    );
+    (lost_ns, view_end_ns, expiry_ns)
+}
+
+/// A transport that ignores its deadline and blocks 1.5 s of simulated time, then fails.
+fn blocks_1500_ms(time: SimTransportTime) -> impl raft_lease::grant::Transport {
+    move |_term_ms: u64, _deadline_ns: u64| {
+        time.sleep(1_500 * MS);
+        Err("timed out after 1.5 s".to_string())
+    }
+}
+
+#[test]
+fn a_blocked_renewal_tells_the_owner_before_the_grantor_gives_the_lease_away() {
+    let (lost_ns, view_end_ns, expiry_ns) = blocked_renewal(false, blocks_1500_ms);
+    // The loss timer: the view's end (2988.5 ms) less d/12 (250 ms).
+    assert_eq!(lost_ns, 2_738_500_000);
+    assert!(lost_ns < view_end_ns && view_end_ns < expiry_ns);
+}
+
+#[test]
+fn control_a_renewer_that_waits_for_its_transport_tells_the_owner_too_late() {
+    let (lost_ns, view_end_ns, expiry_ns) = blocked_renewal(true, blocks_1500_ms);
+    assert_eq!(
+        lost_ns, 3_488_500_000,
+        "Lost only when the transport returned"
+    );
+    assert!(lost_ns > expiry_ns && lost_ns > view_end_ns);
+}
+
+#[test]
+fn a_transport_that_never_returns_still_loses_the_lease_in_time() {
+    let (lost_ns, view_end_ns, _) = blocked_renewal(false, |time| {
+        move |_term_ms: u64, _deadline_ns: u64| {
+            time.block_forever();
+            Err("the renewer exited".to_string())
+        }
+    });
+    assert_eq!(lost_ns, view_end_ns - 250 * MS);
+}
+
+#[test]
+fn a_transport_that_keeps_its_deadline_is_retried() {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = fresh(clock.clone(), config);
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(0, server.acquire_now(1, 3_000).unwrap());
+    let sleeper = SimSleeper::new(clock.clone());
+    let time = sleeper.transport_time();
+    let mut calls = 0;
+    // The first attempt times out at its deadline; the second reaches the grantor.
+    let transport = move |term_ms: u64, deadline_ns: u64| {
+        calls += 1;
+        if calls == 1 {
+            time.sleep(deadline_ns - time.now_ns());
+            return Err("deadline".to_string());
+        }
+        server
+            .acquire(1, term_ms, time.now_ns())
+            .map_err(|e| e.to_string())
+    };
+    let renewer = Renewer::spawn(Arc::new(clock.clone()), holder, 3_000, transport, sleeper);
+    let events: Vec<LeaseEvent> = (0..2).map(|_| renewer.events().recv().unwrap()).collect();
+    renewer.stop();
+    assert!(
+        matches!(&events[0], LeaseEvent::RenewFailed { attempt: 1, at_ns, .. } if *at_ns == 2_238_500_000),
+        "{events:?}"
+    );
+    // Retried d/12 after the failure; the view runs from that attempt's sent_at.
+    assert!(
+        matches!(&events[1], LeaseEvent::Renewed { token: 1, valid_until_ns, .. } if *valid_until_ns == 2_488_500_000 + 2_988_500_000),
+        "{events:?}"
+    );
 }
 
 #[test]

@@ -42,17 +42,21 @@
 
 pub mod fence;
 pub mod holder;
+pub mod renewal;
 pub mod renewer;
 pub mod server;
 pub mod session;
+pub mod sim_time;
 
 pub use fence::{FencedStore, StaleToken};
 pub use holder::LeaseHolder;
-pub use renewer::{ClockSleeper, LeaseEvent, LossReason, Renewer, SimSleeper, Sleeper, Transport};
+pub use renewal::{RenewStep, Renewal};
+pub use renewer::{ClockSleeper, LeaseEvent, LossReason, Renewer, Sleeper, Transport};
 pub use server::{AcquireError, ClientId, Grant, GrantorRecord, LeaseServer};
 pub use session::{
     KeepAlive, Revoked, SessionError, SessionId, SessionImage, Sessions, SessionsImage,
 };
+pub use sim_time::{SimSleeper, SimTransportTime};
 
 const PPM: u128 = 1_000_000;
 const NS_PER_MS: u128 = 1_000_000;
