@@ -484,3 +484,63 @@ fn control_a_restart_that_forgets_its_holder_gives_two_holders() {
     assert_eq!(forgot.0, 101 * MS);
     assert!(overlap > 2_800 * MS, "the control did not give two holders");
 }
+
+const HOUR: u64 = 3_600_000 * MS;
+const DAY: u64 = 24 * HOUR;
+
+/// A client's session (10 s TTL) takes lock `L` on the old grantor's clock at `old_now_ns`; a new
+/// grantor takes over at `new_now_ns` on its own clock and the client is dead (no keep-alive).
+/// Checks the lock is not freed before a full TTL from the takeover, and returns how much longer
+/// than that it stays held, in ns on the new clock.
+fn dead_lock_overstay_ns(
+    old_now_ns: u64,
+    new_now_ns: u64,
+    takeover: fn(&mut Sessions, u64),
+) -> u64 {
+    let config = GrantConfig {
+        drift_ppm: 500,
+        margin_ms: 10,
+        max_term_ms: 600_000,
+    };
+    let full_ttl_end_ns = new_now_ns + config.grantor_hold_ns(10_000);
+    let mut s = Sessions::new(config);
+    let id = s.grant(10_000, old_now_ns).unwrap();
+    assert_eq!(s.lock("L", id, old_now_ns), Ok(1));
+    takeover(&mut s, new_now_ns);
+    assert!(
+        s.expire(full_ttl_end_ns - 1).is_empty(),
+        "freed before a full TTL"
+    );
+    assert_eq!(s.lock_holder("L"), Some((id, 1)));
+    let (_, _, expiry_ns) = s.expiries().next().unwrap();
+    assert_eq!(s.expire(expiry_ns).len(), 1);
+    let next = s.grant(10_000, expiry_ns).unwrap();
+    assert_eq!(s.lock("L", next, expiry_ns), Ok(2), "the lock moves on");
+    let overstay_ns = expiry_ns - full_ttl_end_ns;
+    eprintln!(
+        "old clock {} h, new clock {} h: the dead client's lock outlives its TTL by {:.1} h",
+        old_now_ns / HOUR,
+        new_now_ns / HOUR,
+        overstay_ns as f64 / HOUR as f64
+    );
+    overstay_ns
+}
+
+#[test]
+fn takeover_with_clocks_far_apart_sets_every_expiry_from_the_new_clock() {
+    assert_eq!(dead_lock_overstay_ns(30 * DAY, HOUR, Sessions::takeover), 0);
+    assert_eq!(dead_lock_overstay_ns(HOUR, 30 * DAY, Sessions::takeover), 0);
+}
+
+#[test]
+fn control_a_takeover_comparing_the_old_clock_holds_a_dead_lock_for_weeks() {
+    let control = Sessions::control_takeover_keeping_old_expiry;
+    let overstay_ns = dead_lock_overstay_ns(30 * DAY, HOUR, control);
+    assert_eq!(
+        overstay_ns,
+        30 * DAY - HOUR,
+        "old clock ahead: 719 h too long"
+    );
+    // With the old clock behind, the old rule happened to be right: max picks the new clock.
+    assert_eq!(dead_lock_overstay_ns(HOUR, 30 * DAY, control), 0);
+}
