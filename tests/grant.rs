@@ -2,6 +2,9 @@
 
 use std::sync::Arc;
 
+use raft_lease::grant::sim::{
+    self, GrantSimConfig, GrantSimControls, GrantSimReport, ViolationKind,
+};
 use raft_lease::grant::{
     AcquireError, FencedStore, GrantConfig, GrantorRecord, LeaseEvent, LeaseHolder, LeaseServer,
     LossReason, Renewal, Renewer, SessionId, Sessions, SimSleeper, SimTransportTime, StaleToken,
@@ -543,4 +546,103 @@ fn control_a_takeover_comparing_the_old_clock_holds_a_dead_lock_for_weeks() {
     );
     // With the old clock behind, the old rule happened to be right: max picks the new clock.
     assert_eq!(dead_lock_overstay_ns(HOUR, 30 * DAY, control), 0);
+}
+
+/// The simulation's CI seeds: `0..GRANT_SIM_SEEDS` (default 24; set it higher for a long run).
+fn sim_seeds() -> u64 {
+    std::env::var("GRANT_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24)
+}
+
+#[test]
+fn simulation_no_client_believes_in_a_lease_or_lock_the_grantor_gave_to_another() {
+    let mut total = GrantSimReport::default();
+    for seed in 0..sim_seeds() {
+        let r = sim::run(&GrantSimConfig::new(seed));
+        assert_eq!(
+            r.violations,
+            0,
+            "seed {seed} (rerun: GrantSimConfig::new({seed})): {}",
+            r.first_violation.expect("counted")
+        );
+        assert!(
+            r.operations > 0 && r.grants > 0,
+            "seed {seed} did nothing: {r:?}"
+        );
+        total.steps += r.steps;
+        total.operations += r.operations;
+        total.grants += r.grants;
+        total.restarts += r.restarts;
+        total.blocks += r.blocks;
+        total.losses += r.losses;
+        total.checks += r.checks;
+    }
+    assert!(
+        total.restarts > 0 && total.blocks > 0 && total.losses > 0,
+        "{total:?}"
+    );
+    eprintln!(
+        "grant simulation, seeds 0..{}: {} steps of 1 ms, {} operations ({} grants), {} grantor restarts, \
+         {} blocked links, {} losses told, {} checks, 0 violations",
+        sim_seeds(),
+        total.steps,
+        total.operations,
+        total.grants,
+        total.restarts,
+        total.blocks,
+        total.losses,
+        total.checks
+    );
+}
+
+/// The first CI seed at which the simulation catches `controls`, with what it saw.
+fn first_catch(name: &str, controls: GrantSimControls, kind: ViolationKind) -> u64 {
+    for seed in 0..sim_seeds() {
+        let r = sim::run(&GrantSimConfig {
+            controls,
+            ..GrantSimConfig::new(seed)
+        });
+        if let Some(v) = r.first_violation {
+            assert_eq!(v.kind, kind, "{name}: caught by the wrong check: {v}");
+            eprintln!(
+                "control {name}: caught at seed {seed} ({} violating checks): {v}",
+                r.violations
+            );
+            return seed;
+        }
+    }
+    panic!("control {name}: not caught in seeds 0..{}", sim_seeds());
+}
+
+#[test]
+fn control_the_simulation_catches_a_restart_that_forgets_its_holder() {
+    let controls = GrantSimControls {
+        restart_forgets_holder: true,
+        ..Default::default()
+    };
+    first_catch("restart forgets holder", controls, ViolationKind::Exclusion);
+}
+
+#[test]
+fn control_the_simulation_catches_a_loss_told_only_when_the_transport_returns() {
+    let controls = GrantSimControls {
+        loss_only_when_the_transport_returns: true,
+        ..Default::default()
+    };
+    first_catch(
+        "loss only when the transport returns",
+        controls,
+        ViolationKind::Exclusion,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_a_takeover_that_compares_the_old_clock() {
+    let controls = GrantSimControls {
+        takeover_keeps_old_expiry: true,
+        ..Default::default()
+    };
+    first_catch("takeover keeps old expiry", controls, ViolationKind::Bound);
 }

@@ -7,6 +7,26 @@
 //! `1 ± ρ` of real time, the holder's belief always ends first. Expiry means only that the old
 //! holder *should* have stopped, so writes carry the fencing token and storage rejects lower ones.
 //!
+//! Three rules keep that true through restarts, stuck networks and other machines' clocks:
+//! - **A restarted grantor never forgets a holder.** [`LeaseServer::boot`] (the default) refuses
+//!   every grant for `max_term·(1+ρ) + ε` on its own clock after boot, with
+//!   [`AcquireError::BootHoldback`] telling how long is left. A caller that persists a
+//!   [`GrantorRecord`] (durably, before each answer leaves; see there) restarts with no holdback
+//!   through [`LeaseServer::restore`]: the recorded holder keeps a full term from the restart.
+//! - **The owner learns of a loss from a timer, not from the network.** The [`Renewal`] core declares
+//!   the lease lost at `valid_until − d/12` on the holder's clock (the view being
+//!   `sent_at + d·(1−ρ) − ε`) unless a renewal moved it on; the [`Renewer`] runs it on its own thread
+//!   and calls the [`Transport`] on another, with a deadline. A transport that blocks, ignores its
+//!   deadline or never returns cannot delay [`LeaseEvent::Lost`].
+//! - **No instant crosses machines.** Grants carry a term, records a term, never a clock reading.
+//!   [`Sessions::takeover`] sets every expiry to `now + ttl·(1+ρ) + ε` on the new grantor's clock
+//!   alone: the old grantor's readings (30 days on one machine, 1 hour on the next) are never
+//!   compared with it. The replicated grantor of `examples/kv` restores from the raft log and takes
+//!   over this way rather than holding back for 10 minutes after each failover.
+//!
+//! The `sim` module (feature `sim`) checks all of it at every simulated millisecond: several clients, a
+//! grantor that restarts on a new clock, drifting clocks far apart, and links that block for seconds.
+//!
 //! ```
 //! use raft_lease::grant::{FencedStore, GrantConfig, GrantorRecord, LeaseHolder, LeaseServer};
 //! use raft_lease::{Clock, SimClock};
@@ -46,6 +66,8 @@ pub mod renewal;
 pub mod renewer;
 pub mod server;
 pub mod session;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod sim_time;
 
 pub use fence::{FencedStore, StaleToken};

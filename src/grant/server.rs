@@ -62,10 +62,15 @@ pub enum AcquireError {
 /// differs from the one last written (a new holder, a longer term, a new token) and **before the
 /// answer leaves the grantor**. A renewal with the same term does not change it, so it costs no write.
 /// A release need not be written: the stale record only makes the restarted grantor wait longer.
+/// The record of a grantor that booted with a holdback and has granted nothing since says so
+/// (`holding_back`), and restoring it holds back again: that grantor never knew the holder it was
+/// waiting out. A record from any moment is therefore safe to write.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GrantorRecord {
     /// The last fencing token handed out.
     pub last_token: u64,
+    /// The grantor booted with a holdback and has granted nothing since: a lease it forgot may run.
+    pub holding_back: bool,
     /// The last holder not released (even if its lease has since run out), and the longest term
     /// granted to it since it became the holder, in ms.
     pub holder: Option<(ClientId, u64)>,
@@ -92,6 +97,8 @@ pub struct LeaseServer<C: Clock> {
     token: u64,
     /// No grant before this instant on the grantor's clock (0: none held back).
     holdback_until_ns: u64,
+    /// Booted with a holdback and granted nothing since (see [`GrantorRecord::holding_back`]).
+    holding_back: bool,
 }
 
 impl<C: Clock> LeaseServer<C> {
@@ -110,6 +117,7 @@ impl<C: Clock> LeaseServer<C> {
             holding: None,
             token: last_token,
             holdback_until_ns,
+            holding_back: true,
         }
     }
 
@@ -118,8 +126,12 @@ impl<C: Clock> LeaseServer<C> {
     /// before the restart, so that outlasts the holder's view); without a holder, grants start at once.
     ///
     /// A first start, with nothing ever granted, is `restore(clock, config, GrantorRecord::default())`.
+    /// A record written while holding back ([`GrantorRecord::holding_back`]) boots with a holdback.
     /// Restoring a record older than the last grant answered can give the lease to two clients.
     pub fn restore(clock: C, config: GrantConfig, record: GrantorRecord) -> Self {
+        if record.holding_back {
+            return Self::boot(clock, config, record.last_token);
+        }
         let now_ns = clock.now_ns();
         let holding = record.holder.map(|(client, term_ms)| Holding {
             client,
@@ -132,6 +144,7 @@ impl<C: Clock> LeaseServer<C> {
             holding,
             token: record.last_token,
             holdback_until_ns: 0,
+            holding_back: false,
         }
     }
 
@@ -151,14 +164,11 @@ impl<C: Clock> LeaseServer<C> {
         config: GrantConfig,
         last_token: u64,
     ) -> Self {
-        Self::restore(
-            clock,
-            config,
-            GrantorRecord {
-                last_token,
-                holder: None,
-            },
-        )
+        let forgot = GrantorRecord {
+            last_token,
+            ..GrantorRecord::default()
+        };
+        Self::restore(clock, config, forgot)
     }
 
     /// Grant or renew for `term_ms` at grantor time `now_ns`. A renewal by the current holder
@@ -207,6 +217,7 @@ impl<C: Clock> LeaseServer<C> {
         };
         debug_assert!(holding.expiry_ns > now_ns && holding.expiry_ns >= expiry_ns);
         self.holding = Some(holding);
+        self.holding_back = false; // the holdback is over: whoever it waited out is gone
         Ok(Grant {
             token: self.token,
             term_ms,
@@ -221,6 +232,11 @@ impl<C: Clock> LeaseServer<C> {
 
     /// Free the lease if `client` holds it. Returns whether it did. The client must stop using the
     /// lease *before* it asks.
+    ///
+    /// A release is not ordered against the same client's later requests: over a transport that
+    /// reorders or delivers late, a release that arrives after the client has acquired again frees
+    /// that new holding while the client believes in it (the grant simulator found this). So a client
+    /// asks again only once its release is answered; if it never is, it asks under a new [`ClientId`].
     pub fn release(&mut self, client: ClientId) -> bool {
         match self.holding {
             Some(h) if h.client == client => {
@@ -252,6 +268,7 @@ impl<C: Clock> LeaseServer<C> {
     pub fn record(&self) -> GrantorRecord {
         GrantorRecord {
             last_token: self.token,
+            holding_back: self.holding_back,
             holder: self.holding.map(|h| (h.client, h.term_ms)),
         }
     }
@@ -371,6 +388,7 @@ mod tests {
             record,
             GrantorRecord {
                 last_token: 1,
+                holding_back: false,
                 holder: Some((1, 2_000))
             }
         );
@@ -387,6 +405,24 @@ mod tests {
         let empty = LeaseServer::restore(SimClock::new(0, 0), config(), GrantorRecord::default());
         assert_eq!(empty.holder(0), None);
         assert_eq!(empty.holdback_remaining_ns(0), 0);
+    }
+
+    #[test]
+    fn a_grantor_holding_back_records_it_and_a_restore_holds_back_again() {
+        // Found by the grant simulator (seed 67 of 1000): a booted grantor crashed during its
+        // holdback; restoring its record, which named no holder, granted at once.
+        let booted = LeaseServer::boot(SimClock::new(0, 0), config(), 5);
+        let record = booted.record();
+        assert!(record.holding_back && record.holder.is_none());
+        let clock = SimClock::new(9 * MS, 0);
+        let mut s = LeaseServer::restore(clock, config(), record);
+        let end_ns = 9 * MS + config().boot_holdback_ns();
+        assert_eq!(
+            s.acquire(1, 1_000, end_ns - 1),
+            Err(AcquireError::BootHoldback { remaining_ns: 1 })
+        );
+        assert_eq!(s.acquire(1, 1_000, end_ns).unwrap().token, 6);
+        assert!(!s.record().holding_back, "a grant ends it");
     }
 
     #[test]

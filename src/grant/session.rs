@@ -195,6 +195,10 @@ impl Sessions {
     }
 
     /// Release lock `name` if session `id` holds it. Returns whether it did.
+    ///
+    /// Not ordered against the session's later requests: an unlock that arrives after the same
+    /// session locked `name` again frees that lock while its holder believes in it. Lock again under
+    /// a session only once its unlock is answered; if it never is, let the session end.
     pub fn unlock(&mut self, name: &str, id: SessionId) -> bool {
         if self.locks.get(name).is_none_or(|l| l.holder != id) {
             return false;
