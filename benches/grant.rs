@@ -7,11 +7,12 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use raft_lease::grant::{GrantConfig, LeaseServer, SessionId, Sessions};
+use raft_lease::grant::{GrantConfig, GrantorRecord, LeaseServer, SessionId, Sessions};
 use raft_lease::SimClock;
 
 fn grantor(c: &mut Criterion) {
-    let mut server = LeaseServer::new(SimClock::new(0, 0), GrantConfig::default(), 0);
+    let first_start = GrantorRecord::default();
+    let mut server = LeaseServer::restore(SimClock::new(0, 0), GrantConfig::default(), first_start);
     let mut now_ns = 0u64;
     c.bench_function("acquire_new_owner", |b| {
         b.iter(|| {

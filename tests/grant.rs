@@ -2,9 +2,12 @@
 
 use std::sync::Arc;
 
+use raft_lease::grant::sim::{
+    self, GrantSimConfig, GrantSimControls, GrantSimReport, ViolationKind,
+};
 use raft_lease::grant::{
-    FencedStore, GrantConfig, LeaseEvent, LeaseHolder, LeaseServer, LossReason, Renewer, SessionId,
-    Sessions, SimSleeper, StaleToken,
+    AcquireError, FencedStore, GrantConfig, GrantorRecord, LeaseEvent, LeaseHolder, LeaseServer,
+    LossReason, Renewal, Renewer, SessionId, Sessions, SimSleeper, SimTransportTime, StaleToken,
 };
 use raft_lease::{Clock, SimClock};
 use rand::{Rng, SeedableRng};
@@ -12,6 +15,11 @@ use rand_chacha::ChaCha8Rng;
 
 const MS: u64 = 1_000_000;
 const PPM: u128 = 1_000_000;
+
+/// A grantor's first start: nothing was ever granted.
+fn fresh(clock: SimClock, config: GrantConfig) -> LeaseServer<SimClock> {
+    LeaseServer::restore(clock, config, GrantorRecord::default())
+}
 
 /// The first real instant (ns from the start) at which a clock that read `start_ns` at real 0 and
 /// runs at `1 + ppm/1e6` reads at least `local_ns`.
@@ -53,7 +61,7 @@ fn ends(case: &Case, from_response: bool) -> (u128, u128) {
     let holder_clock = SimClock::new(5 * MS, case.holder_ppm);
     let grantor_clock = SimClock::new(9 * MS, case.grantor_ppm);
     let (h0, g0) = (holder_clock.now_ns(), grantor_clock.now_ns());
-    let mut server = LeaseServer::new(grantor_clock.clone(), case.config, 0);
+    let mut server = fresh(grantor_clock.clone(), case.config);
     let mut holder = LeaseHolder::new(case.config);
     let sent_at_ns = holder_clock.now_ns();
     for c in [&holder_clock, &grantor_clock] {
@@ -111,7 +119,7 @@ fn control_a_holder_timing_from_the_response_outlives_the_grantor() {
 fn a_paused_ex_holders_late_write_is_fenced() {
     let config = GrantConfig::default();
     let clock = SimClock::new(0, 0);
-    let mut server = LeaseServer::new(clock.clone(), config, 0);
+    let mut server = fresh(clock.clone(), config);
     let mut storage = FencedStore::new("initial");
     let mut a = LeaseHolder::new(config);
     a.on_grant(clock.now_ns(), server.acquire_now(1, 1_000).unwrap());
@@ -138,12 +146,12 @@ fn a_paused_ex_holders_late_write_is_fenced() {
 fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<LeaseEvent>, u64) {
     let config = GrantConfig::default();
     let clock = SimClock::new(0, 0);
-    let mut server = LeaseServer::new(clock.clone(), config, 0);
+    let mut server = fresh(clock.clone(), config);
     let mut holder = LeaseHolder::new(config);
     holder.on_grant(clock.now_ns(), server.acquire_now(1, 3_000).unwrap());
     let first_until = holder.valid_until_ns().unwrap();
     let mut calls = 0u32;
-    let transport = move |term_ms: u64| {
+    let transport = move |term_ms: u64, _deadline_ns: u64| {
         calls += 1;
         match answer(calls) {
             Some(0) => server.acquire_now(1, term_ms).map_err(|e| e.to_string()),
@@ -156,7 +164,7 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
         holder,
         3_000,
         transport,
-        SimSleeper(clock),
+        SimSleeper::new(clock),
     );
     let mut events = Vec::new();
     loop {
@@ -172,6 +180,138 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
     }
     renewer.stop();
     (events, first_until)
+}
+
+/// Wait for the renewer's `Lost` and return its local time.
+fn lost_at(renewer: &Renewer) -> (u64, LossReason) {
+    loop {
+        let e = renewer
+            .events()
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("renewer hung");
+        if let LeaseEvent::Lost { at_ns, reason } = e {
+            return (at_ns, reason);
+        }
+    }
+}
+
+/// A 3 s lease granted at 0 (ρ = 500 ppm, ε = 10 ms, one clock with no drift, so local is real
+/// time). Its renewal at 1988.5 ms goes to `transport`, which never reaches the grantor. Returns
+/// (Lost, end of the holder's view, grantor's expiry = when client 2 is granted), in ns.
+fn blocked_renewal<T>(
+    control: bool,
+    transport: impl FnOnce(SimTransportTime) -> T,
+) -> (u64, u64, u64)
+where
+    T: raft_lease::grant::Transport + 'static,
+{
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = fresh(clock.clone(), config);
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(0, server.acquire_now(1, 3_000).unwrap());
+    let view_end_ns = holder.valid_until_ns().unwrap();
+    let (_, expiry_ns) = server.holder(0).unwrap();
+    let mut core = Renewal::new(holder, 3_000);
+    if control {
+        core = core.control_loss_only_when_the_transport_returns();
+    }
+    let sleeper = SimSleeper::new(clock.clone());
+    let transport = transport(sleeper.transport_time());
+    let renewer = Renewer::spawn_core(Arc::new(clock.clone()), core, transport, sleeper);
+    let (lost_ns, reason) = lost_at(&renewer);
+    assert_eq!(
+        reason,
+        LossReason::RenewalsFailed {
+            valid_until_ns: view_end_ns
+        }
+    );
+    renewer.stop();
+    let c2 = server
+        .acquire(2, 3_000, expiry_ns)
+        .expect("free at the grantor's expiry");
+    assert_eq!(c2.token, 2);
+    eprintln!(
+        "{}: view ends {} ms, grantor expiry (client 2 granted) {} ms, Lost at {} ms: overlap {} ms",
+        if control { "control" } else { "fixed" },
+        view_end_ns as f64 / 1e6,
+        expiry_ns as f64 / 1e6,
+        lost_ns as f64 / 1e6,
+        lost_ns.saturating_sub(expiry_ns) as f64 / 1e6
+    );
+    (lost_ns, view_end_ns, expiry_ns)
+}
+
+/// A transport that ignores its deadline and blocks 1.5 s of simulated time, then fails.
+fn blocks_1500_ms(time: SimTransportTime) -> impl raft_lease::grant::Transport {
+    move |_term_ms: u64, _deadline_ns: u64| {
+        time.sleep(1_500 * MS);
+        Err("timed out after 1.5 s".to_string())
+    }
+}
+
+#[test]
+fn a_blocked_renewal_tells_the_owner_before_the_grantor_gives_the_lease_away() {
+    let (lost_ns, view_end_ns, expiry_ns) = blocked_renewal(false, blocks_1500_ms);
+    // The loss timer: the view's end (2988.5 ms) less d/12 (250 ms).
+    assert_eq!(lost_ns, 2_738_500_000);
+    assert!(lost_ns < view_end_ns && view_end_ns < expiry_ns);
+}
+
+#[test]
+fn control_a_renewer_that_waits_for_its_transport_tells_the_owner_too_late() {
+    let (lost_ns, view_end_ns, expiry_ns) = blocked_renewal(true, blocks_1500_ms);
+    assert_eq!(
+        lost_ns, 3_488_500_000,
+        "Lost only when the transport returned"
+    );
+    assert!(lost_ns > expiry_ns && lost_ns > view_end_ns);
+}
+
+#[test]
+fn a_transport_that_never_returns_still_loses_the_lease_in_time() {
+    let (lost_ns, view_end_ns, _) = blocked_renewal(false, |time| {
+        move |_term_ms: u64, _deadline_ns: u64| {
+            time.block_forever();
+            Err("the renewer exited".to_string())
+        }
+    });
+    assert_eq!(lost_ns, view_end_ns - 250 * MS);
+}
+
+#[test]
+fn a_transport_that_keeps_its_deadline_is_retried() {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = fresh(clock.clone(), config);
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(0, server.acquire_now(1, 3_000).unwrap());
+    let sleeper = SimSleeper::new(clock.clone());
+    let time = sleeper.transport_time();
+    let mut calls = 0;
+    // The first attempt times out at its deadline; the second reaches the grantor.
+    let transport = move |term_ms: u64, deadline_ns: u64| {
+        calls += 1;
+        if calls == 1 {
+            time.sleep(deadline_ns - time.now_ns());
+            return Err("deadline".to_string());
+        }
+        server
+            .acquire(1, term_ms, time.now_ns())
+            .map_err(|e| e.to_string())
+    };
+    let renewer = Renewer::spawn(Arc::new(clock.clone()), holder, 3_000, transport, sleeper);
+    let events: Vec<LeaseEvent> = (0..2).map(|_| renewer.events().recv().unwrap()).collect();
+    renewer.stop();
+    assert!(
+        matches!(&events[0], LeaseEvent::RenewFailed { attempt: 1, at_ns, .. } if *at_ns == 2_238_500_000),
+        "{events:?}"
+    );
+    // Retried d/12 after the failure; the view runs from that attempt's sent_at.
+    assert!(
+        matches!(&events[1], LeaseEvent::Renewed { token: 1, valid_until_ns, .. } if *valid_until_ns == 2_488_500_000 + 2_988_500_000),
+        "{events:?}"
+    );
 }
 
 #[test]
@@ -280,4 +420,229 @@ fn a_batched_keepalive_of_10000_sessions_refreshes_them_all() {
     assert!(even.iter().all(|id| sessions.is_live(*id, 14_000 * MS)));
     let ka = sessions.keepalive(&ids, 14_000 * MS);
     assert_eq!((ka.refreshed, ka.unknown.len()), (5_000, 5_000));
+}
+
+/// Client 1 is granted 3 s at 0; the grantor restarts at 100 ms (`restart` builds the new one from
+/// the old); client 2 asks every millisecond from 101 ms. Returns (client 2's grant, end of
+/// client 1's view), in ns on the shared clock (drift 0, so also real time).
+fn restart_scenario(
+    restart: impl FnOnce(SimClock, GrantConfig, &LeaseServer<SimClock>) -> LeaseServer<SimClock>,
+) -> (u64, u64) {
+    let config = GrantConfig {
+        drift_ppm: 500,
+        margin_ms: 10,
+        max_term_ms: 3_000,
+    };
+    let clock = SimClock::new(0, 0);
+    let mut grantor = fresh(clock.clone(), config);
+    let mut c1 = LeaseHolder::new(config);
+    c1.on_grant(clock.now_ns(), grantor.acquire_now(1, 3_000).unwrap());
+    clock.advance(100 * MS);
+    let mut grantor = restart(clock.clone(), config, &grantor);
+    clock.advance(MS);
+    let granted_at = loop {
+        match grantor.acquire_now(2, 3_000) {
+            Ok(_) => break clock.now_ns(),
+            Err(AcquireError::BootHoldback { .. } | AcquireError::Held { .. }) => clock.advance(MS),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    (granted_at, c1.valid_until_ns().unwrap())
+}
+
+fn report_overlap(what: &str, (granted_at, c1_until): (u64, u64)) -> u64 {
+    let overlap = c1_until.saturating_sub(granted_at);
+    eprintln!(
+        "{what}: client 2 granted at {} ms, client 1 believes until {} ms: overlap {} ms",
+        granted_at as f64 / 1e6,
+        c1_until as f64 / 1e6,
+        overlap as f64 / 1e6
+    );
+    overlap
+}
+
+#[test]
+fn restarted_grantor_never_gives_two_holders() {
+    let boot =
+        restart_scenario(|clock, config, old| LeaseServer::boot(clock, config, old.last_token()));
+    assert_eq!(report_overlap("boot holdback", boot), 0);
+    // Holdback: 3 s·1.0005 + 10 ms = 3011.5 ms after the restart at 100 ms.
+    assert_eq!(boot.0, 3_112 * MS);
+    let restore =
+        restart_scenario(|clock, config, old| LeaseServer::restore(clock, config, old.record()));
+    assert_eq!(report_overlap("restore", restore), 0);
+    assert_eq!(
+        restore.0,
+        3_112 * MS,
+        "client 1 keeps a full term from the restart"
+    );
+}
+
+#[test]
+fn control_a_restart_that_forgets_its_holder_gives_two_holders() {
+    let forgot = restart_scenario(|clock, config, old| {
+        LeaseServer::control_restart_forgetting_holder(clock, config, old.last_token())
+    });
+    let overlap = report_overlap("control (forgets holder)", forgot);
+    assert_eq!(forgot.0, 101 * MS);
+    assert!(overlap > 2_800 * MS, "the control did not give two holders");
+}
+
+const HOUR: u64 = 3_600_000 * MS;
+const DAY: u64 = 24 * HOUR;
+
+/// A client's session (10 s TTL) takes lock `L` on the old grantor's clock at `old_now_ns`; a new
+/// grantor takes over at `new_now_ns` on its own clock and the client is dead (no keep-alive).
+/// Checks the lock is not freed before a full TTL from the takeover, and returns how much longer
+/// than that it stays held, in ns on the new clock.
+fn dead_lock_overstay_ns(
+    old_now_ns: u64,
+    new_now_ns: u64,
+    takeover: fn(&mut Sessions, u64),
+) -> u64 {
+    let config = GrantConfig {
+        drift_ppm: 500,
+        margin_ms: 10,
+        max_term_ms: 600_000,
+    };
+    let full_ttl_end_ns = new_now_ns + config.grantor_hold_ns(10_000);
+    let mut s = Sessions::new(config);
+    let id = s.grant(10_000, old_now_ns).unwrap();
+    assert_eq!(s.lock("L", id, old_now_ns), Ok(1));
+    takeover(&mut s, new_now_ns);
+    assert!(
+        s.expire(full_ttl_end_ns - 1).is_empty(),
+        "freed before a full TTL"
+    );
+    assert_eq!(s.lock_holder("L"), Some((id, 1)));
+    let (_, _, expiry_ns) = s.expiries().next().unwrap();
+    assert_eq!(s.expire(expiry_ns).len(), 1);
+    let next = s.grant(10_000, expiry_ns).unwrap();
+    assert_eq!(s.lock("L", next, expiry_ns), Ok(2), "the lock moves on");
+    let overstay_ns = expiry_ns - full_ttl_end_ns;
+    eprintln!(
+        "old clock {} h, new clock {} h: the dead client's lock outlives its TTL by {:.1} h",
+        old_now_ns / HOUR,
+        new_now_ns / HOUR,
+        overstay_ns as f64 / HOUR as f64
+    );
+    overstay_ns
+}
+
+#[test]
+fn takeover_with_clocks_far_apart_sets_every_expiry_from_the_new_clock() {
+    assert_eq!(dead_lock_overstay_ns(30 * DAY, HOUR, Sessions::takeover), 0);
+    assert_eq!(dead_lock_overstay_ns(HOUR, 30 * DAY, Sessions::takeover), 0);
+}
+
+#[test]
+fn control_a_takeover_comparing_the_old_clock_holds_a_dead_lock_for_weeks() {
+    let control = Sessions::control_takeover_keeping_old_expiry;
+    let overstay_ns = dead_lock_overstay_ns(30 * DAY, HOUR, control);
+    assert_eq!(
+        overstay_ns,
+        30 * DAY - HOUR,
+        "old clock ahead: 719 h too long"
+    );
+    // With the old clock behind, the old rule happened to be right: max picks the new clock.
+    assert_eq!(dead_lock_overstay_ns(HOUR, 30 * DAY, control), 0);
+}
+
+/// The simulation's CI seeds: `0..GRANT_SIM_SEEDS` (default 24; set it higher for a long run).
+fn sim_seeds() -> u64 {
+    std::env::var("GRANT_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24)
+}
+
+#[test]
+fn simulation_no_client_believes_in_a_lease_or_lock_the_grantor_gave_to_another() {
+    let mut total = GrantSimReport::default();
+    for seed in 0..sim_seeds() {
+        let r = sim::run(&GrantSimConfig::new(seed));
+        assert_eq!(
+            r.violations,
+            0,
+            "seed {seed} (rerun: GrantSimConfig::new({seed})): {}",
+            r.first_violation.expect("counted")
+        );
+        assert!(
+            r.operations > 0 && r.grants > 0,
+            "seed {seed} did nothing: {r:?}"
+        );
+        total.steps += r.steps;
+        total.operations += r.operations;
+        total.grants += r.grants;
+        total.restarts += r.restarts;
+        total.blocks += r.blocks;
+        total.losses += r.losses;
+        total.checks += r.checks;
+    }
+    assert!(
+        total.restarts > 0 && total.blocks > 0 && total.losses > 0,
+        "{total:?}"
+    );
+    eprintln!(
+        "grant simulation, seeds 0..{}: {} steps of 1 ms, {} operations ({} grants), {} grantor restarts, \
+         {} blocked links, {} losses told, {} checks, 0 violations",
+        sim_seeds(),
+        total.steps,
+        total.operations,
+        total.grants,
+        total.restarts,
+        total.blocks,
+        total.losses,
+        total.checks
+    );
+}
+
+/// The first CI seed at which the simulation catches `controls`, with what it saw.
+fn first_catch(name: &str, controls: GrantSimControls, kind: ViolationKind) -> u64 {
+    for seed in 0..sim_seeds() {
+        let r = sim::run(&GrantSimConfig {
+            controls,
+            ..GrantSimConfig::new(seed)
+        });
+        if let Some(v) = r.first_violation {
+            assert_eq!(v.kind, kind, "{name}: caught by the wrong check: {v}");
+            eprintln!(
+                "control {name}: caught at seed {seed} ({} violating checks): {v}",
+                r.violations
+            );
+            return seed;
+        }
+    }
+    panic!("control {name}: not caught in seeds 0..{}", sim_seeds());
+}
+
+#[test]
+fn control_the_simulation_catches_a_restart_that_forgets_its_holder() {
+    let controls = GrantSimControls {
+        restart_forgets_holder: true,
+        ..Default::default()
+    };
+    first_catch("restart forgets holder", controls, ViolationKind::Exclusion);
+}
+
+#[test]
+fn control_the_simulation_catches_a_loss_told_only_when_the_transport_returns() {
+    let controls = GrantSimControls {
+        loss_only_when_the_transport_returns: true,
+        ..Default::default()
+    };
+    first_catch(
+        "loss only when the transport returns",
+        controls,
+        ViolationKind::Exclusion,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_a_takeover_that_compares_the_old_clock() {
+    let controls = GrantSimControls {
+        takeover_keeps_old_expiry: true,
+        ..Default::default()
+    };
+    first_catch("takeover keeps old expiry", controls, ViolationKind::Bound);
 }

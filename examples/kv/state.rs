@@ -3,6 +3,16 @@
 //! Commands travel in raft entries as `[u32 header length][JSON header][raw value bytes]`, so that
 //! a 1 MiB value is not inflated by JSON. Session times are the proposing leader's clock readings
 //! (`now_ns`); a new leader first proposes `Takeover`, which re-bases every session on its clock.
+//!
+//! Clocks: an expiry is compared only with readings of the clock it was set on. `Takeover` sets
+//! every expiry to `now + ttl·(1+ρ) + ε` from the new leader's clock alone, never comparing it with
+//! the old leader's readings ([`Sessions::takeover`]). Session commands are proposed only once the
+//! leader's `Takeover` is applied, and `Expire` carries its term, so each applies on one clock.
+//!
+//! Restart: this replicated grantor uses the *restore* path, not a boot holdback. Every session,
+//! keep-alive and lock is answered only once committed, so the raft log is the persisted record
+//! and holds everything a holdback would wait out; a holdback would instead refuse session
+//! commands for `max_ttl·(1+ρ) + ε` (10 minutes) after every failover.
 
 use std::collections::BTreeMap;
 
@@ -432,6 +442,60 @@ mod tests {
         assert_eq!(decode(&data).unwrap(), (cmd, &b"\x00\xffvalue"[..]));
         assert!(decode(b"\x00\x00\x00\x09{}").is_err());
         assert!(decode(b"\x00").is_err());
+    }
+
+    #[test]
+    fn takeover_rebases_sessions_on_the_new_leaders_clock_alone() {
+        const HOUR: u64 = 3_600_000_000_000;
+        let hold = session_config().grantor_hold_ns(1_000);
+        for (old_now, new_now) in [(720 * HOUR, HOUR), (HOUR, 720 * HOUR)] {
+            let mut s = KvState::new();
+            s.apply(
+                1,
+                Command::Takeover {
+                    term: 2,
+                    now_ns: old_now,
+                },
+                b"",
+            );
+            let grant = Command::SessionGrant {
+                req: 1,
+                ttl_ms: 1_000,
+                now_ns: old_now,
+            };
+            let Outcome::Session(id) = s.apply(2, grant, b"") else {
+                panic!()
+            };
+            s.apply(
+                3,
+                Command::Takeover {
+                    term: 3,
+                    now_ns: new_now,
+                },
+                b"",
+            );
+            s.apply(
+                4,
+                Command::Expire {
+                    term: 3,
+                    now_ns: new_now + hold - 1,
+                },
+                b"",
+            );
+            assert!(s.sessions.is_live(SessionId(id), new_now + hold - 1));
+            s.apply(
+                5,
+                Command::Expire {
+                    term: 3,
+                    now_ns: new_now + hold,
+                },
+                b"",
+            );
+            assert!(
+                s.sessions.is_empty(),
+                "outlived a full TTL on the new leader's clock"
+            );
+        }
     }
 
     #[test]

@@ -7,13 +7,34 @@
 //! `1 ± ρ` of real time, the holder's belief always ends first. Expiry means only that the old
 //! holder *should* have stopped, so writes carry the fencing token and storage rejects lower ones.
 //!
+//! Three rules keep that true through restarts, stuck networks and other machines' clocks:
+//! - **A restarted grantor never forgets a holder.** [`LeaseServer::boot`] (the default) refuses
+//!   every grant for `max_term·(1+ρ) + ε` on its own clock after boot, with
+//!   [`AcquireError::BootHoldback`] telling how long is left. A caller that persists a
+//!   [`GrantorRecord`] (durably, before each answer leaves; see there) restarts with no holdback
+//!   through [`LeaseServer::restore`]: the recorded holder keeps a full term from the restart.
+//! - **The owner learns of a loss from a timer, not from the network.** The [`Renewal`] core declares
+//!   the lease lost at `valid_until − d/12` on the holder's clock (the view being
+//!   `sent_at + d·(1−ρ) − ε`) unless a renewal moved it on; the [`Renewer`] runs it on its own thread
+//!   and calls the [`Transport`] on another, with a deadline. A transport that blocks, ignores its
+//!   deadline or never returns cannot delay [`LeaseEvent::Lost`].
+//! - **No instant crosses machines.** Grants carry a term, records a term, never a clock reading.
+//!   [`Sessions::takeover`] sets every expiry to `now + ttl·(1+ρ) + ε` on the new grantor's clock
+//!   alone: the old grantor's readings (30 days on one machine, 1 hour on the next) are never
+//!   compared with it. The replicated grantor of `examples/kv` restores from the raft log and takes
+//!   over this way rather than holding back for 10 minutes after each failover.
+//!
+//! The `sim` module (feature `sim`) checks all of it at every simulated millisecond: several clients, a
+//! grantor that restarts on a new clock, drifting clocks far apart, and links that block for seconds.
+//!
 //! ```
-//! use raft_lease::grant::{FencedStore, GrantConfig, LeaseHolder, LeaseServer};
+//! use raft_lease::grant::{FencedStore, GrantConfig, GrantorRecord, LeaseHolder, LeaseServer};
 //! use raft_lease::{Clock, SimClock};
 //!
 //! let config = GrantConfig { drift_ppm: 1_000, margin_ms: 10, max_term_ms: 60_000 };
 //! let (client_clock, server_clock) = (SimClock::new(0, 0), SimClock::new(0, 0));
-//! let mut server = LeaseServer::new(server_clock.clone(), config, 0);
+//! // A first start: nothing was ever granted. (After a restart: `boot` or `restore`.)
+//! let mut server = LeaseServer::restore(server_clock.clone(), config, GrantorRecord::default());
 //! let mut holder = LeaseHolder::new(config);
 //! let mut storage = FencedStore::new(String::new());
 //!
@@ -41,17 +62,23 @@
 
 pub mod fence;
 pub mod holder;
+pub mod renewal;
 pub mod renewer;
 pub mod server;
 pub mod session;
+#[cfg(feature = "sim")]
+pub mod sim;
+pub mod sim_time;
 
 pub use fence::{FencedStore, StaleToken};
 pub use holder::LeaseHolder;
-pub use renewer::{ClockSleeper, LeaseEvent, LossReason, Renewer, SimSleeper, Sleeper, Transport};
-pub use server::{AcquireError, ClientId, Grant, LeaseServer};
+pub use renewal::{RenewStep, Renewal};
+pub use renewer::{ClockSleeper, LeaseEvent, LossReason, Renewer, Sleeper, Transport};
+pub use server::{AcquireError, ClientId, Grant, GrantorRecord, LeaseServer};
 pub use session::{
     KeepAlive, Revoked, SessionError, SessionId, SessionImage, Sessions, SessionsImage,
 };
+pub use sim_time::{SimSleeper, SimTransportTime};
 
 const PPM: u128 = 1_000_000;
 const NS_PER_MS: u128 = 1_000_000;
@@ -84,6 +111,12 @@ impl GrantConfig {
         let d = term_ms as u128 * NS_PER_MS;
         let scaled = (d * (PPM + self.drift_ppm as u128)).div_ceil(PPM);
         (scaled + self.margin_ms as u128 * NS_PER_MS) as u64
+    }
+
+    /// How long a restarted grantor refuses every grant ([`LeaseServer::boot`]): the grantor's hold
+    /// of the longest term, `max_term·(1+ρ) + ε`, in ns.
+    pub fn boot_holdback_ns(&self) -> u64 {
+        self.grantor_hold_ns(self.max_term_ms)
     }
 
     /// How long the holder believes a lease of `term_ms`: `d·(1−ρ) − ε`, rounded down, at least 0.

@@ -1,16 +1,26 @@
 //! A renewer thread: keeps a [`LeaseHolder`]'s lease alive through a transport you supply, and
-//! tells the owner at once when the lease is lost.
+//! tells the owner when the lease is lost, **no later than `d/12` before the holder's view ends,
+//! whatever the transport does**.
+//!
+//! Two threads: the renewer thread runs the [`Renewal`] core and its loss timer; an I/O thread
+//! calls the transport, one attempt at a time, with a deadline. The renewer thread never waits on
+//! the transport beyond the loss timer, so a transport that blocks or never returns cannot delay
+//! [`LeaseEvent::Lost`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
-use crate::clock::{Clock, SimClock};
+use crate::clock::Clock;
 use crate::grant::holder::LeaseHolder;
+use crate::grant::renewal::{RenewStep, Renewal};
 use crate::grant::server::Grant;
+
+pub use crate::grant::sim_time::{SimSleeper, SimTransportTime};
 
 /// What the renewer tells the owner.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,11 +34,12 @@ pub enum LeaseEvent {
         /// Local time of the renewal's answer.
         at_ns: u64,
     },
-    /// One renewal failed; the renewer retries while the lease lasts.
+    /// One renewal failed (an error, or no answer by its deadline); the renewer retries while the
+    /// lease lasts.
     RenewFailed {
         /// The transport's error.
         error: String,
-        /// Failures in a row.
+        /// Failed attempts in a row.
         attempt: u32,
         /// Local time of the failure.
         at_ns: u64,
@@ -37,7 +48,8 @@ pub enum LeaseEvent {
     Lost {
         /// Why.
         reason: LossReason,
-        /// Local time of the signal; before the holder's view ends when renewals failed.
+        /// Local time of the signal: `d/12` or more before the holder's view ends when renewals
+        /// failed or the transport did not answer.
         at_ns: u64,
     },
 }
@@ -45,7 +57,8 @@ pub enum LeaseEvent {
 /// Why a lease was lost.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LossReason {
-    /// Renewals kept failing and no retry could finish before the lease ends.
+    /// No renewal succeeded before the loss timer (`d/12` before the view ends): the attempts
+    /// failed, or the transport did not answer in time.
     RenewalsFailed {
         /// Where the holder's view would have ended.
         valid_until_ns: u64,
@@ -61,10 +74,22 @@ pub enum LossReason {
     NotHeld,
 }
 
-/// How the renewer waits. Production uses [`ClockSleeper`]; tests use [`SimSleeper`].
+/// How the renewer thread waits. Production uses [`ClockSleeper`]; tests use [`SimSleeper`].
 pub trait Sleeper: Send {
     /// Return once the clock reads at least `until_ns` (or earlier, to let the renewer check stop).
     fn sleep_until(&mut self, until_ns: u64);
+
+    /// Wait for the answer of the attempt in flight on `answers`, until the clock reads `until_ns`.
+    /// `None` if it has not come (returning early is allowed: the renewer polls again).
+    ///
+    /// The default checks, sleeps, and checks again; override it to wake as the answer arrives.
+    fn recv_until<T>(&mut self, answers: &Receiver<T>, until_ns: u64) -> Option<T> {
+        if let Ok(a) = answers.try_recv() {
+            return Some(a);
+        }
+        self.sleep_until(until_ns);
+        answers.try_recv().ok()
+    }
 }
 
 /// Sleeps the thread on a real clock.
@@ -82,116 +107,137 @@ impl<C: Clock> ClockSleeper<C> {
             max_sleep_ns: 50_000_000,
         }
     }
+
+    fn wait_for(&self, until_ns: u64) -> Duration {
+        let wait_ns = until_ns
+            .saturating_sub(self.clock.now_ns())
+            .min(self.max_sleep_ns);
+        Duration::from_nanos(wait_ns)
+    }
 }
 
 impl<C: Clock> Sleeper for ClockSleeper<C> {
     fn sleep_until(&mut self, until_ns: u64) {
-        let wait_ns = until_ns
-            .saturating_sub(self.clock.now_ns())
-            .min(self.max_sleep_ns);
-        std::thread::sleep(std::time::Duration::from_nanos(wait_ns));
+        std::thread::sleep(self.wait_for(until_ns));
     }
-}
 
-/// "Sleeps" by jumping a simulated clock forward: the renewer runs deterministically in sim time.
-pub struct SimSleeper(pub SimClock);
-
-impl Sleeper for SimSleeper {
-    fn sleep_until(&mut self, until_ns: u64) {
-        let now_ns = self.0.now_ns();
-        self.0.step(until_ns.saturating_sub(now_ns));
+    fn recv_until<T>(&mut self, answers: &Receiver<T>, until_ns: u64) -> Option<T> {
+        match answers.recv_timeout(self.wait_for(until_ns)) {
+            Ok(a) => Some(a),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => {
+                self.sleep_until(until_ns); // the I/O thread is gone: only the timer is left
+                None
+            }
+        }
     }
 }
 
 /// A renewal transport: asks the grantor for `term_ms` and returns its answer or an error.
-/// It must bound its own time (a request timeout): the renewer cannot interrupt it.
-pub trait Transport: FnMut(u64) -> Result<Grant, String> + Send {}
-impl<T: FnMut(u64) -> Result<Grant, String> + Send> Transport for T {}
+///
+/// `deadline_ns` is on the renewer's clock: give up by then (an answer after it may be ignored).
+/// Ignoring the deadline is safe, since the renewer declares the loss on its own timer, but it keeps
+/// the I/O thread, and so the next attempt, waiting.
+pub trait Transport: Send {
+    /// Ask for a renewal of `term_ms`, giving up by `deadline_ns`.
+    fn renew(&mut self, term_ms: u64, deadline_ns: u64) -> Result<Grant, String>;
+}
 
-/// A running renewer. Dropping it stops the thread.
+impl<T: FnMut(u64, u64) -> Result<Grant, String> + Send> Transport for T {
+    fn renew(&mut self, term_ms: u64, deadline_ns: u64) -> Result<Grant, String> {
+        self(term_ms, deadline_ns)
+    }
+}
+
+/// A running renewer. Dropping it stops the renewer thread.
+///
+/// The I/O thread ends once its current transport call returns; a call that never returns keeps
+/// that thread (only) blocked.
 pub struct Renewer {
-    holder: Arc<Mutex<LeaseHolder>>,
+    core: Arc<Mutex<Renewal>>,
     events: Receiver<LeaseEvent>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-/// When the renewer retries a failed renewal: every `term/12`, so two failures still leave time.
-const RETRY_DIVISOR: u64 = 12;
+/// One attempt for the I/O thread: (term_ms, deadline_ns).
+type Request = (u64, u64);
 
-struct Loop<C: Clock, S: Sleeper, T: Transport> {
+struct Loop<C: Clock, S: Sleeper> {
     clock: Arc<C>,
     sleeper: S,
-    transport: T,
-    holder: Arc<Mutex<LeaseHolder>>,
+    core: Arc<Mutex<Renewal>>,
+    requests: Sender<Request>,
+    answers: Receiver<Result<Grant, String>>,
     events: Sender<LeaseEvent>,
     stop: Arc<AtomicBool>,
-    term_ms: u64,
 }
 
-impl<C: Clock, S: Sleeper, T: Transport> Loop<C, S, T> {
+impl<C: Clock, S: Sleeper> Loop<C, S> {
     fn run(mut self) {
-        let retry_ns = self.term_ms * 1_000_000 / RETRY_DIVISOR;
-        let mut failures = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             let now_ns = self.clock.now_ns();
-            let (renew_at_ns, valid_until_ns) = {
-                let h = self.holder.lock();
-                (h.renew_at_ns(), h.valid_until_ns())
-            };
-            let (Some(renew_at_ns), Some(valid_until_ns)) = (renew_at_ns, valid_until_ns) else {
-                return self.lost(LossReason::NotHeld);
-            };
-            if now_ns < renew_at_ns && failures == 0 {
-                self.sleeper.sleep_until(renew_at_ns);
-                continue;
-            }
-            let sent_at_ns = self.clock.now_ns(); // before the request goes out
-            match (self.transport)(self.term_ms) {
-                Ok(grant) => {
-                    failures = 0;
-                    let old = self.holder.lock().token(sent_at_ns);
-                    if !self.holder.lock().on_grant(sent_at_ns, grant) {
-                        return self.lost(LossReason::TokenChanged {
-                            old,
-                            new: grant.token,
-                        });
+            let step = self.core.lock().poll(now_ns);
+            match step {
+                RenewStep::Send {
+                    term_ms,
+                    deadline_ns,
+                } => {
+                    if self.requests.send((term_ms, deadline_ns)).is_err() {
+                        self.answer(Err("the transport thread is gone".into()));
                     }
-                    let valid_until_ns = self.holder.lock().valid_until_ns().expect("just granted");
-                    let at_ns = self.clock.now_ns();
-                    let _ = self.events.send(LeaseEvent::Renewed {
-                        token: grant.token,
-                        valid_until_ns,
-                        at_ns,
-                    });
                 }
-                Err(error) => {
-                    failures += 1;
-                    let at_ns = self.clock.now_ns();
-                    let _ = self.events.send(LeaseEvent::RenewFailed {
-                        error,
-                        attempt: failures,
-                        at_ns,
-                    });
-                    if at_ns + retry_ns >= valid_until_ns {
-                        return self.lost(LossReason::RenewalsFailed { valid_until_ns });
+                RenewStep::Event(e) => {
+                    if !self.emit(e) {
+                        return;
                     }
-                    self.sleeper.sleep_until(at_ns + retry_ns);
+                }
+                RenewStep::Wait { until_ns } => {
+                    if !self.core.lock().in_flight() {
+                        self.sleeper.sleep_until(until_ns);
+                    } else if let Some(answer) = self.sleeper.recv_until(&self.answers, until_ns) {
+                        if !self.answer(answer) {
+                            return;
+                        }
+                    }
                 }
             }
         }
     }
 
-    fn lost(&mut self, reason: LossReason) {
-        self.holder.lock().drop_lease();
-        let at_ns = self.clock.now_ns();
-        let _ = self.events.send(LeaseEvent::Lost { reason, at_ns });
+    /// Feed an answer to the core; false once the lease is lost.
+    fn answer(&mut self, answer: Result<Grant, String>) -> bool {
+        let now_ns = self.clock.now_ns();
+        let event = self.core.lock().on_answer(answer, now_ns);
+        self.emit(event)
+    }
+
+    /// Tell the owner; false once the lease is lost.
+    fn emit(&self, event: LeaseEvent) -> bool {
+        let lost = matches!(event, LeaseEvent::Lost { .. });
+        let _ = self.events.send(event);
+        !lost
+    }
+}
+
+/// The I/O thread: one transport call per request, until the renewer thread hangs up.
+fn serve<T: Transport>(
+    mut transport: T,
+    requests: Receiver<Request>,
+    answers: Sender<Result<Grant, String>>,
+) {
+    for (term_ms, deadline_ns) in requests {
+        if answers.send(transport.renew(term_ms, deadline_ns)).is_err() {
+            return;
+        }
     }
 }
 
 impl Renewer {
     /// Start renewing `holder` (which should already hold the lease) for `term_ms` at a time,
-    /// through `transport`, on a dedicated thread.
+    /// through `transport`, on a renewer thread and an I/O thread.
+    ///
+    /// Panics if `term_ms` is below 12 ms.
     pub fn spawn<C, S, T>(
         clock: Arc<C>,
         holder: LeaseHolder,
@@ -204,45 +250,59 @@ impl Renewer {
         S: Sleeper + 'static,
         T: Transport + 'static,
     {
-        assert!(
-            term_ms >= RETRY_DIVISOR,
-            "lease term {term_ms} ms is too short to renew"
-        );
-        let holder = Arc::new(Mutex::new(holder));
+        Self::spawn_core(clock, Renewal::new(holder, term_ms), transport, sleeper)
+    }
+
+    /// [`Renewer::spawn`] around a [`Renewal`] you built (for tests: its negative control).
+    #[doc(hidden)]
+    pub fn spawn_core<C, S, T>(clock: Arc<C>, core: Renewal, transport: T, sleeper: S) -> Renewer
+    where
+        C: Clock + 'static,
+        S: Sleeper + 'static,
+        T: Transport + 'static,
+    {
+        let core = Arc::new(Mutex::new(core));
         let stop = Arc::new(AtomicBool::new(false));
-        let (tx, rx) = unbounded();
+        let (events_tx, events) = unbounded();
+        let (requests_tx, requests_rx) = bounded(1);
+        let (answers_tx, answers_rx) = bounded(1);
+        std::thread::Builder::new()
+            .name("lease-renewer-io".into())
+            .spawn(move || serve(transport, requests_rx, answers_tx))
+            .expect("spawn the renewer's I/O thread");
         let lp = Loop {
             clock,
             sleeper,
-            transport,
-            holder: holder.clone(),
-            events: tx,
+            core: core.clone(),
+            requests: requests_tx,
+            answers: answers_rx,
+            events: events_tx,
             stop: stop.clone(),
-            term_ms,
         };
         let thread = std::thread::Builder::new()
             .name("lease-renewer".into())
             .spawn(move || lp.run())
             .expect("spawn the renewer thread");
         Renewer {
-            holder,
-            events: rx,
+            core,
+            events,
             stop,
             thread: Some(thread),
         }
     }
 
-    /// Events for the owner. A [`LeaseEvent::Lost`] means stop using the lease at once.
+    /// Events for the owner. A [`LeaseEvent::Lost`] means stop using the lease at once; it comes
+    /// no later than `d/12` before the holder's view ends, whatever the transport does.
     pub fn events(&self) -> &Receiver<LeaseEvent> {
         &self.events
     }
 
     /// The fencing token, while the lease holds at `now_ns`.
     pub fn token(&self, now_ns: u64) -> Option<u64> {
-        self.holder.lock().token(now_ns)
+        self.core.lock().token(now_ns)
     }
 
-    /// Stop renewing and wait for the thread (it finishes any renewal in progress).
+    /// Stop renewing and wait for the renewer thread (not for a transport call in progress).
     pub fn stop(mut self) {
         self.shutdown();
     }

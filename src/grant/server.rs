@@ -1,4 +1,15 @@
 //! The grantor: grants and renews one lease, and counts fencing tokens.
+//!
+//! A grantor that restarts must not forget a lease it granted. Start it one of two ways:
+//! - [`LeaseServer::boot`] (the default): it refuses every grant until the longest term it may have
+//!   granted has run out on its own clock, `max_term·(1+ρ) + ε` after boot
+//!   ([`AcquireError::BootHoldback`] says how long is left). Nothing but the last token needs persisting.
+//! - [`LeaseServer::restore`]: the caller persisted a [`GrantorRecord`] (see there for what and
+//!   when). The restored holder keeps the lease for a full term from the restart, measured on the
+//!   new clock; everyone else may be granted at once if nobody held it.
+//!
+//! No instant is ever persisted or sent: a monotonic clock's readings mean nothing to another
+//! process or machine, so a restart re-bases every expiry on the grantor's new clock.
 
 use thiserror::Error;
 
@@ -36,14 +47,44 @@ pub enum AcquireError {
         /// The largest term this grantor gives.
         max_term_ms: u64,
     },
+    /// The grantor has just booted and may have granted a lease before it restarted.
+    #[error("grantor booted recently: no grants for {remaining_ns} ns more")]
+    BootHoldback {
+        /// Time left on the grantor's clock until it grants again.
+        remaining_ns: u64,
+    },
+}
+
+/// What a grantor persists so that a restart needs no holdback ([`LeaseServer::restore`]).
+///
+/// It holds no instant, only who holds the lease and for how long a term. **When:** write
+/// [`LeaseServer::record`] durably after every successful [`LeaseServer::acquire`] whose record
+/// differs from the one last written (a new holder, a longer term, a new token) and **before the
+/// answer leaves the grantor**. A renewal with the same term does not change it, so it costs no write.
+/// A release need not be written: the stale record only makes the restarted grantor wait longer.
+/// The record of a grantor that booted with a holdback and has granted nothing since says so
+/// (`holding_back`), and restoring it holds back again: that grantor never knew the holder it was
+/// waiting out. A record from any moment is therefore safe to write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GrantorRecord {
+    /// The last fencing token handed out.
+    pub last_token: u64,
+    /// The grantor booted with a holdback and has granted nothing since: a lease it forgot may run.
+    pub holding_back: bool,
+    /// The last holder not released (even if its lease has since run out), and the longest term
+    /// granted to it since it became the holder, in ms.
+    pub holder: Option<(ClientId, u64)>,
 }
 
 /// The current holder as the grantor sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Holding {
     client: ClientId,
-    /// On the grantor's clock, exclusive: `granted_at + d·(1+ρ) + ε`.
+    /// On the grantor's clock, exclusive: the latest `granted_at + d·(1+ρ) + ε` of this holding.
+    /// A renewal never moves it earlier.
     expiry_ns: u64,
+    /// The longest term granted in this holding, in ms (for the [`GrantorRecord`]).
+    term_ms: u64,
 }
 
 /// The grantor of one lease. Pure: time is an argument; [`LeaseServer::acquire_now`] reads the clock.
@@ -54,21 +95,84 @@ pub struct LeaseServer<C: Clock> {
     holding: Option<Holding>,
     /// The last token handed out. Never decreases.
     token: u64,
+    /// No grant before this instant on the grantor's clock (0: none held back).
+    holdback_until_ns: u64,
+    /// Booted with a holdback and granted nothing since (see [`GrantorRecord::holding_back`]).
+    holding_back: bool,
 }
 
 impl<C: Clock> LeaseServer<C> {
-    /// A grantor with no holder. Tokens start above `first_token` (restore it after a restart).
-    pub fn new(clock: C, config: GrantConfig, first_token: u64) -> Self {
+    /// A grantor starting (or restarting) with nothing persisted but its last token: it refuses every
+    /// grant for the boot holdback, `max_term·(1+ρ) + ε` ([`GrantConfig::boot_holdback_ns`]) on its
+    /// own clock from now, so that any lease it granted before the restart has run out first.
+    ///
+    /// Tokens continue above `last_token`; pass the last one persisted (0 if none, in which case a
+    /// paused ex-holder's late write may carry the same token as a new holder's). The holdback must
+    /// cover the longest term the *previous* run could grant: do not lower `max_term_ms` across a restart.
+    pub fn boot(clock: C, config: GrantConfig, last_token: u64) -> Self {
+        let holdback_until_ns = clock.now_ns().saturating_add(config.boot_holdback_ns());
         LeaseServer {
             clock,
             config,
             holding: None,
-            token: first_token,
+            token: last_token,
+            holdback_until_ns,
+            holding_back: true,
         }
     }
 
+    /// A grantor restarting from a [`GrantorRecord`] it persisted, with no holdback. The recorded
+    /// holder holds the lease for a full `term·(1+ρ) + ε` from now on this clock (it was granted
+    /// before the restart, so that outlasts the holder's view); without a holder, grants start at once.
+    ///
+    /// A first start, with nothing ever granted, is `restore(clock, config, GrantorRecord::default())`.
+    /// A record written while holding back ([`GrantorRecord::holding_back`]) boots with a holdback.
+    /// Restoring a record older than the last grant answered can give the lease to two clients.
+    pub fn restore(clock: C, config: GrantConfig, record: GrantorRecord) -> Self {
+        if record.holding_back {
+            return Self::boot(clock, config, record.last_token);
+        }
+        let now_ns = clock.now_ns();
+        let holding = record.holder.map(|(client, term_ms)| Holding {
+            client,
+            expiry_ns: now_ns + config.grantor_hold_ns(term_ms),
+            term_ms,
+        });
+        LeaseServer {
+            clock,
+            config,
+            holding,
+            token: record.last_token,
+            holdback_until_ns: 0,
+            holding_back: false,
+        }
+    }
+
+    /// Deprecated: the same as [`LeaseServer::boot`] (it used to forget the holder on a restart).
+    #[deprecated(
+        note = "use LeaseServer::boot (boot holdback) or LeaseServer::restore (persisted record)"
+    )]
+    pub fn new(clock: C, config: GrantConfig, first_token: u64) -> Self {
+        Self::boot(clock, config, first_token)
+    }
+
+    /// NEGATIVE CONTROL, for tests only: a restart that keeps the token but forgets the holder and
+    /// grants at once. It can give the lease to a second client while the first still holds it.
+    #[doc(hidden)]
+    pub fn control_restart_forgetting_holder(
+        clock: C,
+        config: GrantConfig,
+        last_token: u64,
+    ) -> Self {
+        let forgot = GrantorRecord {
+            last_token,
+            ..GrantorRecord::default()
+        };
+        Self::restore(clock, config, forgot)
+    }
+
     /// Grant or renew for `term_ms` at grantor time `now_ns`. A renewal by the current holder
-    /// keeps its token; a new holder gets the next token.
+    /// keeps its token and never shortens the grantor's hold; a new holder gets the next token.
     pub fn acquire(
         &mut self,
         client: ClientId,
@@ -82,25 +186,38 @@ impl<C: Clock> LeaseServer<C> {
                 max_term_ms,
             });
         }
-        match self.holding {
-            Some(h) if h.client != client && now_ns < h.expiry_ns => {
+        if now_ns < self.holdback_until_ns {
+            return Err(AcquireError::BootHoldback {
+                remaining_ns: self.holdback_until_ns - now_ns,
+            });
+        }
+        let expiry_ns = now_ns + self.config.grantor_hold_ns(term_ms);
+        let holding = match self.holding {
+            Some(h) if now_ns < h.expiry_ns && h.client != client => {
                 return Err(AcquireError::Held {
                     holder: h.client,
                     remaining_ns: h.expiry_ns - now_ns,
                 });
             }
-            Some(h) if h.client == client && now_ns < h.expiry_ns => {}
-            _ => self.token += 1, // a new owner (or the same one after its lease expired)
-        }
-        let expiry_ns = now_ns + self.config.grantor_hold_ns(term_ms);
-        let renewed_later = self
-            .holding
-            .is_none_or(|h| h.client != client || expiry_ns >= h.expiry_ns);
-        debug_assert!(
-            renewed_later,
-            "a renewal never shortens the grantor's expiry"
-        );
-        self.holding = Some(Holding { client, expiry_ns });
+            // A renewal: the holder's view of the earlier grant may still run, so keep the later end.
+            Some(h) if now_ns < h.expiry_ns => Holding {
+                client,
+                expiry_ns: expiry_ns.max(h.expiry_ns),
+                term_ms: term_ms.max(h.term_ms),
+            },
+            // A new owner (or the same one after its lease expired).
+            _ => {
+                self.token += 1;
+                Holding {
+                    client,
+                    expiry_ns,
+                    term_ms,
+                }
+            }
+        };
+        debug_assert!(holding.expiry_ns > now_ns && holding.expiry_ns >= expiry_ns);
+        self.holding = Some(holding);
+        self.holding_back = false; // the holdback is over: whoever it waited out is gone
         Ok(Grant {
             token: self.token,
             term_ms,
@@ -113,7 +230,13 @@ impl<C: Clock> LeaseServer<C> {
         self.acquire(client, term_ms, now_ns)
     }
 
-    /// Free the lease if `client` holds it. Returns whether it did.
+    /// Free the lease if `client` holds it. Returns whether it did. The client must stop using the
+    /// lease *before* it asks.
+    ///
+    /// A release is not ordered against the same client's later requests: over a transport that
+    /// reorders or delivers late, a release that arrives after the client has acquired again frees
+    /// that new holding while the client believes in it (the grant simulator found this). So a client
+    /// asks again only once its release is answered; if it never is, it asks under a new [`ClientId`].
     pub fn release(&mut self, client: ClientId) -> bool {
         match self.holding {
             Some(h) if h.client == client => {
@@ -131,9 +254,23 @@ impl<C: Clock> LeaseServer<C> {
             .map(|h| (h.client, h.expiry_ns))
     }
 
-    /// The last token handed out (persist it to restore a restarted grantor).
+    /// How long the boot holdback still refuses grants at `now_ns` (0 once it is over).
+    pub fn holdback_remaining_ns(&self, now_ns: u64) -> u64 {
+        self.holdback_until_ns.saturating_sub(now_ns)
+    }
+
+    /// The last token handed out (persist it, at least, to restart with [`LeaseServer::boot`]).
     pub fn last_token(&self) -> u64 {
         self.token
+    }
+
+    /// What to persist to restart with [`LeaseServer::restore`]; see [`GrantorRecord`] for when.
+    pub fn record(&self) -> GrantorRecord {
+        GrantorRecord {
+            last_token: self.token,
+            holding_back: self.holding_back,
+            holder: self.holding.map(|h| (h.client, h.term_ms)),
+        }
     }
 }
 
@@ -142,13 +279,18 @@ mod tests {
     use super::*;
     use crate::clock::SimClock;
 
-    fn server() -> LeaseServer<SimClock> {
-        let config = GrantConfig {
+    const MS: u64 = 1_000_000;
+
+    fn config() -> GrantConfig {
+        GrantConfig {
             drift_ppm: 10_000,
             margin_ms: 5,
             max_term_ms: 60_000,
-        };
-        LeaseServer::new(SimClock::new(0, 0), config, 0)
+        }
+    }
+
+    fn server() -> LeaseServer<SimClock> {
+        LeaseServer::restore(SimClock::new(0, 0), config(), GrantorRecord::default())
     }
 
     #[test]
@@ -162,9 +304,9 @@ mod tests {
                 term_ms: 1_000
             }
         );
-        assert_eq!(s.acquire(1, 1_000, 500_000_000).unwrap().token, 1);
+        assert_eq!(s.acquire(1, 1_000, 500 * MS).unwrap().token, 1);
         // Expiry: 500 ms + 1000·1.01 ms + 5 ms = 1515 ms.
-        let err = s.acquire(2, 1_000, 1_514_999_999).unwrap_err();
+        let err = s.acquire(2, 1_000, 1_515 * MS - 1).unwrap_err();
         assert_eq!(
             err,
             AcquireError::Held {
@@ -172,10 +314,10 @@ mod tests {
                 remaining_ns: 1
             }
         );
-        assert_eq!(s.acquire(2, 1_000, 1_515_000_000).unwrap().token, 2);
+        assert_eq!(s.acquire(2, 1_000, 1_515 * MS).unwrap().token, 2);
         assert!(s.release(2));
         assert!(!s.release(2));
-        assert_eq!(s.acquire(1, 1_000, 1_600_000_000).unwrap().token, 3);
+        assert_eq!(s.acquire(1, 1_000, 1_600 * MS).unwrap().token, 3);
     }
 
     #[test]
@@ -190,5 +332,110 @@ mod tests {
             Err(AcquireError::BadTerm { .. })
         ));
         assert_eq!(s.acquire_now(1, 60_000).unwrap().token, 1);
+    }
+
+    #[test]
+    fn a_shorter_renewal_never_shortens_the_grantors_hold() {
+        let mut s = server();
+        s.acquire(1, 3_000, 0).unwrap(); // held to 3035 ms
+        s.acquire(1, 100, 10 * MS).unwrap(); // alone this would end at 116 ms
+        assert_eq!(s.holder(116 * MS), Some((1, 3_035 * MS)));
+        assert!(matches!(
+            s.acquire(2, 100, 3_035 * MS - 1),
+            Err(AcquireError::Held { holder: 1, .. })
+        ));
+        assert_eq!(s.record().holder, Some((1, 3_000)), "the longest term");
+    }
+
+    #[test]
+    fn boot_refuses_every_grant_until_the_holdback_has_passed() {
+        let clock = SimClock::new(7 * MS, 0);
+        let mut s = LeaseServer::boot(clock.clone(), config(), 41);
+        let holdback_ns = config().boot_holdback_ns(); // 60 s·1.01 + 5 ms
+        assert_eq!(holdback_ns, 60_605 * MS);
+        let end_ns = 7 * MS + holdback_ns;
+        assert_eq!(
+            s.acquire(1, 1_000, end_ns - 1),
+            Err(AcquireError::BootHoldback { remaining_ns: 1 })
+        );
+        assert_eq!(s.holdback_remaining_ns(7 * MS), holdback_ns);
+        assert!(matches!(
+            s.acquire(1, 0, 0),
+            Err(AcquireError::BadTerm { .. })
+        ));
+        assert_eq!(s.acquire(1, 1_000, end_ns).unwrap().token, 42);
+        assert_eq!(s.holdback_remaining_ns(end_ns), 0);
+    }
+
+    #[test]
+    #[allow(deprecated)]
+    fn new_is_now_boot() {
+        let mut s = LeaseServer::new(SimClock::new(0, 0), config(), 3);
+        assert_eq!(
+            s.acquire_now(1, 1_000),
+            Err(AcquireError::BootHoldback {
+                remaining_ns: config().boot_holdback_ns()
+            })
+        );
+    }
+
+    #[test]
+    fn restore_keeps_the_holder_for_a_full_term_from_the_restart() {
+        let mut before = server();
+        before.acquire(1, 2_000, 0).unwrap();
+        let record = before.record();
+        assert_eq!(
+            record,
+            GrantorRecord {
+                last_token: 1,
+                holding_back: false,
+                holder: Some((1, 2_000))
+            }
+        );
+        // The new process's clock reads something unrelated: 5 ms.
+        let clock = SimClock::new(5 * MS, 0);
+        let mut s = LeaseServer::restore(clock, config(), record);
+        let end_ns = 5 * MS + config().grantor_hold_ns(2_000);
+        assert!(matches!(
+            s.acquire(2, 1_000, end_ns - 1),
+            Err(AcquireError::Held { holder: 1, .. })
+        ));
+        assert_eq!(s.acquire(1, 1_000, 6 * MS).unwrap().token, 1, "renews");
+        assert_eq!(s.acquire(2, 1_000, end_ns).unwrap().token, 2);
+        let empty = LeaseServer::restore(SimClock::new(0, 0), config(), GrantorRecord::default());
+        assert_eq!(empty.holder(0), None);
+        assert_eq!(empty.holdback_remaining_ns(0), 0);
+    }
+
+    #[test]
+    fn a_grantor_holding_back_records_it_and_a_restore_holds_back_again() {
+        // Found by the grant simulator (seed 67 of 1000): a booted grantor crashed during its
+        // holdback; restoring its record, which named no holder, granted at once.
+        let booted = LeaseServer::boot(SimClock::new(0, 0), config(), 5);
+        let record = booted.record();
+        assert!(record.holding_back && record.holder.is_none());
+        let clock = SimClock::new(9 * MS, 0);
+        let mut s = LeaseServer::restore(clock, config(), record);
+        let end_ns = 9 * MS + config().boot_holdback_ns();
+        assert_eq!(
+            s.acquire(1, 1_000, end_ns - 1),
+            Err(AcquireError::BootHoldback { remaining_ns: 1 })
+        );
+        assert_eq!(s.acquire(1, 1_000, end_ns).unwrap().token, 6);
+        assert!(!s.record().holding_back, "a grant ends it");
+    }
+
+    #[test]
+    fn the_record_changes_only_for_a_new_holder_a_longer_term_or_a_release() {
+        let mut s = server();
+        s.acquire(1, 1_000, 0).unwrap();
+        let r = s.record();
+        s.acquire(1, 1_000, 100 * MS).unwrap();
+        s.acquire(1, 500, 200 * MS).unwrap();
+        assert_eq!(s.record(), r, "renewals with no longer term cost no write");
+        s.acquire(1, 2_000, 300 * MS).unwrap();
+        assert_eq!(s.record().holder, Some((1, 2_000)));
+        assert!(s.release(1));
+        assert_eq!(s.record().holder, None);
     }
 }

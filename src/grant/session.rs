@@ -71,6 +71,13 @@ struct Lock {
 
 /// Every session, key attachment and lock of one grantor. Replicate it (e.g. through raft) so that
 /// a new grantor can take over with [`Sessions::takeover`].
+///
+/// Invariant: every instant in it (`now_ns` arguments, expiries) is on **one** clock: the clock of
+/// the grantor that created it or last called [`Sessions::takeover`]. A new or restarted grantor
+/// (another process or machine) must call `takeover` on its own clock before any other call.
+/// A restarted grantor that is not replicated must not start from [`Sessions::new`]: it would
+/// forget the sessions and locks it gave. Rebuild it from a persisted [`Sessions::image`] (written
+/// before each answer leaves) and call `takeover`.
 #[derive(Debug, Clone)]
 pub struct Sessions {
     config: GrantConfig,
@@ -84,7 +91,8 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// No sessions. TTLs are bounded by `config.max_term_ms`.
+    /// No sessions: a first start, or a replica that will apply the replicated history. TTLs are
+    /// bounded by `config.max_term_ms`.
     pub fn new(config: GrantConfig) -> Self {
         Sessions {
             config,
@@ -130,7 +138,8 @@ impl Sessions {
         out
     }
 
-    /// Move session `id`'s expiry to a full TTL from `now_ns`, never earlier than it was.
+    /// Move session `id`'s expiry to a full TTL from `now_ns`, never earlier than it was. Both
+    /// instants are on this grantor's clock (see [`Sessions`]).
     fn extend(&mut self, id: SessionId, now_ns: u64) {
         let config = self.config;
         let s = self.sessions.get_mut(&id).expect("extend a known session");
@@ -186,6 +195,10 @@ impl Sessions {
     }
 
     /// Release lock `name` if session `id` holds it. Returns whether it did.
+    ///
+    /// Not ordered against the session's later requests: an unlock that arrives after the same
+    /// session locked `name` again frees that lock while its holder believes in it. Lock again under
+    /// a session only once its unlock is answered; if it never is, let the session end.
     pub fn unlock(&mut self, name: &str, id: SessionId) -> bool {
         if self.locks.get(name).is_none_or(|l| l.holder != id) {
             return false;
@@ -233,14 +246,44 @@ impl Sessions {
             .collect()
     }
 
-    /// A new grantor takes over at `now_ns` (on its own clock): every outstanding session is
-    /// extended to a full TTL from now, so nothing the previous grantor promised expires early and
-    /// no lock it granted is handed to someone else while its holder may still believe in it.
+    /// A new grantor takes over at `now_ns` on **its own** clock: every outstanding session's expiry
+    /// becomes a full TTL from now, `now + ttl·(1+ρ) + ε`, set from this clock alone.
+    ///
+    /// The expiries in the image were read on the previous grantor's clock, which means nothing
+    /// here (one machine's monotonic clock may read 30 days, the next one's 1 hour), so they are
+    /// never compared with `now_ns`. Safe: every keep-alive the old grantor answered happened before
+    /// the takeover, so a full TTL from now outlasts every holder's view of it. Bounded: no session
+    /// outlives a full TTL from the takeover without a keep-alive.
     pub fn takeover(&mut self, now_ns: u64) {
-        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
-        for id in ids {
-            self.extend(id, now_ns);
+        let config = self.config;
+        self.rebase(now_ns, |s| now_ns + config.grantor_hold_ns(s.ttl_ms));
+    }
+
+    /// NEGATIVE CONTROL, for tests only: the first takeover, which kept the later of the old expiry
+    /// (read on the previous grantor's clock) and a full TTL from now. A dead client's lock then
+    /// outlives its TTL by however far the old clock was ahead.
+    #[doc(hidden)]
+    pub fn control_takeover_keeping_old_expiry(&mut self, now_ns: u64) {
+        let config = self.config;
+        self.rebase(now_ns, |s| {
+            s.expiry_ns.max(now_ns + config.grantor_hold_ns(s.ttl_ms))
+        });
+    }
+
+    fn rebase(&mut self, now_ns: u64, expiry_ns: impl Fn(&Session) -> u64) {
+        self.by_expiry.clear();
+        for (id, s) in self.sessions.iter_mut() {
+            s.expiry_ns = expiry_ns(s);
+            debug_assert!(s.expiry_ns > now_ns);
+            self.by_expiry.insert((s.expiry_ns, *id));
         }
+    }
+
+    /// Every session as `(id, ttl_ms, expiry_ns)`, the expiry on the grantor's clock.
+    pub fn expiries(&self) -> impl Iterator<Item = (SessionId, u64, u64)> + '_ {
+        self.sessions
+            .iter()
+            .map(|(id, s)| (*id, s.ttl_ms, s.expiry_ns))
     }
 
     /// Whether session `id` is live at `now_ns`.
@@ -271,7 +314,7 @@ pub struct SessionImage {
     pub id: SessionId,
     /// Its TTL.
     pub ttl_ms: u64,
-    /// Its expiry on the grantor's clock.
+    /// Its expiry on the clock of the grantor that made the image (meaningless on any other).
     pub expiry_ns: u64,
     /// Attached keys.
     pub keys: Vec<Vec<u8>>,
@@ -321,7 +364,8 @@ impl Sessions {
         }
     }
 
-    /// Rebuild from an [`Sessions::image`].
+    /// Rebuild from an [`Sessions::image`]. Its expiries are on the clock of the grantor that made
+    /// it: call [`Sessions::takeover`] before using it on another clock.
     pub fn from_image(config: GrantConfig, image: SessionsImage) -> Self {
         let mut s = Sessions::new(config);
         s.next_id = image.next_id;
@@ -435,6 +479,25 @@ mod tests {
         let copy = Sessions::from_image(s.config, s.image());
         assert_eq!(copy.image(), s.image());
         assert_eq!(copy.next_expiry_ns(), Some(100 * MS));
+    }
+
+    #[test]
+    fn takeover_sets_each_expiry_from_the_new_clock_only() {
+        let mut s = sessions();
+        let a = s.grant(100, 1_000 * MS).unwrap(); // old clock: expires at 1100 ms
+        let b = s.grant(300, 0).unwrap();
+        s.takeover(10 * MS); // a new clock, far behind
+        assert_eq!(s.next_expiry_ns(), Some(110 * MS));
+        let e: Vec<_> = s.expiries().collect();
+        assert_eq!(e, vec![(a, 100, 110 * MS), (b, 300, 310 * MS)]);
+        assert_eq!(s.expire(110 * MS).len(), 1);
+        let mut control = sessions();
+        let a = control.grant(100, 1_000 * MS).unwrap();
+        control.control_takeover_keeping_old_expiry(10 * MS);
+        assert!(
+            control.is_live(a, 1_099 * MS),
+            "the control keeps the old clock's expiry"
+        );
     }
 
     #[test]
