@@ -29,7 +29,8 @@ pub struct Safeties {
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct TestingKnobs {
-    /// Followers keep no real-time promise: votes are left to raft-rs's tick-based check.
+    /// Followers keep no real-time promise: votes are left to raft-rs's tick-based check. The
+    /// boot promise and the campaign hold are part of the promise, so they go too.
     pub no_promise: bool,
     /// A restarted node votes at once instead of refusing votes for `P` after boot.
     pub no_boot_promise: bool,

@@ -85,6 +85,8 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     lease_was_held: bool,
     /// Between `ready()` and `advance*()`: raft must not be stepped, so no read round is issued.
     in_ready: bool,
+    /// This leader applied its own removal; it steps down at the next point outside a `Ready`.
+    removed_while_leading: bool,
     /// Ticks since this leader last sent a round of heartbeats.
     ticks_since_round: u64,
     /// Answers to [`LeaseNode::raw_read_index`] calls, for the caller to take.
@@ -142,6 +144,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             seen,
             lease_was_held: false,
             in_ready: false,
+            removed_while_leading: false,
             ticks_since_round: 0,
             raw_read_states: Vec::new(),
         };
@@ -387,7 +390,25 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     fn after_advance(&mut self) {
         self.in_ready = false;
+        self.step_down_if_removed();
         self.sync();
+    }
+
+    /// A leader that applied its own removal steps down, but never between `ready()` and
+    /// `advance()`: raft-rs aborts if a non-leader has messages waiting in the `LightReady`.
+    fn step_down_if_removed(&mut self) {
+        if !self.removed_while_leading || self.in_ready {
+            return;
+        }
+        self.removed_while_leading = false;
+        if self.raw.raft.state == StateRole::Leader {
+            let term = self.raw.raft.term;
+            self.raw.raft.become_follower(term, raft::INVALID_ID);
+            info!(
+                self.logger,
+                "removed from the configuration while leading: stepped down"
+            );
+        }
     }
 
     // ----- proposals and leadership ---------------------------------------------------------
@@ -437,12 +458,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             if !self.raw.raft.prs().conf().voters().contains(id)
                 && self.safeties.guard_leader_removal()
             {
-                let term = self.raw.raft.term;
-                self.raw.raft.become_follower(term, raft::INVALID_ID);
-                info!(
-                    self.logger,
-                    "removed from the configuration while leading: stepped down"
-                );
+                self.removed_while_leading = true;
+                self.step_down_if_removed();
             }
         }
         self.sync();
@@ -810,12 +827,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
-    /// Whether this node's promise now stops it from voting for, or becoming, any leader but
-    /// `leader` (false when the promise is switched off). The lease of `leader` rests on a
-    /// quorum of such nodes; the simulator's lease monitor checks exactly that.
+    /// Whether this node has promised, as of now, not to vote for or become any leader but
+    /// `leader`. The lease of `leader` rests on a quorum of such promises; the simulator's lease
+    /// monitor checks that they form one, and that none of them is broken. This is the promise
+    /// made, whether or not a safety knob keeps the node from honouring it.
     pub fn promise_backs(&self, leader: u64) -> bool {
-        let enforced = self.safeties.promise() && self.safeties.campaign_hold();
-        enforced && self.promise.backs(leader, self.clock.now_ns())
+        self.promise.backs(leader, self.clock.now_ns())
     }
 
     /// Whether a node that restarts refuses votes for `P` after boot.

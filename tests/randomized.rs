@@ -93,16 +93,43 @@ fn randomized_faults_never_break_the_lease() {
     }
 }
 
+thread_local! {
+    /// Where the last panic on this thread happened (file), for telling raft-rs's panics apart.
+    static PANIC_FILE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Record every panic's file, then report it as usual.
+fn record_panic_locations() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let file = info
+                .location()
+                .map_or(String::new(), |l| l.file().to_string());
+            PANIC_FILE.with(|f| *f.borrow_mut() = file);
+            default(info);
+        }));
+    });
+}
+
 /// Runs the control on the CI seeds until one catches it; returns that seed, and the seeds on
-/// which raft-rs itself panicked.
+/// which raft-rs itself panicked. A panic anywhere else fails the test.
 fn caught_by(control: Control) -> (Option<u64>, Vec<u64>) {
+    record_panic_locations();
     let mut raft_panics = Vec::new();
     for seed in seeds() {
-        let run = std::panic::catch_unwind(|| run(seed, Some(control)));
-        match run {
+        match std::panic::catch_unwind(|| run(seed, Some(control))) {
             Ok(out) if out.report.unsafe_found() => return (Some(seed), raft_panics),
             Ok(_) => {}
-            Err(_) => raft_panics.push(seed),
+            Err(payload) => {
+                let file = PANIC_FILE.with(|f| f.borrow().clone());
+                if !file.contains("raft-0.7.0") {
+                    eprintln!("seed {seed}: a panic outside raft-rs, at {file}");
+                    std::panic::resume_unwind(payload);
+                }
+                raft_panics.push(seed);
+            }
         }
     }
     (None, raft_panics)

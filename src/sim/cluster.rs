@@ -242,27 +242,36 @@ impl SimCluster {
         self.observe_leases();
     }
 
+    /// The voters (both halves) of the configuration applied by the running node furthest ahead.
+    fn newest_voters(&self) -> Vec<u64> {
+        let up = self.nodes.iter().filter_map(|n| n.node.as_ref());
+        let newest = up.max_by_key(|node| node.raw().raft.raft_log.applied);
+        newest.map_or_else(Vec::new, |node| {
+            let cs = node.raw().raft.prs().conf().to_conf_state();
+            cs.voters.into_iter().chain(cs.voters_outgoing).collect()
+        })
+    }
+
     /// Show the lease monitor every node's lease at this instant.
     fn observe_leases(&mut self) {
         let ids: Vec<u64> = self.nodes.iter().map(|n| n.id).collect();
-        let boot_promise = self.config.lease.safeties.boot_promise();
+        let newest = self.newest_voters();
         let views: Vec<NodeView> = self
             .nodes
             .iter()
             .map(|n| match n.node.as_ref() {
-                Some(node) => node_view(node, &ids),
+                Some(node) => node_view(node, &ids, &newest),
                 None => NodeView {
                     id: n.id,
                     term: 0,
                     leading: false,
                     candidate: false,
                     lease_term: None,
-                    // A crashed node cannot vote; once up again, it refuses votes for P.
-                    backs: if boot_promise {
-                        ids.clone()
-                    } else {
-                        Vec::new()
-                    },
+                    campaigning: false,
+                    vote: 0,
+                    // A crashed node cannot vote; once up again, its boot promise (or the lack
+                    // of one) speaks for it.
+                    backs: ids.clone(),
                     voters: (Vec::new(), Vec::new()),
                 },
             })
@@ -804,8 +813,9 @@ fn compact_if_due(node: &SimLeaseNode, storage: &SimStorage, kv: &KvState, every
         .unwrap_or_else(|e| panic!("node {} failed to compact at {applied}: {e}", node.id()));
 }
 
-/// What the lease monitor sees of a running node.
-fn node_view(node: &SimLeaseNode, ids: &[u64]) -> NodeView {
+/// What the lease monitor sees of a running node. Only a voter of the newest configuration counts
+/// as a candidate: a removed node campaigning on a stale one splits nobody's vote.
+fn node_view(node: &SimLeaseNode, ids: &[u64], newest_voters: &[u64]) -> NodeView {
     let status = node.lease_status();
     let r = &node.raw().raft;
     let conf = r.prs().conf().to_conf_state();
@@ -813,7 +823,9 @@ fn node_view(node: &SimLeaseNode, ids: &[u64]) -> NodeView {
         id: node.id(),
         term: r.term,
         leading: r.state == StateRole::Leader,
-        candidate: r.state == StateRole::Candidate,
+        candidate: r.state == StateRole::Candidate && newest_voters.contains(&node.id()),
+        campaigning: matches!(r.state, StateRole::Candidate | StateRole::PreCandidate),
+        vote: r.vote,
         lease_term: status.term.filter(|_| status.state.is_held()),
         backs: ids
             .iter()

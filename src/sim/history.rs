@@ -154,6 +154,22 @@ pub enum Violation {
         /// The nodes whose promise backed it then.
         backers: Vec<u64>,
     },
+    /// A node that had promised a lease holder campaigned, or voted for another node in a later
+    /// term, while that lease was held.
+    PromiseBroken {
+        /// Real time it was first seen.
+        at_ns: u64,
+        /// The node holding the lease.
+        holder: u64,
+        /// The term of its lease.
+        lease_term: u64,
+        /// The node that broke its promise.
+        node: u64,
+        /// That node's term.
+        node_term: u64,
+        /// Whom it voted for in that term (0: none).
+        vote: u64,
+    },
 }
 
 impl Violation {
@@ -164,6 +180,7 @@ impl Violation {
             Violation::TwoLeaseHolders { .. }
                 | Violation::LeaseBehindLeader { .. }
                 | Violation::UnbackedLease { .. }
+                | Violation::PromiseBroken { .. }
         )
     }
 }

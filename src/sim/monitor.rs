@@ -8,7 +8,12 @@
 //!   the holder form a quorum of the holder's configuration (both halves when joint). This is the
 //!   lease argument itself, checked directly: it fails as soon as a lease outlives the promises
 //!   it rests on, before any election has to happen in the gap. A crashed node counts as backing
-//!   when it will refuse votes for `P` after it restarts.
+//!   (it cannot vote); once restarted, its boot promise, or the lack of one, speaks for it;
+//! - no promise that backs a lease held is broken: a node that promised the holder does not
+//!   campaign, and does not vote for anyone else in a later term, while the lease lasts.
+//!
+//! The promises are read as made, not as enforced: a negative control that switches off the
+//! refusal of votes leaves the promise in place, and the monitor catches the node breaking it.
 //!
 //! A node holds a lease when its own clock says so ([`crate::LeaseNode::lease_status`]), paused or
 //! not: a paused node's clock runs on, and it would serve from that lease the moment it resumes.
@@ -28,10 +33,15 @@ pub struct NodeView {
     pub term: u64,
     /// Whether it believes it leads `term`.
     pub leading: bool,
-    /// Whether it stands as a candidate (not a pre-candidate) in `term`.
+    /// Whether it stands as a candidate (not a pre-candidate) in `term`, as a voter of the
+    /// newest configuration (the simulator leaves out removed nodes campaigning on a stale one).
     pub candidate: bool,
     /// The term of the lease it holds now by its own clock, if any.
     pub lease_term: Option<u64>,
+    /// Whether it is campaigning: a pre-candidate or a candidate, in any configuration.
+    pub campaigning: bool,
+    /// The node it voted for in `term` (0: none).
+    pub vote: u64,
     /// The nodes whose lease this node's promise backs now (see the module docs).
     pub backs: Vec<u64>,
     /// The voters of its configuration: incoming, and outgoing (empty unless joint).
@@ -78,6 +88,7 @@ impl LeaseMonitor {
         for holder in nodes.iter().filter(|n| n.lease_term.is_some()) {
             let lease_term = holder.lease_term.expect("filtered");
             self.check_backed(at_ns, holder, lease_term, nodes);
+            self.check_promises_kept(at_ns, holder, lease_term, nodes);
             for other in nodes.iter().filter(|o| o.id != holder.id) {
                 if let Some(other_term) = other.lease_term {
                     self.report(holder, lease_term, other, other_term, || {
@@ -127,6 +138,39 @@ impl LeaseMonitor {
                 lease_term,
                 backers,
             });
+        }
+    }
+
+    /// A node whose promise backs the holder neither campaigns nor votes for another node in a
+    /// later term.
+    fn check_promises_kept(
+        &mut self,
+        at_ns: u64,
+        holder: &NodeView,
+        lease_term: u64,
+        nodes: &[NodeView],
+    ) {
+        let promised = nodes
+            .iter()
+            .filter(|n| n.id != holder.id && n.backs.contains(&holder.id));
+        for n in promised {
+            let voted_elsewhere = n.term > lease_term && n.vote != 0 && n.vote != holder.id;
+            if !(n.campaigning || n.leading || voted_elsewhere) {
+                continue;
+            }
+            if self
+                .seen
+                .insert((false, holder.id, lease_term, n.id, n.term))
+            {
+                self.violations.push(Violation::PromiseBroken {
+                    at_ns,
+                    holder: holder.id,
+                    lease_term,
+                    node: n.id,
+                    node_term: n.term,
+                    vote: n.vote,
+                });
+            }
         }
     }
 
@@ -198,6 +242,8 @@ mod tests {
             leading,
             candidate: false,
             lease_term,
+            campaigning: false,
+            vote: 0,
             backs: vec![1],
             voters: (vec![1, 2, 3], vec![]),
         }
@@ -214,7 +260,12 @@ mod tests {
     #[test]
     fn a_lease_behind_a_newer_leader_is_caught_once() {
         let mut m = LeaseMonitor::default();
-        let nodes = [view(1, 3, true, Some(3)), view(2, 4, true, None)];
+        let backing = |v: NodeView, backs: Vec<u64>| NodeView { backs, ..v };
+        let nodes = [
+            view(1, 3, true, Some(3)),
+            backing(view(2, 4, true, None), vec![2]),
+            view(3, 3, false, None),
+        ];
         m.observe(10, &nodes);
         m.observe(11, &nodes);
         assert_eq!(
@@ -232,15 +283,13 @@ mod tests {
     #[test]
     fn two_holders_are_caught_once_not_twice() {
         let mut m = LeaseMonitor::default();
-        let backing_both = |v: NodeView| NodeView {
-            backs: vec![1, 2],
-            ..v
-        };
+        let backing = |v: NodeView, backs: Vec<u64>| NodeView { backs, ..v };
         m.observe(
             5,
             &[
-                backing_both(view(1, 3, true, Some(3))),
-                backing_both(view(2, 4, true, Some(4))),
+                backing(view(1, 3, true, Some(3)), vec![1]),
+                backing(view(2, 4, true, Some(4)), vec![2]),
+                backing(view(3, 4, false, None), vec![1, 2]),
             ],
         );
         let kinds: Vec<_> = m
@@ -297,6 +346,37 @@ mod tests {
             &[joint.clone(), follower(2, vec![1]), follower(4, vec![])],
         );
         assert_eq!(m.violations().len(), 1, "the outgoing half has no quorum");
+    }
+
+    #[test]
+    fn a_promised_node_that_campaigns_or_votes_elsewhere_breaks_its_promise() {
+        let holder = view(1, 3, true, Some(3));
+        let kept = [
+            holder.clone(),
+            view(2, 3, false, None),
+            view(3, 3, false, None),
+        ];
+        let mut m = LeaseMonitor::default();
+        m.observe(1, &kept);
+        assert!(m.violations().is_empty());
+        let campaigning = NodeView {
+            campaigning: true,
+            ..view(2, 3, false, None)
+        };
+        let voted = NodeView {
+            vote: 2,
+            ..view(3, 4, false, None)
+        };
+        m.observe(2, &[holder, campaigning, voted]);
+        let broken: Vec<u64> = m
+            .violations()
+            .iter()
+            .filter_map(|v| match v {
+                Violation::PromiseBroken { node, .. } => Some(*node),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(broken, vec![2, 3]);
     }
 
     #[test]
