@@ -206,7 +206,7 @@
 //!   - So take the default `ρ` = 500 ppm only on hosts whose daemon is configured not to slew
 //!     faster (for chrony, `maxslewrate 500`, and then `ρ` of 500 ppm plus the oscillator's residual
 //!     error, 1,000 ppm to be safe). With chrony's defaults, or a daemon you do not control, use
-//!     `ρ` = 100,000 ppm, the largest accepted: the lease shrinks to about 0.82·`P` (see the table).
+//!     `ρ` = 100,000 ppm, the largest accepted: `L` shrinks to about 0.82·`P` − `ε` (the table).
 //!     A clock no daemon adjusts, such as `CLOCK_MONOTONIC_RAW` behind your own [`Clock`], runs at
 //!     the oscillator's own error, but like `CLOCK_MONOTONIC` it stops during suspend.
 //!   - Suspend: `CLOCK_MONOTONIC` does not count time suspended; [`BootClock`] does.
@@ -215,9 +215,9 @@
 //!     or be moved forward on resume when the hypervisor restores kvmclock with the time elapsed
 //!     ([cloud-hypervisor#8256](https://github.com/cloud-hypervisor/cloud-hypervisor/pull/8256)).
 //!     A migrated VM's clock may also change frequency (chrony FAQ).
-//!     A clock that catches up is harmless. One that stopped is outside every `ρ`: a leader paused
-//!     that way resumes with its lease apparently still valid after the promises behind it have
-//!     ended. Transfer leadership away ([`LeaseNode::transfer_leader`] fences the lease at once)
+//!     A clock that catches up is harmless. One that stopped for longer than about `ε` is outside
+//!     every `ρ`: a leader paused that way resumes with its lease apparently still valid after the
+//!     promises behind it have ended. Transfer leadership away ([`LeaseNode::transfer_leader`] fences the lease at once)
 //!     before pausing, snapshotting or migrating a node's VM, or make sure its clock counts the pause.
 //! - **`ε` and scheduling jitter.** In real time a lease ends at least `ε/(1−ρ)` before the
 //!   earliest promise behind it does; that gap is all `ε` buys. Scheduling delays do not eat into
@@ -235,8 +235,8 @@
 //!   how late the ticker fires, and it survives `m` heartbeat rounds lost in a row while
 //!   `(m + 1)·H + r < L`. [`ConfigError::LeaseNotAboveHeartbeat`] refuses `L ≤ H`, which would lapse
 //!   between every two rounds; between `H` and `H + r` it is accepted but lapses for
-//!   `H + r − L` of every `H`, and reads fall back to ReadIndex then. Raft's usual `H` ≈ a tenth of
-//!   the election timeout leaves room for several lost rounds.
+//!   `H + r − L` of every `H`, and reads fall back to ReadIndex then. With `H` a tenth of the
+//!   election timeout and `P` equal to it, the lease survives seven or eight lost rounds.
 //!
 //! The table is computed by `tests/numbers.rs` from [`LeaseConfig::validate`], which fails when
 //! it differs from this one. Its availability columns assume a round trip `r` of 2 ms.
