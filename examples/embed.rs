@@ -83,10 +83,10 @@ fn run_node(mut node: Node, mut app: App, inbox: Receiver<Input>, leader: Arc<At
         match inbox.recv_deadline(next_tick) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(Input::Stop) | Err(RecvTimeoutError::Disconnected) => return,
-            Ok(Input::Raft(m)) => drop(node.step(m)),
+            Ok(Input::Raft(m)) => drop(node.step(m)), // raft drops what it refuses
             Ok(Input::Put(value, done)) if node.is_leader() => {
                 app.puts.insert(value, done);
-                drop(node.propose(vec![], value.to_be_bytes().to_vec()));
+                drop(node.propose(vec![], value.to_be_bytes().to_vec())); // if refused: times out
             }
             Ok(Input::Put(..)) => {} // not the leader: the writer times out and retries
             Ok(Input::Get(reply)) => match node.read(ReadMode::Auto) {

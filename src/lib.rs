@@ -76,8 +76,14 @@
 //! let logger = slog::Logger::root(slog::Discard, slog::o!());
 //! let mut nodes = Vec::new();
 //! for id in 1..=3 {
-//!     let raft_config =
-//!         raft::Config { id, election_tick: 10, heartbeat_tick: 2, ..Default::default() };
+//!     let raft_config = raft::Config {
+//!         id,
+//!         election_tick: 10,
+//!         heartbeat_tick: 2,
+//!         check_quorum: true,
+//!         pre_vote: true,
+//!         ..Default::default()
+//!     };
 //!     // P is the election timeout, 10 ticks of 10 ms: see "Choosing the numbers" below.
 //!     let lease_config =
 //!         LeaseConfig { promise_ms: 100, drift_ppm: 500, margin_ms: 2, ..Default::default() };
