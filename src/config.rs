@@ -121,6 +121,74 @@ impl Safeties {
 }
 
 /// Configuration of the lease layer. Durations are in the units their names say.
+///
+/// See "Choosing the numbers" in the [crate docs](crate) for how to pick `P`, `ρ` and `ε`.
+///
+/// # Example
+/// Choose `P`, `ρ` and `ε` from raft's election timeout, check them, and see each error.
+///
+/// ```
+/// use raft_lease::{ConfigError, LeaseConfig};
+///
+/// // raft: 10 ms ticks, an election timeout of 100 ticks (1 s), a heartbeat every 10 ticks.
+/// let tick_ms = 10;
+/// let raft = raft::Config { election_tick: 100, heartbeat_tick: 10, ..Default::default() };
+/// let election_ms = raft.min_election_tick() as u64 * tick_ms;
+///
+/// // P: the election timeout. ρ: 500 ppm, for clocks whose time daemon slews at most 500 ppm.
+/// // ε: 10 ms.
+/// let config = LeaseConfig {
+///     promise_ms: election_ms,
+///     drift_ppm: 500,
+///     margin_ms: 10,
+///     ..LeaseConfig::default()
+/// };
+/// let derived = config.validate(&raft, tick_ms)?;
+/// // L = P·(1−ρ)/(1+ρ) − ε = 1000 ms × 0.9995 / 1.0005 − 10 ms ≈ 989.0 ms.
+/// assert_eq!(derived.lease_ns, 989_000_499);
+/// assert_eq!(derived.promise_ns, 1_000_000_000);
+/// // Renewal is due once a third of the lease is left (`renew_below_pct: 33`).
+/// assert_eq!(derived.renew_before_ns, 989_000_499 / 100 * 33);
+///
+/// // A promise longer than the election timeout could outlast the leader it backs.
+/// let long = LeaseConfig { promise_ms: 1_001, ..config.clone() };
+/// assert_eq!(
+///     long.validate(&raft, tick_ms),
+///     Err(ConfigError::PromiseExceedsElectionTimeout { promise_ms: 1_001, election_ms: 1_000 })
+/// );
+/// // A lease no longer than one heartbeat interval would lapse between every two renewals:
+/// // P = 100 ms gives L = 89.9 ms, under the 100 ms heartbeat.
+/// let short = LeaseConfig { promise_ms: 100, ..config.clone() };
+/// let err = short.validate(&raft, tick_ms).unwrap_err();
+/// assert_eq!(
+///     err,
+///     ConfigError::LeaseNotAboveHeartbeat { lease_ns: 89_900_049, heartbeat_ms: 100 }
+/// );
+/// assert_eq!(
+///     err.to_string(),
+///     "lease would be 89900049 ns, not above the heartbeat interval of 100 ms: \
+///      raise promise_ms or lower heartbeat_tick"
+/// );
+/// // Drift and margin can eat the whole promise.
+/// let none_left = LeaseConfig { promise_ms: 10, margin_ms: 10, ..config.clone() };
+/// assert_eq!(
+///     none_left.validate(&raft, tick_ms),
+///     Err(ConfigError::LeaseNotPositive { promise_ms: 10, lease_ns: 0 })
+/// );
+/// // ρ is at most 10% (100,000 ppm); the renew point is 1..=90% of the lease; ticks are not 0.
+/// let wild = LeaseConfig { drift_ppm: 200_000, ..config.clone() };
+/// assert_eq!(
+///     wild.validate(&raft, tick_ms),
+///     Err(ConfigError::DriftOutOfRange { drift_ppm: 200_000 })
+/// );
+/// let late = LeaseConfig { renew_below_pct: 95, ..config.clone() };
+/// assert_eq!(
+///     late.validate(&raft, tick_ms),
+///     Err(ConfigError::RenewPointOutOfRange { renew_below_pct: 95 })
+/// );
+/// assert_eq!(config.validate(&raft, 0), Err(ConfigError::ZeroTick));
+/// # Ok::<(), ConfigError>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseConfig {
     /// `P`: how long a follower refuses other candidates' votes after accepting a leader message,
@@ -140,11 +208,16 @@ pub struct LeaseConfig {
 }
 
 impl Default for LeaseConfig {
-    /// `P` = 1 s, ρ = 500 ppm, ε = 10 ms, renew at a third left.
+    /// `P` = 1 s, ρ = 100,000 ppm, ε = 10 ms, renew at a third left.
+    ///
+    /// ρ = 10% is safe under any time daemon's slewing, chrony's default (83,333 ppm)
+    /// included, at the price of a lease of about 0.82·`P`, which costs nothing in steady state
+    /// (heartbeats renew it long before it runs out). Lower it only on hosts whose daemon is
+    /// capped: see "Choosing the numbers" in the crate docs.
     fn default() -> Self {
         LeaseConfig {
             promise_ms: 1_000,
-            drift_ppm: 500,
+            drift_ppm: MAX_DRIFT_PPM,
             margin_ms: 10,
             renew_below_pct: 33,
             safeties: Safeties::default(),

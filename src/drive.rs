@@ -14,6 +14,142 @@ use crate::node::LeaseNode;
 
 /// The I/O behind [`LeaseNode::handle_ready`]. Each method gets the node, so that applying can
 /// call [`LeaseNode::apply_conf_change`].
+///
+/// Over raft-rs's `MemStorage`, implementing [`MemApp`] (transport and state machine only) is
+/// enough. For your own log store, transport and state machine, implement this trait.
+///
+/// # Example
+/// A node's I/O with a transport of channels, a state machine that is a map, and a log store
+/// (here raft-rs's `MemStorage`, which the node reads its log back from; a store of your own
+/// implements `raft::Storage` over its files and makes [`ReadyIo::persist`] durable). Three nodes
+/// then replicate a write through it.
+///
+/// ```
+/// use std::collections::HashMap;
+///
+/// use crossbeam_channel::{unbounded, Receiver, Sender};
+/// use raft::eraftpb::{Entry, EntryType, HardState, Message, Snapshot};
+/// use raft::storage::MemStorage;
+/// use raft_lease::drive::apply_conf_change_entry;
+/// use raft_lease::{LeaseConfig, LeaseNode, ReadyIo, SimClock};
+///
+/// type Error = Box<dyn std::error::Error + Send + Sync>;
+/// type Clock = SimClock; // BootClock in production
+/// type Node = LeaseNode<MemStorage, Clock>;
+///
+/// struct NodeIo {
+///     /// The transport: one channel to each peer.
+///     peers: HashMap<u64, Sender<Message>>,
+///     /// The state machine.
+///     kv: HashMap<String, String>,
+///     /// How many times `persist` made the log durable.
+///     syncs: u64,
+/// }
+///
+/// impl ReadyIo<MemStorage, Clock> for NodeIo {
+///     type Error = Error;
+///
+///     fn send(&mut self, msgs: Vec<Message>) {
+///         for m in msgs {
+///             // A peer that is down loses the message; raft sends again.
+///             let _ = self.peers[&m.to].send(m);
+///         }
+///     }
+///
+///     fn install_snapshot(
+///         &mut self,
+///         node: &mut Node,
+///         snapshot: Snapshot,
+///     ) -> Result<(), Error> {
+///         // The state machine becomes the snapshot's, then the log store takes its metadata.
+///         self.kv = std::str::from_utf8(snapshot.get_data())?
+///             .lines()
+///             .filter_map(|line| line.split_once('='))
+///             .map(|(k, v)| (k.to_string(), v.to_string()))
+///             .collect();
+///         Ok(node.mut_store().wl().apply_snapshot(snapshot)?)
+///     }
+///
+///     fn apply(&mut self, node: &mut Node, entries: Vec<Entry>) -> Result<(), Error> {
+///         for e in entries {
+///             if e.get_entry_type() != EntryType::EntryNormal {
+///                 // A membership change: the node applies it, the log store records it.
+///                 if let Some(conf_state) = apply_conf_change_entry(node, &e)? {
+///                     node.mut_store().wl().set_conf_state(conf_state);
+///                 }
+///             } else if let Some((k, v)) = std::str::from_utf8(&e.data)?.split_once('=') {
+///                 self.kv.insert(k.to_string(), v.to_string());
+///             }
+///         }
+///         Ok(())
+///     }
+///
+///     fn persist(
+///         &mut self,
+///         node: &mut Node,
+///         entries: &[Entry],
+///         hs: Option<&HardState>,
+///     ) -> Result<(), Error> {
+///         let mut log = node.mut_store().wl();
+///         log.append(entries)?; // replaces any conflicting suffix
+///         if let Some(hs) = hs {
+///             log.set_hardstate(hs.clone());
+///         }
+///         self.syncs += 1; // fsync here: messages that depend on it are sent after this returns
+///         Ok(())
+///     }
+///
+///     fn set_commit(&mut self, node: &mut Node, commit: u64) -> Result<(), Error> {
+///         node.mut_store().wl().mut_hard_state().set_commit(commit);
+///         Ok(())
+///     }
+/// }
+///
+/// // Three nodes, each with its inbox.
+/// let clock = SimClock::new(0, 0);
+/// let logger = slog::Logger::root(slog::Discard, slog::o!());
+/// let inboxes: Vec<(Sender<Message>, Receiver<Message>)> = (0..3).map(|_| unbounded()).collect();
+/// let mut nodes = Vec::new();
+/// for id in 1..=3u64 {
+///     let rc = raft::Config { id, election_tick: 10, heartbeat_tick: 2, ..Default::default() };
+///     let lc =
+///         LeaseConfig { promise_ms: 100, drift_ppm: 500, margin_ms: 2, ..Default::default() };
+///     let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+///     let node = LeaseNode::new(&rc, storage, lc, 10, clock.clone(), &logger)?;
+///     let peers = (1..=3).map(|p| (p, inboxes[p as usize - 1].0.clone())).collect();
+///     nodes.push((node, NodeIo { peers, kv: HashMap::new(), syncs: 0 }));
+/// }
+///
+/// // Each node's loop: tick, step its inbox, process `Ready`s through its `NodeIo`.
+/// let mut run = |nodes: &mut Vec<(Node, NodeIo)>, ms: u64| {
+///     for _ in 0..ms / 10 {
+///         clock.advance(10_000_000);
+///         for (node, io) in nodes.iter_mut() {
+///             node.tick();
+///             node.handle_ready(io)?;
+///         }
+///         while inboxes.iter().any(|(_, inbox)| !inbox.is_empty()) {
+///             for ((node, io), (_, inbox)) in nodes.iter_mut().zip(&inboxes) {
+///                 for m in inbox.try_iter() {
+///                     node.step(m)?;
+///                 }
+///                 node.handle_ready(io)?;
+///             }
+///         }
+///     }
+///     Ok::<(), Error>(())
+/// };
+///
+/// run(&mut nodes, 1_000)?;
+/// let (leader, _) = nodes.iter_mut().find(|(node, _)| node.is_leader()).expect("a leader");
+/// leader.propose(vec![], b"colour=blue".to_vec())?;
+/// run(&mut nodes, 50)?;
+/// for (_, io) in &nodes {
+///     assert_eq!(io.kv["colour"], "blue");
+///     assert!(io.syncs > 0);
+/// }
+/// # Ok::<(), Error>(())
+/// ```
 pub trait ReadyIo<S: Storage, C: Clock> {
     /// A storage or application failure; it stops the loop and is returned.
     type Error;

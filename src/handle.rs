@@ -47,6 +47,102 @@ impl Shared {
 ///
 /// It serves only lease reads. When it returns [`ReadError::LeaseNotHeld`], send the read through
 /// the raft thread ([`crate::LeaseNode::read`]), which can fall back to ReadIndex.
+///
+/// # Example
+/// A reader thread serves itself while the lease is held. Once the lease has lapsed (here the
+/// clock jumps past it while the raft thread does not tick), the handle refuses, and the reader
+/// hands the read to the raft thread, which serves it with a ReadIndex round
+/// ([`ReadMode::Auto`](crate::ReadMode::Auto)), or fails it with
+/// [`ReadError::NotLeader`] and the leader's id when this node no longer leads.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::RwLock;
+///
+/// use crossbeam_channel::{bounded, unbounded, Sender};
+/// use raft_lease::{ReadError, ReadHandle, ReadKind, ReadMode, SimClock};
+/// # use std::sync::Arc;
+/// # use raft::eraftpb::{Entry, EntryType, Message};
+/// # use raft::storage::MemStorage;
+/// # use raft_lease::{LeaseConfig, LeaseNode, MemApp};
+/// # struct App { kv: Arc<RwLock<HashMap<String, String>>> }
+/// # impl MemApp<SimClock> for App {
+/// #     fn send(&mut self, _: Vec<Message>) {}
+/// #     fn apply(&mut self, _: &mut LeaseNode<MemStorage, SimClock>, entries: Vec<Entry>) {
+/// #         let puts = entries.iter().filter(|e| e.get_entry_type() == EntryType::EntryNormal);
+/// #         for put in puts.filter_map(|e| std::str::from_utf8(&e.data).ok()?.split_once('=')) {
+/// #             self.kv.write().unwrap().insert(put.0.to_string(), put.1.to_string());
+/// #         }
+/// #     }
+/// # }
+///
+/// type Kv = RwLock<HashMap<String, String>>;
+/// /// A read the raft thread serves for a reader thread: the key, and where to answer.
+/// type Handoff = (String, Sender<Result<Option<String>, ReadError>>);
+///
+/// /// On a reader thread: a lease read through the handle, else through the raft thread.
+/// fn get(
+///     handle: &ReadHandle<SimClock>,
+///     kv: &Kv,
+///     raft_thread: &Sender<Handoff>,
+///     key: &str,
+/// ) -> Result<(Option<String>, &'static str), ReadError> {
+///     // The state read runs first; the lease is validated after it.
+///     match handle.read(|| kv.read().unwrap().get(key).cloned()) {
+///         Ok(value) => Ok((value, "lease, on the reader thread")),
+///         Err(ReadError::LeaseNotHeld) => {
+///             let (reply, answer) = bounded(1);
+///             raft_thread.send((key.to_string(), reply)).expect("raft thread is up");
+///             Ok((answer.recv().expect("an answer")?, "through the raft thread"))
+///         }
+///         Err(other) => Err(other),
+///     }
+/// }
+///
+/// # let clock = SimClock::new(0, 0);
+/// # let rc = raft::Config { id: 1, election_tick: 10, heartbeat_tick: 2, ..Default::default() };
+/// # let lc = LeaseConfig { promise_ms: 100, drift_ppm: 500, margin_ms: 2, ..Default::default() };
+/// # let storage = MemStorage::new_with_conf_state((vec![1], vec![]));
+/// # let logger = slog::Logger::root(slog::Discard, slog::o!());
+/// # let mut node = LeaseNode::new(&rc, storage, lc, 10, clock.clone(), &logger)?;
+/// # let kv: Arc<Kv> = Arc::default();
+/// # let mut app = App { kv: kv.clone() };
+/// # clock.advance(100_000_000);
+/// # node.campaign()?;
+/// # node.handle_ready(&mut app)?;
+/// # node.propose(vec![], b"greeting=hello".to_vec())?;
+/// # node.handle_ready(&mut app)?;
+/// # node.tick();
+/// // `node` leads a one-node cluster with a lease, and has applied "greeting=hello" to `kv`.
+/// let handle = node.read_handle();
+/// let (to_raft_thread, handoffs) = unbounded::<Handoff>();
+/// std::thread::scope(|s| {
+///     let read = || get(&handle, &kv, &to_raft_thread, "greeting");
+///     let lease_read = s.spawn(read).join().unwrap();
+///     assert_eq!(lease_read, Ok((Some("hello".into()), "lease, on the reader thread")));
+///
+///     clock.advance(200_000_000); // past the lease, with no tick to renew it
+///     let reader = s.spawn(read);
+///
+///     // The raft thread's side: start each handed-off read, process, serve, answer.
+///     let mut waiting = HashMap::new();
+///     let (key, reply) = handoffs.recv().unwrap();
+///     match node.read(ReadMode::Auto) {
+///         Ok(id) => drop(waiting.insert(id, (key, reply))),
+///         Err(e) => reply.send(Err(e)).unwrap(), // not the leader: says who is
+///     }
+///     node.handle_ready(&mut app).unwrap();
+///     let served = node.serve_reads(|id| kv.read().unwrap().get(&waiting[&id].0).cloned());
+///     for read in served {
+///         assert_eq!(read.result, Ok((Some("hello".into()), ReadKind::Index)));
+///         let (_key, reply) = waiting.remove(&read.id).unwrap();
+///         reply.send(read.result.map(|(value, _kind)| value)).unwrap();
+///     }
+///     let fallback = reader.join().unwrap();
+///     assert_eq!(fallback, Ok((Some("hello".into()), "through the raft thread")));
+/// });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Debug)]
 pub struct ReadHandle<C: Clock> {
     shared: Arc<Shared>,

@@ -4,6 +4,113 @@
 //! to vote for anyone else, so the leader can serve linearizable reads from local state with **no
 //! network round**. When the lease is not held, reads fall back to ReadIndex (one heartbeat round).
 //!
+//! ## Embedding it
+//! [`LeaseNode`] wraps raft-rs's `RawNode`, and you drive it the same way: each node's thread
+//! ticks it on a timer, steps the messages the network delivers, and processes its `Ready`s with
+//! [`LeaseNode::handle_ready`], which sends (through your [`ReadyIo`]), persists and applies in
+//! the order raft-rs requires. Reads go through [`LeaseNode::read`] and come back from
+//! [`LeaseNode::serve_reads`], or, on any other thread, through a [`ReadHandle`].
+//!
+//! Three nodes in one loop, on a simulated clock so that the example can skip time (use
+//! [`BootClock`] in production). `examples/embed.rs` is the same store on real threads, with
+//! reader threads and a leader that fails: start there to embed the crate.
+//!
+//! ```
+//! use std::collections::HashMap;
+//!
+//! use raft::eraftpb::{Entry, EntryType, Message};
+//! use raft::storage::MemStorage;
+//! use raft_lease::{LeaseConfig, LeaseNode, MemApp, ReadKind, ReadMode, SimClock};
+//!
+//! type Node = LeaseNode<MemStorage, SimClock>;
+//!
+//! /// One node's application: its transport (an outbox here) and its state machine.
+//! #[derive(Default)]
+//! struct App {
+//!     outbox: Vec<Message>,
+//!     kv: HashMap<String, String>,
+//! }
+//!
+//! // `MemApp` is the application half of a `ReadyIo` over raft-rs's `MemStorage`.
+//! impl MemApp<SimClock> for App {
+//!     fn send(&mut self, msgs: Vec<Message>) {
+//!         self.outbox.extend(msgs); // your transport sends each to `m.to`
+//!     }
+//!
+//!     fn apply(&mut self, _: &mut Node, entries: Vec<Entry>) {
+//!         // Membership changes are already applied; an empty entry is raft's own.
+//!         let puts = entries.iter().filter(|e| e.get_entry_type() == EntryType::EntryNormal);
+//!         for put in puts.filter_map(|e| std::str::from_utf8(&e.data).ok()?.split_once('=')) {
+//!             self.kv.insert(put.0.to_string(), put.1.to_string());
+//!         }
+//!     }
+//! }
+//!
+//! /// What each node's thread does, for `ms` of time: tick every `tick_ms`, step what the
+//! /// network delivers, and process `Ready`s after each.
+//! fn run(nodes: &mut [(Node, App)], clock: &SimClock, ms: u64) -> Result<(), raft::Error> {
+//!     let tick_ms = 10;
+//!     for _ in 0..ms / tick_ms {
+//!         clock.advance(tick_ms * 1_000_000);
+//!         for (node, app) in nodes.iter_mut() {
+//!             node.tick();
+//!             node.handle_ready(app)?;
+//!         }
+//!         loop {
+//!             let sent: Vec<Message> =
+//!                 nodes.iter_mut().flat_map(|(_, app)| app.outbox.drain(..)).collect();
+//!             if sent.is_empty() {
+//!                 break;
+//!             }
+//!             for m in sent {
+//!                 let (node, app) = &mut nodes[m.to as usize - 1];
+//!                 node.step(m)?;
+//!                 node.handle_ready(app)?;
+//!             }
+//!         }
+//!     }
+//!     Ok(())
+//! }
+//!
+//! let clock = SimClock::new(0, 0);
+//! let logger = slog::Logger::root(slog::Discard, slog::o!());
+//! let mut nodes = Vec::new();
+//! for id in 1..=3 {
+//!     let raft_config = raft::Config {
+//!         id,
+//!         election_tick: 10,
+//!         heartbeat_tick: 2,
+//!         check_quorum: true,
+//!         pre_vote: true,
+//!         ..Default::default()
+//!     };
+//!     // P is the election timeout, 10 ticks of 10 ms: see "Choosing the numbers" below.
+//!     let lease_config =
+//!         LeaseConfig { promise_ms: 100, drift_ppm: 500, margin_ms: 2, ..Default::default() };
+//!     let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+//!     let node = LeaseNode::new(&raft_config, storage, lease_config, 10, clock.clone(), &logger)?;
+//!     nodes.push((node, App::default()));
+//! }
+//!
+//! // Nodes refuse to vote for P after boot; then one is elected and gets its lease.
+//! run(&mut nodes, &clock, 1_000)?;
+//! let leader = nodes.iter().position(|(node, _)| node.is_leader()).expect("a leader");
+//! assert!(nodes[leader].0.lease_status().state.is_held());
+//!
+//! // A write: propose at the leader; every node applies it.
+//! nodes[leader].0.propose(vec![], b"greeting=hello".to_vec())?;
+//! run(&mut nodes, &clock, 50)?;
+//! assert!(nodes.iter().all(|(_, app)| app.kv["greeting"] == "hello"));
+//!
+//! // A read: served from the leader's own state under the lease, with no network round.
+//! let (node, app) = &mut nodes[leader];
+//! let id = node.read(ReadMode::Auto)?;
+//! let served = node.serve_reads(|_id| app.kv.get("greeting").cloned());
+//! assert_eq!(served[0].id, id);
+//! assert_eq!(served[0].result, Ok((Some("hello".to_string()), ReadKind::Lease)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! ## Why raft-rs needs this
 //! raft-rs 0.7's `ReadOnlyOption::LeaseBased` consults no clock: it trusts tick-based check-quorum,
 //! which is late by up to an election timeout, and which a stalled tick thread stretches. It serves
@@ -68,11 +175,97 @@
 //! of its seeds such a `P`. Only a lease no longer than one heartbeat interval is refused
 //! ([`ConfigError::LeaseNotAboveHeartbeat`]): it would lapse before every renewal.
 //!
+//! ## Choosing the numbers
+//! Four numbers decide how long the lease is and how often reads fall back to ReadIndex: the
+//! promise `P`, the drift bound `ρ` and the margin `ε` of the [`LeaseConfig`], and raft's
+//! heartbeat interval `H`. [`LeaseConfig::validate`] (which [`LeaseNode::new`] calls) checks them
+//! against raft's configuration and derives `L = P·(1−ρ)/(1+ρ) − ε`; the example on
+//! [`LeaseConfig`] shows every error.
+//!
+//! - **`P` against the election timeout.** `P` may not exceed raft's minimum election timeout,
+//!   `min_election_tick × tick_ms` ([`ConfigError::PromiseExceedsElectionTimeout`]). A node that
+//!   heard from the leader neither votes for another candidate nor campaigns for `P`, and raft
+//!   itself waits at least that long before campaigning, so a promise up to the election timeout
+//!   does not slow failover. Take `P` equal to the election timeout: a shorter `P` only shortens
+//!   the lease. The difference that matters is that raft counts its timeout in ticks, which a
+//!   stalled ticker stretches, while the promise is counted on the clock.
+//! - **`ρ` for common clocks.** `ρ` bounds how far any node's clock *rate* may stray from real
+//!   time while a lease lasts. On a synchronised host the time daemon bounds it, not the crystal:
+//!   - An undisciplined oscillator: "a typical computer clock has a drift smaller than 100 parts
+//!     per million (ppm), but much larger drifts are possible (e.g. in some virtual machines)"
+//!     ([chrony FAQ](https://github.com/mlichvar/chrony/blob/master/doc/faq.adoc)).
+//!   - Linux: `CLOCK_MONOTONIC` ([`MonotonicClock`]) and `CLOCK_BOOTTIME` ([`BootClock`]) follow
+//!     the time daemon's incremental adjustments, `CLOCK_MONOTONIC_RAW` does not
+//!     ([clock_gettime(2)](https://man7.org/linux/man-pages/man2/clock_gettime.2.html)).
+//!     The kernel caps the NTP frequency correction at ±500 ppm (`MAXFREQ`,
+//!     [`include/linux/timex.h`](https://github.com/torvalds/linux/blob/master/include/linux/timex.h))
+//!     and an `adjtime(3)` slew at 500 µs per second (`MAX_TICKADJ`,
+//!     [`kernel/time/ntp.c`](https://github.com/torvalds/linux/blob/master/kernel/time/ntp.c));
+//!     ntpd's documentation gives the same limit ("the slew rate of typical Unix kernels is
+//!     limited to 0.5 ms/s", ntpd(8), option `-x`). **500 ppm is not the whole story, though.**
+//!     The kernel PLL's phase correction adds `offset / 2^(2 + time constant)` per second on top,
+//!     for an offset of up to 0.5 s (`ntp_offset_chunk`, `MAXPHASE`), and `adjtimex(ADJ_TICK)` may
+//!     change the tick length by up to 10% (`ntp_validate_timex`). chrony slews through the tick:
+//!     its `maxslewrate` defaults to 83,333 ppm, and Linux lets it reach 100,000 ppm
+//!     ([chrony.conf(5)](https://github.com/mlichvar/chrony/blob/master/doc/chrony.conf.adoc),
+//!     `maxslewrate`).
+//!   - So the default `ρ` is 100,000 ppm, the largest accepted, safe with chrony's defaults or a
+//!     daemon you do not control: `L` shrinks to about 0.82·`P` − `ε` (the table), which costs
+//!     nothing in steady state, since heartbeats renew the lease long before it runs out. On hosts
+//!     whose daemon is configured not to slew faster than 500 ppm (for chrony, `maxslewrate 500`),
+//!     `ρ` = 1,000 ppm (500 plus the oscillator's residual error) is enough.
+//!     A clock no daemon adjusts, such as `CLOCK_MONOTONIC_RAW` behind your own [`Clock`], runs at
+//!     the oscillator's own error, but like `CLOCK_MONOTONIC` it stops during suspend.
+//!   - Suspend: `CLOCK_MONOTONIC` does not count time suspended; [`BootClock`] does.
+//!   - Virtual machines: a paused guest's clock may stop ("kvm guests CLOCK_MONOTONIC not count
+//!     when guest is paused", [autotest/virt-test#1229](https://github.com/autotest/virt-test/pull/1229)),
+//!     or be moved forward on resume when the hypervisor restores kvmclock with the time elapsed
+//!     ([cloud-hypervisor#8256](https://github.com/cloud-hypervisor/cloud-hypervisor/pull/8256)).
+//!     A migrated VM's clock may also change frequency (chrony FAQ).
+//!     A clock that catches up is harmless. One that stopped for longer than about `ε` is outside
+//!     every `ρ`: a leader paused that way resumes with its lease apparently still valid after the
+//!     promises behind it have ended. Transfer leadership away ([`LeaseNode::transfer_leader`] fences the lease at once)
+//!     before pausing, snapshotting or migrating a node's VM, or make sure its clock counts the pause.
+//! - **`ε` and scheduling jitter.** In real time a lease ends at least `ε/(1−ρ)` before the
+//!   earliest promise behind it does; that gap is all `ε` buys. Scheduling delays do not eat into
+//!   it, because every clock reading the lease depends on errs on the safe side if the thread is
+//!   delayed: the leader reads `t0` *before* the round is handed to the transport, a follower reads
+//!   its receipt time *after* raft processed the leader's message, and a read is validated *after*
+//!   the state was read. A late thread makes the lease shorter, never longer. So `ε` is for what
+//!   the `1 ± ρ` model leaves out: clock reads of coarse granularity, and a clock that stalls or
+//!   steps briefly (a VM's clock frozen for a moment, a clock source switch). A few milliseconds
+//!   (the default is 10 ms) cost little: `L` shrinks by exactly `ε`. Jitter matters for
+//!   availability instead, below.
+//! - **The heartbeat interval against `L`.** The lease renews on raft's own heartbeats, with no
+//!   extra messages: a round sent at `t0` and acknowledged by a quorum after a round trip `r`
+//!   extends it to `t0 + L`. It stays held without a gap while `H + r < L`, where `r` includes
+//!   how late the ticker fires, and it survives `m` heartbeat rounds lost in a row while
+//!   `(m + 1)·H + r < L`. [`ConfigError::LeaseNotAboveHeartbeat`] refuses `L ≤ H`, which would lapse
+//!   between every two rounds; between `H` and `H + r` it is accepted but lapses for
+//!   `H + r − L` of every `H`, and reads fall back to ReadIndex then. With `H` a tenth of the
+//!   election timeout and `P` equal to it, the lease survives seven or eight lost rounds.
+//!
+//! The table is computed by `tests/numbers.rs` from [`LeaseConfig::validate`], which fails when
+//! it differs from this one. Its availability columns assume a round trip `r` of 2 ms.
+//!
+//! <!-- numbers-table:start -->
+//! | setting | election timeout / heartbeat `H` | `P` | `ρ` | `ε` | lease `L` | `L ÷ P` | heartbeat rounds lost in a row with no lapse | lease held, steady state |
+//! |---|---|---|---|---|---|---|---|---|
+//! | the simulator's default (`SimConfig`) | 100 ms / 20 ms | 100 ms | 10,000 ppm | 2 ms | **96 ms** | 96% | 3 | 100% |
+//! | `examples/embed.rs` | 200 ms / 30 ms | 200 ms | 500 ppm | 5 ms | **194.8 ms** | 97% | 5 | 100% |
+//! | `examples/kv`'s default (ρ safe under any daemon's slewing) | 1,000 ms / 100 ms | 1,000 ms | 100,000 ppm | 10 ms | **808.1 ms** | 80% | 7 | 100% |
+//! | the same, a daemon capped at 500 ppm | 1,000 ms / 100 ms | 1,000 ms | 1,000 ppm | 10 ms | **988 ms** | 98% | 8 | 100% |
+//! | 1 s ticks, 10 s election timeout | 10,000 ms / 2,000 ms | 10,000 ms | 500 ppm | 10 ms | **9,980 ms** | 99% | 3 | 100% |
+//! | 1 ms ticks, 50 ms election timeout | 50 ms / 5 ms | 50 ms | 500 ppm | 1 ms | **48.9 ms** | 97% | 8 | 100% |
+//! | `P` just above `H` (accepted, but the lease lapses) | 100 ms / 50 ms | 53 ms | 10,000 ppm | 1 ms | **50.9 ms** | 96% | none | 97.9% |
+//! <!-- numbers-table:end -->
+//!
 //! ## Layering
 //! Pure state machines ([`lease`], [`promise`], [`round`], [`read`]) take time as an argument and
 //! return decisions. [`LeaseNode`] is the thin driver around `RawNode`. The `sim` feature adds a
 //! deterministic fault simulator with a linearizability checker.
 #![deny(missing_docs)]
+#![warn(rustdoc::broken_intra_doc_links)]
 
 pub mod clock;
 pub mod config;

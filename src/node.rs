@@ -62,6 +62,119 @@ pub enum CampaignError {
 }
 
 /// A raft node with a real-time leader lease. See the module docs for how to drive it.
+///
+/// # Example
+/// Three nodes driven by hand (`tick`, `step`, `handle_ready`), and each way a read can end: a
+/// follower names the leader, a lease read is served at once, a ReadIndex read after a quorum
+/// round, a strict lease read on a cut-off leader is refused, and a read waiting on a leader that
+/// was deposed fails rather than answer stale.
+///
+/// ```
+/// # use std::collections::HashMap;
+/// # use raft::eraftpb::{Entry, EntryType, Message};
+/// # use raft::storage::MemStorage;
+/// use raft_lease::{LeaseConfig, LeaseNode, MemApp, ReadError, ReadKind, ReadMode, SimClock};
+/// # type Node = LeaseNode<MemStorage, SimClock>;
+/// # #[derive(Default)]
+/// # struct App { outbox: Vec<Message>, kv: HashMap<String, String> }
+/// # impl MemApp<SimClock> for App {
+/// #     fn send(&mut self, msgs: Vec<Message>) { self.outbox.extend(msgs); }
+/// #     fn apply(&mut self, _: &mut Node, entries: Vec<Entry>) {
+/// #         let puts = entries.iter().filter(|e| e.get_entry_type() == EntryType::EntryNormal);
+/// #         for put in puts.filter_map(|e| std::str::from_utf8(&e.data).ok()?.split_once('=')) {
+/// #             self.kv.insert(put.0.to_string(), put.1.to_string());
+/// #         }
+/// #     }
+/// # }
+///
+/// /// Run every node for `ms`: tick every 10 ms, step what the network delivers, process
+/// /// `Ready`s. The network drops everything to and from `cut`.
+/// fn run(nodes: &mut [(Node, App)], clock: &SimClock, ms: u64, cut: Option<usize>)
+///     -> Result<(), raft::Error>
+/// {
+///     for _ in 0..ms / 10 {
+///         clock.advance(10_000_000);
+///         for (node, app) in nodes.iter_mut() {
+///             node.tick();
+///             node.handle_ready(app)?;
+///         }
+///         loop {
+///             let sent: Vec<Message> =
+///                 nodes.iter_mut().flat_map(|(_, app)| app.outbox.drain(..)).collect();
+///             if sent.is_empty() {
+///                 break;
+///             }
+///             let cut_id = cut.map(|c| c as u64 + 1);
+///             let reaches = |m: &Message| cut_id.is_none_or(|c| m.from != c && m.to != c);
+///             for m in sent.into_iter().filter(reaches) {
+///                 let (node, app) = &mut nodes[m.to as usize - 1];
+///                 node.step(m)?;
+///                 node.handle_ready(app)?;
+///             }
+///         }
+///     }
+///     Ok(())
+/// }
+///
+/// # let clock = SimClock::new(0, 0);
+/// # let logger = slog::Logger::root(slog::Discard, slog::o!());
+/// # let mut nodes = Vec::new();
+/// # for id in 1..=3 {
+/// #     let rc = raft::Config { id, election_tick: 10, heartbeat_tick: 2, ..Default::default() };
+/// #     let lc = LeaseConfig { promise_ms: 100, drift_ppm: 500, margin_ms: 2, ..Default::default() };
+/// #     let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+/// #     nodes.push((LeaseNode::new(&rc, storage, lc, 10, clock.clone(), &logger)?, App::default()));
+/// # }
+/// // Three nodes as in the crate docs: P = 100 ms, ρ = 500 ppm, ε = 2 ms, 10 ms ticks.
+/// run(&mut nodes, &clock, 1_000, None)?;
+/// let leader = nodes.iter().position(|(node, _)| node.is_leader()).expect("a leader");
+/// let leader_id = nodes[leader].0.id();
+/// nodes[leader].0.propose(vec![], b"k=v1".to_vec())?;
+/// run(&mut nodes, &clock, 20, None)?;
+///
+/// // A follower serves no reads: it names the leader, for the client to retry there.
+/// let follower = (leader + 1) % 3;
+/// let not_leader = ReadError::NotLeader { leader_hint: Some(leader_id) };
+/// assert_eq!(nodes[follower].0.read(ReadMode::Auto), Err(not_leader));
+///
+/// // On the leader, a lease read needs no round; a ReadIndex read waits for one. Both hand back
+/// // from `serve_reads`, which reads your state (first) for each finished read.
+/// let (node, app) = &mut nodes[leader];
+/// let lease_read = node.read(ReadMode::Lease)?;
+/// let index_read = node.read(ReadMode::ReadIndex)?;
+/// let served = node.serve_reads(|_id| app.kv["k"].clone());
+/// assert_eq!(served.len(), 1);
+/// assert_eq!(served[0].id, lease_read);
+/// assert_eq!(served[0].result, Ok(("v1".to_string(), ReadKind::Lease)));
+/// run(&mut nodes, &clock, 10, None)?; // the round goes out and a quorum answers
+/// let (node, app) = &mut nodes[leader];
+/// let served = node.serve_reads(|_id| app.kv["k"].clone());
+/// assert_eq!(served[0].id, index_read);
+/// assert_eq!(served[0].result, Ok(("v1".to_string(), ReadKind::Index)));
+///
+/// // Cut the leader off. Within L its lease lapses: strict lease reads are refused at once,
+/// // and an `Auto` read waits for a ReadIndex round that cannot complete.
+/// run(&mut nodes, &clock, 150, Some(leader))?;
+/// let node = &mut nodes[leader].0;
+/// assert!(node.is_leader() && !node.lease_status().state.is_held());
+/// assert_eq!(node.read(ReadMode::Lease), Err(ReadError::LeaseNotHeld));
+/// let waiting = node.read(ReadMode::Auto)?;
+///
+/// // Meanwhile the others elect a leader (after their promises end) and take a write. When the
+/// // old leader hears of it, it steps down and its waiting read fails: never answered stale.
+/// run(&mut nodes, &clock, 1_000, Some(leader))?;
+/// let new_leader = nodes.iter().position(|(node, _)| node.is_leader()).expect("a new leader");
+/// assert_ne!(new_leader, leader);
+/// nodes[new_leader].0.propose(vec![], b"k=v2".to_vec())?;
+/// run(&mut nodes, &clock, 100, None)?;
+/// let (node, app) = &mut nodes[leader];
+/// assert!(!node.is_leader());
+/// let served = node.serve_reads(|_id| app.kv["k"].clone());
+/// assert_eq!(served[0].id, waiting);
+/// let new_leader_id = nodes[new_leader].0.id();
+/// assert_eq!(served[0].result, Err(ReadError::NotLeader { leader_hint: Some(new_leader_id) }));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct LeaseNode<S: Storage, C: Clock> {
     raw: RawNode<S>,
     clock: Arc<C>,

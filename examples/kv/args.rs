@@ -59,8 +59,9 @@ pub struct NodeArgs {
     /// Raft tick interval.
     #[arg(long, default_value_t = 10)]
     pub tick_ms: u64,
-    /// Bound on clock drift, in parts per million.
-    #[arg(long, default_value_t = 500)]
+    /// Bound on clock rate error, in parts per million (10%: safe under any time daemon's
+    /// slewing; 1000 will do on hosts whose daemon slews at most 500 ppm).
+    #[arg(long, default_value_t = 100_000)]
     pub drift_ppm: u64,
     /// Lease safety margin.
     #[arg(long, default_value_t = 10)]

@@ -71,6 +71,48 @@ pub struct Op {
 }
 
 /// Records operations as they are invoked and completed.
+///
+/// [`crate::sim::SimCluster`] records into one, but the checker depends on nothing else: record
+/// the clients of a store of your own (a state machine behind [`crate::LeaseNode`], tested on
+/// real threads or processes, times from one clock) and check that.
+///
+/// # Example
+/// Writes must carry unique values, and report the raft index that committed them (their
+/// revision). Here a read served after a write was acknowledged misses it: a stale read.
+///
+/// ```
+/// use raft_lease::sim::{History, OpKind, OpResult, Violation};
+/// use raft_lease::ReadKind;
+///
+/// let mut history = History::default();
+/// let key = b"balance".to_vec();
+/// let put = |value: &str| OpKind::Put { key: key.clone(), value: value.into() };
+/// let get = OpKind::Get { key: key.clone() };
+///
+/// // Node 1 writes "10" (committed at index 5), acknowledged at t = 20 ns.
+/// let w1 = history.invoke(1, put("10"), 10);
+/// history.complete(w1, OpResult::Written { revision: 5 }, 20);
+/// // A lease read on node 1 sees it.
+/// let r1 = history.invoke(1, get.clone(), 30);
+/// let seen = Some((b"10".to_vec(), 5));
+/// history.complete(r1, OpResult::Read { value: seen, served: ReadKind::Lease }, 40);
+/// assert!(history.check().violations.is_empty());
+///
+/// // Node 2 writes "20" at index 7, acknowledged at t = 60; then node 1, on an old lease,
+/// // still answers "10".
+/// let w2 = history.invoke(2, put("20"), 50);
+/// history.complete(w2, OpResult::Written { revision: 7 }, 60);
+/// let r2 = history.invoke(1, get, 70);
+/// let stale = Some((b"10".to_vec(), 5));
+/// history.complete(r2, OpResult::Read { value: stale, served: ReadKind::Lease }, 80);
+///
+/// let report = history.check();
+/// assert_eq!(report.stale_reads(), 1);
+/// assert!(matches!(
+///     report.violations[0],
+///     Violation::StaleRead { read, missed_write, .. } if read == r2 && missed_write == w2
+/// ));
+/// ```
 #[derive(Debug, Default, Clone)]
 pub struct History {
     ops: Vec<Op>,
