@@ -957,7 +957,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub fn counters(&self) -> CounterSnapshot {
         CounterSnapshot {
             rounds_evicted: self.rounds.evicted(),
-            ..self.shared.counters.snapshot()
+            ..self.shared.counter_snapshot()
         }
     }
 
