@@ -89,7 +89,10 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_ns(&self) -> u64 {
-        checked(ClockKind::Monotonic, self.origin.elapsed().as_nanos() as u64)
+        checked(
+            ClockKind::Monotonic,
+            self.origin.elapsed().as_nanos() as u64,
+        )
     }
 }
 

@@ -29,7 +29,7 @@ use crate::ctx::{LayerCtx, ReservedContext};
 use crate::handle::{ReadHandle, Shared};
 use crate::lease::{AckOutcome, LeaderLease, LeaseState};
 use crate::promise::{CampaignJitter, FollowerPromise, VoteDecision};
-use crate::read::{LeaseRead, ReadError, ReadId, ReadKind, ReadMode, ReadQueue, ServedRead};
+use crate::read::{ReadError, ReadId, ReadKind, ReadMode, ReadQueue, ServedRead};
 use crate::round::RoundTracker;
 use crate::status::{CounterSnapshot, Counters, LeaseStatus};
 
@@ -405,7 +405,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         let mut rd = self.raw.ready();
         for rs in rd.take_read_states() {
             if let Some(LayerCtx::Read(_)) = LayerCtx::parse(&rs.request_ctx) {
-                if !self.reads.complete_batch(&rs.request_ctx, rs.index) {
+                if !self.reads.round_answered(&rs.request_ctx, rs.index) {
                     debug!(self.logger, "read state for a round no longer waited for"; "index" => rs.index);
                 }
             } else {
@@ -656,16 +656,14 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if self.raw.raft.state != StateRole::Leader {
             return Err(self.not_leader());
         }
-        let id = self.reads.next_id();
-        let raft_lease_based = self.safeties.raft_lease_based;
         let counters = &self.shared.counters;
-        match mode {
-            _ if raft_lease_based && mode != ReadMode::ReadIndex => {
-                self.reads.index_waiting.push(id)
+        let id = match mode {
+            _ if self.safeties.raft_lease_based && mode != ReadMode::ReadIndex => {
+                self.reads.start_index()
             }
             ReadMode::Lease | ReadMode::Auto if self.lease_held_now() => {
-                let index = self.raw.raft.raft_log.committed;
-                self.reads.lease.push_back(LeaseRead { id, index, mode });
+                let commit = self.raw.raft.raft_log.committed;
+                self.reads.start_lease(commit, mode)
             }
             ReadMode::Lease => {
                 Counters::bump(&counters.lease_refusals);
@@ -673,10 +671,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             }
             ReadMode::Auto => {
                 Counters::bump(&counters.fallbacks);
-                self.reads.index_waiting.push(id);
+                self.reads.start_index()
             }
-            ReadMode::ReadIndex => self.reads.index_waiting.push(id),
-        }
+            ReadMode::ReadIndex => self.reads.start_index(),
+        };
         self.issue_index_round();
         Ok(id)
     }
@@ -700,74 +698,39 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Hand back every read that finished. For each read whose index is applied, `read_state`
     /// reads the caller's state *first*; a lease read is then validated against the clock.
     /// An `Auto` read whose lease was lost meanwhile goes back to wait for ReadIndex.
-    pub fn serve_reads<T>(
-        &mut self,
-        mut read_state: impl FnMut(ReadId) -> T,
-    ) -> Vec<ServedRead<T>> {
+    pub fn serve_reads<T>(&mut self, read_state: impl FnMut(ReadId) -> T) -> Vec<ServedRead<T>> {
         let applied = self.raw.raft.raft_log.applied;
-        let mut out: Vec<ServedRead<T>> = self
-            .reads
-            .failed
-            .drain(..)
-            .map(|(id, e)| ServedRead { id, result: Err(e) })
-            .collect();
-        while let Some(r) = self
-            .reads
-            .lease
-            .front()
-            .copied()
-            .filter(|r| r.index <= applied)
-        {
-            self.reads.lease.pop_front();
-            let value = read_state(r.id);
-            if let Some(result) = self.validate_lease_read(r, value) {
-                out.push(ServedRead { id: r.id, result });
-            }
-        }
-        let kind = match self.safeties.raft_lease_based {
+        let index_kind = match self.safeties.raft_lease_based {
             true => ReadKind::Lease,
             false => ReadKind::Index,
         };
-        while let Some(&(id, _)) = self
+        let held_until_ns =
+            match self.raw.raft.state == StateRole::Leader && !self.safeties.raft_lease_based {
+                true => self.lease.usable_until_ns(),
+                false => None,
+            };
+        let clock = &self.clock;
+        let lease_held = || held_until_ns.is_some_and(|until_ns| clock.now_ns() < until_ns);
+        let served = self
             .reads
-            .index_ready
-            .front()
-            .filter(|(_, i)| *i <= applied)
-        {
-            self.reads.index_ready.pop_front();
-            let value = read_state(id);
-            let counters = &self.shared.counters;
-            Counters::bump(match kind {
-                ReadKind::Lease => &counters.lease_reads,
-                ReadKind::Index => &counters.index_reads,
-            });
-            out.push(ServedRead {
-                id,
-                result: Ok((value, kind)),
-            });
-        }
+            .serve(applied, index_kind, lease_held, read_state);
+        self.count_served(&served);
         self.issue_index_round();
-        out
+        served.reads
     }
 
-    /// Read first, validate second: the clock is read after the state was read.
-    fn validate_lease_read<T>(
-        &mut self,
-        r: LeaseRead,
-        value: T,
-    ) -> Option<Result<(T, ReadKind), ReadError>> {
-        let counters = &self.shared.counters;
-        if self.lease_held_now() {
-            Counters::bump(&counters.lease_reads);
-            return Some(Ok((value, ReadKind::Lease)));
+    fn count_served<T>(&self, served: &crate::read::Served<T>) {
+        let c = &self.shared.counters;
+        c.fallbacks
+            .fetch_add(served.fallbacks, std::sync::atomic::Ordering::Relaxed);
+        for r in &served.reads {
+            match r.result {
+                Ok((_, ReadKind::Lease)) => Counters::bump(&c.lease_reads),
+                Ok((_, ReadKind::Index)) => Counters::bump(&c.index_reads),
+                Err(ReadError::LeaseNotHeld) => Counters::bump(&c.lease_refusals),
+                Err(_) => {}
+            }
         }
-        if r.mode == ReadMode::Auto {
-            Counters::bump(&counters.fallbacks);
-            self.reads.index_waiting.push(r.id);
-            return None;
-        }
-        Counters::bump(&counters.lease_refusals);
-        Some(Err(ReadError::LeaseNotHeld))
     }
 
     fn lease_held_now(&self) -> bool {
@@ -787,14 +750,15 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
-    /// Send waiting ReadIndex reads as one `read_index` round (at most two in flight), once the
-    /// leader has committed in its term (raft-rs 0.7 silently drops a `read_index` before that).
+    /// Send waiting ReadIndex reads as one `read_index` round (the queue caps rounds in flight),
+    /// once the leader has committed in its term (raft-rs 0.7 silently drops a `read_index`
+    /// before that).
     fn issue_index_round(&mut self) {
         let r = &self.raw.raft;
         if self.in_ready || r.state != StateRole::Leader || !r.commit_to_current_term() {
             return;
         }
-        if let Some(ctx) = self.reads.start_batch() {
+        if let Some(ctx) = self.reads.next_round() {
             Counters::bump(&self.shared.counters.index_rounds);
             self.raw.read_index(ctx);
         }
@@ -802,15 +766,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// A round that got no answer within two heartbeat intervals is re-sent with a new context.
     fn retry_dropped_round(&mut self) {
-        let limit = 2 * self.heartbeat_tick.max(1);
-        let mut overdue = false;
-        for batch in self.reads.index_inflight.iter_mut() {
-            batch.ticks_waited += 1;
-            overdue |= batch.ticks_waited >= limit;
-        }
-        if overdue {
+        if self.reads.tick(2 * self.heartbeat_tick.max(1)) {
             debug!(self.logger, "read_index round unanswered; retrying"; "reads" => self.reads.len());
-            self.reads.requeue_inflight();
         }
         self.issue_index_round();
     }

@@ -417,9 +417,17 @@ fn handle_counters_are_per_handle_and_survive_the_handle() {
     let b = a.clone();
     assert_eq!(a.try_read(|| 1), Ok(1));
     assert_eq!(b.try_read(|| 2), Ok(2));
-    assert_eq!(node.counters().lease_reads, 2, "both handles' reads are counted");
+    assert_eq!(
+        node.counters().lease_reads,
+        2,
+        "both handles' reads are counted"
+    );
     drop(b);
-    assert_eq!(node.counters().lease_reads, 2, "a dropped handle's reads stay counted");
+    assert_eq!(
+        node.counters().lease_reads,
+        2,
+        "a dropped handle's reads stay counted"
+    );
     clock.advance(1_000 * MS); // the lease runs out
     assert_eq!(a.try_read(|| 3), Err(ReadError::LeaseNotHeld));
     assert_eq!(node.counters().lease_refusals, 1);
