@@ -18,7 +18,7 @@ use clap::{Parser, Subcommand};
 use raft_lease::Safeties;
 
 use crate::cluster::Cluster;
-use crate::measure::{idle_rate, measure, mixed, Cell, Mode};
+use crate::measure::{idle_rate, measure, mixed, scaling, Cell, Mode};
 
 #[derive(Parser)]
 #[command(about = "Lease reads vs ReadIndex vs raft-rs, side by side")]
@@ -63,9 +63,10 @@ fn main() {
     let cells = sweep(window);
     print_table(&cells);
     print_ratios(&cells);
+    let scaled = thread_scaling(window);
     mixed_writes(window);
     if let Some(path) = &cli.json {
-        let json = serde_json::Value::Array(cells.iter().map(Cell::json).collect());
+        let json = serde_json::Value::Array(cells.iter().chain(&scaled).map(Cell::json).collect());
         if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")) {
             eprintln!("error: cannot write {}: {e}", path.display());
             std::process::exit(1);
@@ -178,6 +179,33 @@ fn print_ratios(cells: &[Cell]) {
             );
         }
     }
+}
+
+/// Lease reads on 1, 2, 4 and 8 reader threads against `local` on as many, at 0 delay.
+fn thread_scaling(window: Duration) -> Vec<Cell> {
+    let cluster = Cluster::start(3, Duration::ZERO, Safeties::default());
+    let Some(leader) = cluster.leader(Duration::from_secs(10)) else {
+        eprintln!("error: no leader for the thread-scaling cells");
+        std::process::exit(1);
+    };
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("\nthread scaling ({cores} cores on this machine): reads/s, lease_handle vs local");
+    let mut cells = Vec::new();
+    for threads in [1, 2, 4, 8] {
+        let local = scaling(&cluster, leader, Mode::Local, threads, window);
+        let handle = scaling(&cluster, leader, Mode::LeaseHandle, threads, window);
+        println!(
+            "  {threads} threads: local {:>12.0}/s p50 {:>7}   lease_handle {:>12.0}/s p50 {:>7}   throughput {:>4.0}%  p50 x{:.2}",
+            local.reads_per_sec,
+            fmt_ns(local.p50_ns),
+            handle.reads_per_sec,
+            fmt_ns(handle.p50_ns),
+            100.0 * handle.reads_per_sec / local.reads_per_sec.max(1.0),
+            handle.p50_ns as f64 / local.p50_ns.max(1) as f64,
+        );
+        cells.extend([local, handle]);
+    }
+    cells
 }
 
 /// Reads with 10% writes mixed in, at 1 ms one-way delay: lease reads wait for apply too.
