@@ -178,6 +178,8 @@ pub trait ReadyIo<S: Storage, C: Clock> {
 impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Process every pending `Ready` through `io`. Call after `step`, `tick`, `propose` or `read`.
     pub fn handle_ready<IO: ReadyIo<S, C>>(&mut self, io: &mut IO) -> Result<(), IO::Error> {
+        // ReadIndex reads started since the last call share one round.
+        self.issue_index_round();
         while self.has_ready() {
             let mut rd = self.ready();
             io.send(self.take_messages(&mut rd));

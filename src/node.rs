@@ -402,6 +402,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// Take raft's `Ready`. The node consumes its `read_states`; handle the rest as with `RawNode`.
     pub fn ready(&mut self) -> Ready {
+        self.issue_index_round(); // reads started since the last round share this one
         let mut rd = self.raw.ready();
         for rs in rd.take_read_states() {
             if let Some(LayerCtx::Read(_)) = LayerCtx::parse(&rs.request_ctx) {
@@ -650,6 +651,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// Start a read. Returns its id; the outcome comes back from [`LeaseNode::serve_reads`].
     ///
+    /// A ReadIndex read's round goes out at the next [`LeaseNode::handle_ready`] (or `ready`,
+    /// `serve_reads`, `tick`): every read started in between shares one round.
+    ///
     /// Fails at once with [`ReadError::NotLeader`] on a non-leader, and with
     /// [`ReadError::LeaseNotHeld`] for a strict [`ReadMode::Lease`] read when no lease is held.
     pub fn read(&mut self, mode: ReadMode) -> Result<ReadId, ReadError> {
@@ -675,7 +679,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             }
             ReadMode::ReadIndex => self.reads.start_index(),
         };
-        self.issue_index_round();
+        // The round goes out at the next `handle_ready` (or `serve_reads`, or tick), so that
+        // every read started meanwhile shares it.
         Ok(id)
     }
 
@@ -753,7 +758,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Send waiting ReadIndex reads as one `read_index` round (the queue caps rounds in flight),
     /// once the leader has committed in its term (raft-rs 0.7 silently drops a `read_index`
     /// before that).
-    fn issue_index_round(&mut self) {
+    pub(crate) fn issue_index_round(&mut self) {
         let r = &self.raw.raft;
         if self.in_ready || r.state != StateRole::Leader || !r.commit_to_current_term() {
             return;

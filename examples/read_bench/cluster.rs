@@ -88,6 +88,7 @@ pub struct Cluster {
     pub nodes: Vec<NodeSlot>,
     net: Net,
     inboxes: Vec<Inbox>,
+    alive: Vec<Arc<AtomicBool>>,
     clock: Arc<MonotonicClock>,
     mode: Safeties,
     delay: Duration,
@@ -108,6 +109,7 @@ impl Cluster {
             nodes: Vec::new(),
             net,
             inboxes,
+            alive: alive.clone(),
             clock,
             mode,
             delay,
@@ -155,6 +157,10 @@ impl Cluster {
         let io = BenchIo {
             state: state.clone(),
             net: self.net.tx.clone(),
+            direct: self.delay.is_zero().then(|| {
+                let inboxes = self.inboxes.iter().map(|(tx, _)| tx.clone()).collect();
+                (inboxes, self.alive.clone())
+            }),
             sent: self.net.sent.clone(),
             delay: self.delay,
             writes: HashMap::new(),
@@ -300,6 +306,9 @@ struct Worker {
 struct BenchIo {
     state: State,
     net: Sender<(Instant, u64, Vec<u8>)>,
+    /// With no delay, messages go straight to the receiver's inbox (if it is alive), not
+    /// through the network thread.
+    direct: Option<(Vec<Sender<Vec<u8>>>, Vec<Arc<AtomicBool>>)>,
     sent: Arc<AtomicU64>,
     delay: Duration,
     writes: HashMap<u64, (Instant, Sender<Done>)>,
@@ -316,9 +325,11 @@ struct Stopped;
 impl Worker {
     fn run(mut self) {
         let mut next_tick = Instant::now() + TICK;
+        let mut busy = false;
         loop {
-            if self.wait_for_work(next_tick).is_err() {
-                return;
+            match self.wait_for_work(next_tick, busy) {
+                Ok(worked) => busy = worked,
+                Err(Stopped) => return,
             }
             if Instant::now() >= next_tick {
                 self.node.tick();
@@ -331,29 +342,32 @@ impl Worker {
         }
     }
 
-    /// Take every message and command waiting, spinning up to [`SPIN`] for the first one, then
-    /// parking until one arrives or the next tick is due.
-    fn wait_for_work(&mut self, next_tick: Instant) -> Result<(), Stopped> {
-        let spin_until = (Instant::now() + SPIN).min(next_tick);
+    /// Take every message and command waiting. After work (`busy`), spin up to [`SPIN`] for
+    /// more before parking until some arrives or the next tick is due. Returns whether any came.
+    fn wait_for_work(&mut self, next_tick: Instant, busy: bool) -> Result<bool, Stopped> {
+        let spin = if busy { SPIN } else { Duration::ZERO };
+        let spin_until = (Instant::now() + spin).min(next_tick);
         loop {
             if self.drain()? {
-                return Ok(());
+                return Ok(true);
             }
             if Instant::now() >= spin_until {
                 break;
             }
-            std::hint::spin_loop();
+            // Yield rather than burn the core: with more busy threads than cores, the thread
+            // this one waits for may need it.
+            std::thread::yield_now();
         }
         let timeout = next_tick.saturating_duration_since(Instant::now());
-        select! {
-            recv(self.inbox) -> m => if let Ok(bytes) = m { self.step(&bytes) },
+        let got = select! {
+            recv(self.inbox) -> m => m.map(|bytes| self.step(&bytes)).is_ok(),
             recv(self.cmds) -> c => match c {
                 Ok(Cmd::Stop) | Err(_) => return Err(Stopped),
-                Ok(cmd) => self.command(cmd),
+                Ok(cmd) => { self.command(cmd); true }
             },
-            default(timeout) => {}
-        }
-        self.drain().map(|_| ())
+            default(timeout) => false,
+        };
+        Ok(self.drain()? || got)
     }
 
     /// Step every waiting message and run every waiting command, so that one `Ready` (and one
@@ -470,6 +484,13 @@ impl MemApp<Arc<MonotonicClock>> for BenchIo {
         for m in msgs {
             self.sent.fetch_add(1, Ordering::Relaxed);
             let bytes = m.write_to_bytes().expect("encode");
+            if let Some((inboxes, alive)) = &self.direct {
+                let to = m.to as usize - 1;
+                if alive[to].load(Ordering::Acquire) {
+                    let _ = inboxes[to].send(bytes);
+                }
+                continue;
+            }
             let _ = self.net.send((Instant::now() + self.delay, m.to, bytes));
         }
     }

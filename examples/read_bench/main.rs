@@ -64,6 +64,7 @@ fn main() {
     print_table(&cells);
     print_ratios(&cells);
     let scaled = thread_scaling(window);
+    idle_cpu();
     mixed_writes(window);
     if let Some(path) = &cli.json {
         let json = serde_json::Value::Array(cells.iter().chain(&scaled).map(Cell::json).collect());
@@ -179,6 +180,39 @@ fn print_ratios(cells: &[Cell]) {
             );
         }
     }
+}
+
+/// CPU time the process spends per second with an idle 3-node cluster (ticks and heartbeats
+/// only): what the node threads' spinning before they park costs.
+fn idle_cpu() {
+    let cluster = Cluster::start(3, Duration::from_micros(100), Safeties::default());
+    if cluster.leader(Duration::from_secs(10)).is_none() {
+        eprintln!("error: no leader for the idle CPU run");
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (cpu0, t0) = (process_cpu(), std::time::Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let ms_per_s = (process_cpu() - cpu0).as_secs_f64() * 1e3 / t0.elapsed().as_secs_f64();
+    println!(
+        "\nidle CPU, 3 nodes, ticks every 10 ms, heartbeats every 30 ms: {ms_per_s:.1} ms/s of CPU"
+    );
+}
+
+/// User plus system CPU time of this process.
+fn process_cpu() -> Duration {
+    // SAFETY: `usage` is a valid, writable rusage, and RUSAGE_SELF is a valid target.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(
+            libc::getrusage(libc::RUSAGE_SELF, &mut usage),
+            0,
+            "getrusage"
+        );
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// Lease reads on 1, 2, 4 and 8 reader threads against `local` on as many, at 0 delay.

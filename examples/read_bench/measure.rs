@@ -270,7 +270,7 @@ fn recv_spinning<T>(rx: &Receiver<T>, timeout: Duration) -> Option<T> {
         if let Ok(v) = rx.try_recv() {
             return Some(v);
         }
-        std::hint::spin_loop();
+        std::thread::yield_now();
     }
     rx.recv_timeout(timeout).ok()
 }
