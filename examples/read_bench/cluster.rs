@@ -29,6 +29,8 @@ pub const KEYS: u64 = 1_024;
 pub fn get(state: &State, key: u64) -> u64 {
     state[(key % KEYS) as usize].load(Ordering::Acquire)
 }
+/// Every node's inbox and liveness, for sending without the network thread.
+type Direct = (Vec<Sender<Vec<u8>>>, Vec<Arc<AtomicBool>>);
 /// A node's inbox of encoded raft messages.
 type Inbox = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
 type Node = LeaseNode<MemStorage, Arc<MonotonicClock>>;
@@ -308,7 +310,7 @@ struct BenchIo {
     net: Sender<(Instant, u64, Vec<u8>)>,
     /// With no delay, messages go straight to the receiver's inbox (if it is alive), not
     /// through the network thread.
-    direct: Option<(Vec<Sender<Vec<u8>>>, Vec<Arc<AtomicBool>>)>,
+    direct: Option<Direct>,
     sent: Arc<AtomicU64>,
     delay: Duration,
     writes: HashMap<u64, (Instant, Sender<Done>)>,
