@@ -5,11 +5,13 @@
 //! ```sh
 //! cargo run --release --example read_bench -- [--quick] [--json PATH] [--svg PATH]
 //! cargo run --release --example read_bench -- failover [--trials 20]
+//! cargo run --release --example read_bench -- pending
 //! ```
 
 mod cluster;
 mod failover;
 mod measure;
+mod pending;
 mod svg;
 
 use std::time::Duration;
@@ -48,6 +50,8 @@ enum Sub {
         #[arg(long, default_value_t = 100)]
         delay_us: u64,
     },
+    /// Time and memory per read with up to 100,000 ReadIndex reads outstanding.
+    Pending,
 }
 
 const DELAYS_US: [u64; 4] = [0, 100, 1_000, 5_000];
@@ -55,9 +59,12 @@ const OUTSTANDING: [usize; 2] = [1, 64];
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Sub::Failover { trials, delay_us }) = cli.cmd {
-        failover::run(trials, Duration::from_micros(delay_us));
-        return;
+    match cli.cmd {
+        Some(Sub::Failover { trials, delay_us }) => {
+            return failover::run(trials, Duration::from_micros(delay_us));
+        }
+        Some(Sub::Pending) => return pending::run(),
+        None => {}
     }
     let window = Duration::from_millis(cli.cell_ms.unwrap_or(if cli.quick { 250 } else { 2_000 }));
     let cells = sweep(window);
