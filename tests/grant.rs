@@ -646,3 +646,58 @@ fn control_the_simulation_catches_a_takeover_that_compares_the_old_clock() {
     };
     first_catch("takeover keeps old expiry", controls, ViolationKind::Bound);
 }
+
+/// Every instant and duration near `u64::MAX`: nothing panics (debug builds check overflow),
+/// nothing wraps, and the grantor still holds at least as long as the holder believes.
+#[test]
+fn arithmetic_near_u64_max_saturates_and_never_panics() {
+    let config = GrantConfig::default();
+    let late = SimClock::new(u64::MAX - 1_000 * MS, 0);
+    let record = GrantorRecord {
+        last_token: 1,
+        holding_back: false,
+        holder: Some((1, 3_000)),
+    };
+    let restored = LeaseServer::restore(late.clone(), config, record);
+    let (_, expiry_ns) = restored.holder(late.now_ns()).expect("restored holder");
+    assert_eq!(
+        expiry_ns,
+        u64::MAX,
+        "held for as long as the clock can count"
+    );
+    let mut server = fresh(late.clone(), config);
+    let sent_at_ns = late.now_ns();
+    let grant = server.acquire_now(1, 3_000).expect("free");
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(sent_at_ns, grant);
+    assert_eq!(holder.valid_until_ns(), Some(u64::MAX));
+    assert_eq!(server.holder(u64::MAX - 1), Some((1, u64::MAX)));
+    // A garbage answer naming an absurd term is believed for no longer than the longest term.
+    let mut h = LeaseHolder::new(config);
+    h.on_grant(
+        0,
+        raft_lease::grant::Grant {
+            token: 1,
+            term_ms: u64::MAX,
+        },
+    );
+    assert_eq!(
+        h.valid_until_ns(),
+        Some(config.holder_valid_ns(config.max_term_ms))
+    );
+    let mut sessions = Sessions::new(config);
+    let id = sessions.grant(3_000, u64::MAX - MS).unwrap();
+    assert_eq!(sessions.keepalive(&[id], u64::MAX - 1).refreshed, 1);
+    sessions.takeover(u64::MAX - 1);
+    assert!(sessions.is_live(id, u64::MAX - 1));
+    // The view saturated at u64::MAX: renew a third before it, lose it d/12 before it.
+    let mut renewal = Renewal::new(holder, 3_000);
+    assert!(matches!(
+        renewal.poll(u64::MAX - 500 * MS),
+        raft_lease::grant::RenewStep::Send { deadline_ns, .. } if deadline_ns == u64::MAX - 250 * MS
+    ));
+    assert!(matches!(
+        renewal.poll(u64::MAX - 1),
+        raft_lease::grant::RenewStep::Event(LeaseEvent::Lost { .. })
+    ));
+}

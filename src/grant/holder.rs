@@ -25,15 +25,22 @@ pub struct LeaseHolder {
 
 impl LeaseHolder {
     /// A holder with no lease.
+    ///
+    /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn new(config: GrantConfig) -> Self {
+        config.assert_valid();
         LeaseHolder { config, held: None }
     }
 
     /// The grantor granted `grant` in answer to a request sent at local instant `sent_at_ns`.
     ///
+    /// A term above the configuration's `max_term_ms` (no grantor of this configuration gives
+    /// one: a garbled or forged answer) is believed only for `max_term_ms`.
+    ///
     /// Returns `false` (and drops the lease) if the token changed: someone else held it between.
     pub fn on_grant(&mut self, sent_at_ns: u64, grant: Grant) -> bool {
-        let valid_until_ns = sent_at_ns.saturating_add(self.config.holder_valid_ns(grant.term_ms));
+        let term_ms = grant.term_ms.min(self.config.max_term_ms);
+        let valid_until_ns = sent_at_ns.saturating_add(self.config.holder_valid_ns(term_ms));
         let same_owner = self.held.is_none_or(|h| h.token == grant.token);
         let valid_until_ns = match self.held {
             // A late answer to an older request never moves the view backwards.
@@ -43,7 +50,7 @@ impl LeaseHolder {
         self.held = Some(Held {
             token: grant.token,
             valid_until_ns,
-            term_ns: grant.term_ms * 1_000_000,
+            term_ns: term_ms.saturating_mul(1_000_000),
         });
         same_owner
     }

@@ -60,6 +60,7 @@
 //! assert!(storage.write(token, "late write from a paused ex-holder".into()).is_err());
 //! ```
 
+pub mod config;
 pub mod fence;
 pub mod holder;
 pub mod renewal;
@@ -70,6 +71,7 @@ pub mod session;
 pub mod sim;
 pub mod sim_time;
 
+pub use config::{GrantConfig, GrantConfigError};
 pub use fence::{FencedStore, StaleToken};
 pub use holder::LeaseHolder;
 pub use renewal::{RenewStep, Renewal};
@@ -79,50 +81,3 @@ pub use session::{
     KeepAlive, Revoked, SessionError, SessionId, SessionImage, Sessions, SessionsImage,
 };
 pub use sim_time::{SimSleeper, SimTransportTime};
-
-const PPM: u128 = 1_000_000;
-const NS_PER_MS: u128 = 1_000_000;
-
-/// Drift bound, margin and largest term, shared by grantor and holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GrantConfig {
-    /// `ρ`, the bound on each clock's rate error, in parts per million.
-    pub drift_ppm: u64,
-    /// `ε`, the safety margin, in milliseconds.
-    pub margin_ms: u64,
-    /// The largest lease term or session TTL granted, in milliseconds.
-    pub max_term_ms: u64,
-}
-
-impl Default for GrantConfig {
-    /// ρ = 500 ppm, ε = 10 ms, terms up to 60 s.
-    fn default() -> Self {
-        GrantConfig {
-            drift_ppm: 500,
-            margin_ms: 10,
-            max_term_ms: 60_000,
-        }
-    }
-}
-
-impl GrantConfig {
-    /// How long the grantor holds a lease of `term_ms`: `d·(1+ρ) + ε`, rounded up, in ns.
-    pub fn grantor_hold_ns(&self, term_ms: u64) -> u64 {
-        let d = term_ms as u128 * NS_PER_MS;
-        let scaled = (d * (PPM + self.drift_ppm as u128)).div_ceil(PPM);
-        (scaled + self.margin_ms as u128 * NS_PER_MS) as u64
-    }
-
-    /// How long a restarted grantor refuses every grant ([`LeaseServer::boot`]): the grantor's hold
-    /// of the longest term, `max_term·(1+ρ) + ε`, in ns.
-    pub fn boot_holdback_ns(&self) -> u64 {
-        self.grantor_hold_ns(self.max_term_ms)
-    }
-
-    /// How long the holder believes a lease of `term_ms`: `d·(1−ρ) − ε`, rounded down, at least 0.
-    pub fn holder_valid_ns(&self, term_ms: u64) -> u64 {
-        let d = term_ms as u128 * NS_PER_MS;
-        let scaled = d * PPM.saturating_sub(self.drift_ppm as u128) / PPM;
-        scaled.saturating_sub(self.margin_ms as u128 * NS_PER_MS) as u64
-    }
-}

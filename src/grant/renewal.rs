@@ -93,7 +93,7 @@ impl Renewal {
         Renewal {
             holder,
             term_ms,
-            retry_ns: term_ms * 1_000_000 / RETRY_DIVISOR,
+            retry_ns: term_ms.saturating_mul(1_000_000) / RETRY_DIVISOR,
             failures: 0,
             in_flight: None,
             retry_at_ns: None,
@@ -161,7 +161,7 @@ impl Renewal {
         let deadline_ns = if control {
             u64::MAX
         } else {
-            (now_ns + self.retry_ns).min(lost_at_ns)
+            now_ns.saturating_add(self.retry_ns).min(lost_at_ns)
         };
         self.in_flight = Some(Attempt {
             sent_at_ns: now_ns,
@@ -209,7 +209,7 @@ impl Renewal {
                 if !attempt.missed {
                     self.failures += 1;
                 }
-                self.retry_at_ns = Some(now_ns + self.retry_ns);
+                self.retry_at_ns = Some(now_ns.saturating_add(self.retry_ns));
                 LeaseEvent::RenewFailed {
                     error,
                     attempt: self.failures,

@@ -109,7 +109,10 @@ impl<C: Clock> LeaseServer<C> {
     /// Tokens continue above `last_token`; pass the last one persisted (0 if none, in which case a
     /// paused ex-holder's late write may carry the same token as a new holder's). The holdback must
     /// cover the longest term the *previous* run could grant: do not lower `max_term_ms` across a restart.
+    ///
+    /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn boot(clock: C, config: GrantConfig, last_token: u64) -> Self {
+        config.assert_valid();
         let holdback_until_ns = clock.now_ns().saturating_add(config.boot_holdback_ns());
         LeaseServer {
             clock,
@@ -128,14 +131,17 @@ impl<C: Clock> LeaseServer<C> {
     /// A first start, with nothing ever granted, is `restore(clock, config, GrantorRecord::default())`.
     /// A record written while holding back ([`GrantorRecord::holding_back`]) boots with a holdback.
     /// Restoring a record older than the last grant answered can give the lease to two clients.
+    ///
+    /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn restore(clock: C, config: GrantConfig, record: GrantorRecord) -> Self {
+        config.assert_valid();
         if record.holding_back {
             return Self::boot(clock, config, record.last_token);
         }
         let now_ns = clock.now_ns();
         let holding = record.holder.map(|(client, term_ms)| Holding {
             client,
-            expiry_ns: now_ns + config.grantor_hold_ns(term_ms),
+            expiry_ns: now_ns.saturating_add(config.grantor_hold_ns(term_ms)),
             term_ms,
         });
         LeaseServer {
@@ -191,7 +197,7 @@ impl<C: Clock> LeaseServer<C> {
                 remaining_ns: self.holdback_until_ns - now_ns,
             });
         }
-        let expiry_ns = now_ns + self.config.grantor_hold_ns(term_ms);
+        let expiry_ns = now_ns.saturating_add(self.config.grantor_hold_ns(term_ms));
         let holding = match self.holding {
             Some(h) if now_ns < h.expiry_ns && h.client != client => {
                 return Err(AcquireError::Held {

@@ -93,7 +93,10 @@ pub struct Sessions {
 impl Sessions {
     /// No sessions: a first start, or a replica that will apply the replicated history. TTLs are
     /// bounded by `config.max_term_ms`.
+    ///
+    /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn new(config: GrantConfig) -> Self {
+        config.assert_valid();
         Sessions {
             config,
             next_id: 0,
@@ -112,7 +115,7 @@ impl Sessions {
         }
         self.next_id += 1;
         let id = SessionId(self.next_id);
-        let expiry_ns = now_ns + self.config.grantor_hold_ns(ttl_ms);
+        let expiry_ns = now_ns.saturating_add(self.config.grantor_hold_ns(ttl_ms));
         let session = Session {
             ttl_ms,
             expiry_ns,
@@ -144,7 +147,7 @@ impl Sessions {
         let config = self.config;
         let s = self.sessions.get_mut(&id).expect("extend a known session");
         let old_ns = s.expiry_ns;
-        s.expiry_ns = old_ns.max(now_ns + config.grantor_hold_ns(s.ttl_ms));
+        s.expiry_ns = old_ns.max(now_ns.saturating_add(config.grantor_hold_ns(s.ttl_ms)));
         let new_ns = s.expiry_ns;
         self.by_expiry.remove(&(old_ns, id));
         self.by_expiry.insert((new_ns, id));
@@ -256,7 +259,9 @@ impl Sessions {
     /// outlives a full TTL from the takeover without a keep-alive.
     pub fn takeover(&mut self, now_ns: u64) {
         let config = self.config;
-        self.rebase(now_ns, |s| now_ns + config.grantor_hold_ns(s.ttl_ms));
+        self.rebase(now_ns, |s| {
+            now_ns.saturating_add(config.grantor_hold_ns(s.ttl_ms))
+        });
     }
 
     /// NEGATIVE CONTROL, for tests only: the first takeover, which kept the later of the old expiry
@@ -266,7 +271,8 @@ impl Sessions {
     pub fn control_takeover_keeping_old_expiry(&mut self, now_ns: u64) {
         let config = self.config;
         self.rebase(now_ns, |s| {
-            s.expiry_ns.max(now_ns + config.grantor_hold_ns(s.ttl_ms))
+            s.expiry_ns
+                .max(now_ns.saturating_add(config.grantor_hold_ns(s.ttl_ms)))
         });
     }
 
