@@ -18,15 +18,16 @@ fn grantor(c: &mut Criterion) {
         b.iter(|| {
             now_ns += 1;
             let client = now_ns;
-            let grant = server.acquire(client, 1_000, now_ns);
-            server.release(client);
+            let grant = server.acquire(client, 1_000, now_ns).expect("free");
+            server.release(client, grant.token);
             black_box(grant)
         })
     });
+    let token = server.acquire(7, 1_000, now_ns).expect("free").token;
     c.bench_function("renew_same_owner", |b| {
         b.iter(|| {
             now_ns += 1;
-            black_box(server.acquire(7, 1_000, now_ns))
+            black_box(server.renew(7, token, 1_000, now_ns))
         })
     });
 }

@@ -6,8 +6,9 @@ use raft_lease::grant::sim::{
     self, GrantSimConfig, GrantSimControls, GrantSimReport, ViolationKind,
 };
 use raft_lease::grant::{
-    AcquireError, FencedStore, GrantConfig, GrantorRecord, LeaseEvent, LeaseHolder, LeaseServer,
-    LossReason, Renewal, Renewer, SessionId, Sessions, SimSleeper, SimTransportTime, StaleToken,
+    AcquireError, ClientId, FencedStore, Grant, GrantConfig, GrantorRecord, LeaseEvent,
+    LeaseHolder, LeaseServer, LossReason, RenewRequest, Renewal, Renewer, SessionId, Sessions,
+    SimSleeper, SimTransportTime, StaleToken, TransportError,
 };
 use raft_lease::{Clock, SimClock};
 use rand::{Rng, SeedableRng};
@@ -151,12 +152,18 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
     holder.on_grant(clock.now_ns(), server.acquire_now(1, 3_000).unwrap());
     let first_until = holder.valid_until_ns().unwrap();
     let mut calls = 0u32;
-    let transport = move |term_ms: u64, _deadline_ns: u64| {
+    let transport = move |r: RenewRequest| {
         calls += 1;
         match answer(calls) {
-            Some(0) => server.acquire_now(1, term_ms).map_err(|e| e.to_string()),
-            Some(token) => Ok(raft_lease::grant::Grant { token, term_ms }),
-            None => Err(format!("renewal {calls} lost")),
+            Some(0) => Ok(server.renew_now(1, r.token, r.term_ms)?),
+            Some(token) => Ok(Grant {
+                token,
+                term_ms: r.term_ms,
+            }),
+            None => Err(TransportError::Io {
+                kind: std::io::ErrorKind::TimedOut,
+                message: format!("renewal {calls} lost"),
+            }),
         }
     };
     let renewer = Renewer::spawn(
@@ -165,7 +172,8 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
         3_000,
         transport,
         SimSleeper::new(clock),
-    );
+    )
+    .expect("a 3 s term");
     let mut events = Vec::new();
     loop {
         let e = renewer
@@ -212,7 +220,7 @@ where
     holder.on_grant(0, server.acquire_now(1, 3_000).unwrap());
     let view_end_ns = holder.valid_until_ns().unwrap();
     let (_, expiry_ns) = server.holder(0).unwrap();
-    let mut core = Renewal::new(holder, 3_000);
+    let mut core = Renewal::new(holder, 3_000).expect("a 3 s term");
     if control {
         core = core.control_loss_only_when_the_transport_returns();
     }
@@ -244,9 +252,11 @@ where
 
 /// A transport that ignores its deadline and blocks 1.5 s of simulated time, then fails.
 fn blocks_1500_ms(time: SimTransportTime) -> impl raft_lease::grant::Transport {
-    move |_term_ms: u64, _deadline_ns: u64| {
+    move |_: RenewRequest| {
         time.sleep(1_500 * MS);
-        Err("timed out after 1.5 s".to_string())
+        Err(TransportError::from(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        )))
     }
 }
 
@@ -271,9 +281,9 @@ fn control_a_renewer_that_waits_for_its_transport_tells_the_owner_too_late() {
 #[test]
 fn a_transport_that_never_returns_still_loses_the_lease_in_time() {
     let (lost_ns, view_end_ns, _) = blocked_renewal(false, |time| {
-        move |_term_ms: u64, _deadline_ns: u64| {
+        move |_: RenewRequest| {
             time.block_forever();
-            Err("the renewer exited".to_string())
+            Err(TransportError::Gone)
         }
     });
     assert_eq!(lost_ns, view_end_ns - 250 * MS);
@@ -290,22 +300,30 @@ fn a_transport_that_keeps_its_deadline_is_retried() {
     let time = sleeper.transport_time();
     let mut calls = 0;
     // The first attempt times out at its deadline; the second reaches the grantor.
-    let transport = move |term_ms: u64, deadline_ns: u64| {
+    let (timeouts_tx, timeouts) = crossbeam_channel::unbounded();
+    let transport = move |r: RenewRequest| {
         calls += 1;
+        timeouts_tx.send((r.deadline_ns, r.timeout)).unwrap();
         if calls == 1 {
-            time.sleep(deadline_ns - time.now_ns());
-            return Err("deadline".to_string());
+            time.sleep(r.timeout.as_nanos() as u64);
+            return Err(TransportError::DeadlineMissed);
         }
-        server
-            .acquire(1, term_ms, time.now_ns())
-            .map_err(|e| e.to_string())
+        Ok(server.renew(1, r.token, r.term_ms, time.now_ns())?)
     };
-    let renewer = Renewer::spawn(Arc::new(clock.clone()), holder, 3_000, transport, sleeper);
+    let renewer = Renewer::spawn(Arc::new(clock.clone()), holder, 3_000, transport, sleeper)
+        .expect("a 3 s term");
     let events: Vec<LeaseEvent> = (0..2).map(|_| renewer.events().recv().unwrap()).collect();
     renewer.stop();
     assert!(
-        matches!(&events[0], LeaseEvent::RenewFailed { attempt: 1, at_ns, .. } if *at_ns == 2_238_500_000),
+        matches!(&events[0], LeaseEvent::RenewFailed { attempt: 1, at_ns, error: TransportError::DeadlineMissed } if *at_ns == 2_238_500_000),
         "{events:?}"
+    );
+    // Each call got its deadline as a duration too: d/12 = 250 ms from the call.
+    let d12 = std::time::Duration::from_millis(250);
+    let got: Vec<_> = timeouts.try_iter().take(2).collect();
+    assert_eq!(
+        got,
+        vec![(2_238_500_000, d12), (2_488_500_000 + 250 * MS, d12)]
     );
     // Retried d/12 after the failure; the view runs from that attempt's sent_at.
     assert!(
@@ -597,23 +615,26 @@ fn simulation_no_client_believes_in_a_lease_or_lock_the_grantor_gave_to_another(
     );
 }
 
-/// The first CI seed at which the simulation catches `controls`, with what it saw.
+/// The first CI seed at which the check `kind` catches `controls`; prints the seed and what it saw.
 fn first_catch(name: &str, controls: GrantSimControls, kind: ViolationKind) -> u64 {
     for seed in 0..sim_seeds() {
         let r = sim::run(&GrantSimConfig {
             controls,
             ..GrantSimConfig::new(seed)
         });
-        if let Some(v) = r.first_violation {
-            assert_eq!(v.kind, kind, "{name}: caught by the wrong check: {v}");
+        if let Some(v) = r.first_of_each_kind.iter().find(|v| v.kind == kind) {
             eprintln!(
-                "control {name}: caught at seed {seed} ({} violating checks): {v}",
+                "control {name}: caught by {kind:?} at seed {seed} (rerun: GrantSimConfig::new({seed}) \
+                 with the control; {} violating checks in all): {v}",
                 r.violations
             );
             return seed;
         }
     }
-    panic!("control {name}: not caught in seeds 0..{}", sim_seeds());
+    panic!(
+        "control {name}: not caught by {kind:?} in seeds 0..{}",
+        sim_seeds()
+    );
 }
 
 #[test]
@@ -622,7 +643,11 @@ fn control_the_simulation_catches_a_restart_that_forgets_its_holder() {
         restart_forgets_holder: true,
         ..Default::default()
     };
-    first_catch("restart forgets holder", controls, ViolationKind::Exclusion);
+    first_catch(
+        "restart forgets holder",
+        controls,
+        ViolationKind::LeaseExclusion,
+    );
 }
 
 #[test]
@@ -634,7 +659,7 @@ fn control_the_simulation_catches_a_loss_told_only_when_the_transport_returns() 
     first_catch(
         "loss only when the transport returns",
         controls,
-        ViolationKind::Exclusion,
+        ViolationKind::LeaseExclusion,
     );
 }
 
@@ -644,7 +669,11 @@ fn control_the_simulation_catches_a_takeover_that_compares_the_old_clock() {
         takeover_keeps_old_expiry: true,
         ..Default::default()
     };
-    first_catch("takeover keeps old expiry", controls, ViolationKind::Bound);
+    first_catch(
+        "takeover keeps old expiry",
+        controls,
+        ViolationKind::SessionBound,
+    );
 }
 
 /// Every instant and duration near `u64::MAX`: nothing panics (debug builds check overflow),
@@ -676,7 +705,7 @@ fn arithmetic_near_u64_max_saturates_and_never_panics() {
     let mut h = LeaseHolder::new(config);
     h.on_grant(
         0,
-        raft_lease::grant::Grant {
+        Grant {
             token: 1,
             term_ms: u64::MAX,
         },
@@ -691,7 +720,7 @@ fn arithmetic_near_u64_max_saturates_and_never_panics() {
     sessions.takeover(u64::MAX - 1);
     assert!(sessions.is_live(id, u64::MAX - 1));
     // The view saturated at u64::MAX: renew a third before it, lose it d/12 before it.
-    let mut renewal = Renewal::new(holder, 3_000);
+    let mut renewal = Renewal::new(holder, 3_000).expect("a 3 s term");
     assert!(matches!(
         renewal.poll(u64::MAX - 500 * MS),
         raft_lease::grant::RenewStep::Send { deadline_ns, .. } if deadline_ns == u64::MAX - 250 * MS
@@ -700,4 +729,201 @@ fn arithmetic_near_u64_max_saturates_and_never_panics() {
         renewal.poll(u64::MAX - 1),
         raft_lease::grant::RenewStep::Event(LeaseEvent::Lost { .. })
     ));
+}
+
+#[test]
+fn control_the_simulation_catches_a_release_naming_only_the_client() {
+    let controls = GrantSimControls {
+        release_naming_only_the_client: true,
+        ..Default::default()
+    };
+    first_catch(
+        "release naming only the client",
+        controls,
+        ViolationKind::LeaseExclusion,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_an_unlock_naming_only_the_session() {
+    let controls = GrantSimControls {
+        unlock_naming_only_the_session: true,
+        ..Default::default()
+    };
+    first_catch(
+        "unlock naming only the session",
+        controls,
+        ViolationKind::LockExclusion,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_a_lock_answering_its_holder_with_its_token() {
+    let controls = GrantSimControls {
+        lock_granting_the_holder_again: true,
+        ..Default::default()
+    };
+    first_catch(
+        "lock granting the holder again",
+        controls,
+        ViolationKind::LockExclusion,
+    );
+}
+
+/// Client 1 acquires (token 1) and releases it. Copy A of the release is delayed; the retried copy
+/// B frees the lease and is answered; client 1 acquires again (token 2); then copy A arrives, and
+/// client 2 asks. Returns what clients 1 and 2 believe at that instant (one clock, drift 0).
+fn late_release_copy(
+    release: fn(&mut LeaseServer<SimClock>, ClientId, u64) -> bool,
+) -> (Option<u64>, Option<u64>) {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = fresh(clock.clone(), config);
+    let first = server.acquire_now(1, 3_000).unwrap();
+    clock.advance(500 * MS);
+    assert!(release(&mut server, 1, first.token), "copy B frees it");
+    clock.advance(10 * MS);
+    let mut c1 = LeaseHolder::new(config);
+    c1.on_grant(clock.now_ns(), server.acquire_now(1, 3_000).unwrap());
+    clock.advance(5 * MS);
+    release(&mut server, 1, first.token); // copy A, late
+    let mut c2 = LeaseHolder::new(config);
+    if let Ok(grant) = server.acquire_now(2, 3_000) {
+        c2.on_grant(clock.now_ns(), grant);
+    }
+    let now_ns = clock.now_ns();
+    (c1.token(now_ns), c2.token(now_ns))
+}
+
+#[test]
+fn a_late_copy_of_a_release_never_frees_the_clients_next_holding() {
+    let release = |s: &mut LeaseServer<SimClock>, c, token| s.release(c, token);
+    assert_eq!(late_release_copy(release), (Some(2), None));
+}
+
+#[test]
+fn control_a_release_naming_only_the_client_gives_two_holders() {
+    let release = |s: &mut LeaseServer<SimClock>, c, _| s.control_release_naming_only_the_client(c);
+    assert_eq!(
+        late_release_copy(release),
+        (Some(2), Some(3)),
+        "two holders"
+    );
+}
+
+/// Session `a` locks `L` (token 1) and unlocks it; copy A of the unlock is delayed, copy B frees
+/// it, `a` locks again (token 2), copy A arrives, and session `b` asks. Returns (the holder and
+/// token the grantor has, the token `a` was granted last).
+fn late_unlock_copy(
+    unlock: fn(&mut Sessions, SessionId, u64) -> bool,
+) -> (Option<(SessionId, u64)>, u64, SessionId) {
+    let mut s = Sessions::new(GrantConfig::default());
+    let (a, b) = (s.grant(10_000, 0).unwrap(), s.grant(10_000, 0).unwrap());
+    let first = s.lock("L", a, 0).unwrap();
+    assert!(unlock(&mut s, a, first), "copy B frees it");
+    let second = s.lock("L", a, 10 * MS).unwrap();
+    unlock(&mut s, a, first); // copy A, late
+    let _ = s.lock("L", b, 11 * MS);
+    (s.lock_holder("L"), second, a)
+}
+
+#[test]
+fn a_late_copy_of_an_unlock_never_frees_the_sessions_next_lock() {
+    let (holder, second, a) = late_unlock_copy(|s, id, token| s.unlock("L", id, token));
+    assert_eq!(holder, Some((a, second)), "a keeps the lock it was granted");
+}
+
+#[test]
+fn control_an_unlock_naming_only_the_session_gives_the_lock_to_two_sessions() {
+    let (holder, second, a) =
+        late_unlock_copy(|s, id, _| s.control_unlock_naming_only_the_session("L", id));
+    assert_eq!(second, 2);
+    assert!(
+        matches!(holder, Some((b, 3)) if b != a),
+        "a believes token 2 while another session holds token 3: {holder:?}"
+    );
+}
+
+/// Session `a` holds `L` (token 1) and sends an unlock that is slow; it locks again, and that
+/// request overtakes the unlock. Returns what the second lock answered and who holds `L` once
+/// the slow unlock has arrived.
+fn lock_overtaking_its_unlock(
+    lock: fn(&mut Sessions, SessionId) -> Result<u64, raft_lease::grant::SessionError>,
+) -> (
+    Result<u64, raft_lease::grant::SessionError>,
+    Option<(SessionId, u64)>,
+) {
+    let mut s = Sessions::new(GrantConfig::default());
+    let a = s.grant(10_000, 0).unwrap();
+    assert_eq!(s.lock("L", a, 0), Ok(1));
+    let answer = lock(&mut s, a); // overtakes the unlock of token 1
+    s.unlock("L", a, 1); // the slow unlock
+    (answer, s.lock_holder("L"))
+}
+
+#[test]
+fn a_lock_request_overtaking_its_own_unlock_is_not_granted() {
+    let (answer, holder) = lock_overtaking_its_unlock(|s, a| s.lock("L", a, MS));
+    let a = SessionId(1);
+    assert_eq!(
+        answer,
+        Err(raft_lease::grant::SessionError::LockHeld {
+            name: "L".into(),
+            holder: a,
+            token: Some(1)
+        }),
+        "told its own token to unlock, not granted it"
+    );
+    assert_eq!(holder, None);
+}
+
+#[test]
+fn control_a_lock_answering_its_holder_with_its_token_grants_a_freed_lock() {
+    let (answer, holder) =
+        lock_overtaking_its_unlock(|s, a| s.control_lock_granting_the_holder_again("L", a, MS));
+    assert_eq!(answer, Ok(1), "believed");
+    assert_eq!(holder, None, "but freed by the unlock it overtook");
+}
+
+/// Client 7's first incarnation holds the lease (token 1) and is paused; a supervisor starts a
+/// second incarnation that reuses id 7 and asks. Returns (what the second is answered, whether
+/// the FencedStore accepts a write from each while both believe).
+fn reused_client_id(
+    acquire: fn(&mut LeaseServer<SimClock>, u64) -> Result<Grant, AcquireError>,
+) -> (Result<Grant, AcquireError>, bool) {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = fresh(clock.clone(), config);
+    let mut old = LeaseHolder::new(config);
+    old.on_grant(0, server.acquire_now(7, 3_000).unwrap());
+    clock.advance(100 * MS);
+    let answer = acquire(&mut server, clock.now_ns());
+    let mut store = FencedStore::new("");
+    let now_ns = clock.now_ns();
+    let both = match (&answer, old.token(now_ns)) {
+        (Ok(grant), Some(old_token)) => {
+            store.write(grant.token, "from the new incarnation").is_ok()
+                && store.write(old_token, "from the paused one").is_ok()
+        }
+        _ => false,
+    };
+    (answer, both)
+}
+
+#[test]
+fn a_restarted_client_reusing_its_id_never_gets_the_holders_token() {
+    let (answer, both) = reused_client_id(|s, now_ns| s.acquire(7, 3_000, now_ns));
+    assert!(
+        matches!(answer, Err(AcquireError::AlreadyHolder { .. })),
+        "{answer:?}"
+    );
+    assert!(!both);
+}
+
+#[test]
+fn control_an_acquire_that_renews_by_client_id_gives_two_holders_one_token() {
+    let (answer, both) =
+        reused_client_id(|s, now_ns| s.control_acquire_renewing_by_client_id(7, 3_000, now_ns));
+    assert_eq!(answer.map(|g| g.token), Ok(1), "the holder's own token");
+    assert!(both, "fencing cannot tell the two apart");
 }

@@ -79,6 +79,12 @@ impl LeaseHolder {
         self.held.map(|h| h.valid_until_ns)
     }
 
+    /// The token of the lease held, whether or not the view still runs (to name it in a renewal
+    /// or a release); `None` once dropped. Act on the lease only under [`LeaseHolder::token`].
+    pub fn held_token(&self) -> Option<u64> {
+        self.held.map(|h| h.token)
+    }
+
     /// The fencing token, while the lease holds at `now_ns`.
     pub fn token(&self, now_ns: u64) -> Option<u64> {
         self.held

@@ -45,12 +45,12 @@
 //! let token = holder.token(client_clock.now_ns()).expect("held");
 //! storage.write(token, "written under the lease".into()).expect("current token");
 //!
-//! // Renew when a third is left; the token stays the same.
+//! // Renew when a third is left, naming the holding's token; the token stays the same.
 //! client_clock.advance(2_100_000_000);
 //! server_clock.advance(2_100_000_000);
 //! assert!(holder.should_renew(client_clock.now_ns()));
 //! let sent_at = client_clock.now_ns();
-//! holder.on_grant(sent_at, server.acquire_now(7, 3_000).expect("renewal"));
+//! holder.on_grant(sent_at, server.renew_now(7, token, 3_000).expect("renewal"));
 //! assert_eq!(holder.token(client_clock.now_ns()), Some(token));
 //!
 //! // Someone else later gets a larger token; our late write is then rejected.
@@ -74,8 +74,10 @@ pub mod sim_time;
 pub use config::{GrantConfig, GrantConfigError};
 pub use fence::{FencedStore, StaleToken};
 pub use holder::LeaseHolder;
-pub use renewal::{RenewStep, Renewal};
-pub use renewer::{ClockSleeper, LeaseEvent, LossReason, Renewer, Sleeper, Transport};
+pub use renewal::{RenewStep, Renewal, RenewalError};
+pub use renewer::{
+    ClockSleeper, LeaseEvent, LossReason, RenewRequest, Renewer, Sleeper, Transport, TransportError,
+};
 pub use server::{AcquireError, ClientId, Grant, GrantorRecord, LeaseServer};
 pub use session::{
     KeepAlive, Revoked, SessionError, SessionId, SessionImage, Sessions, SessionsImage,

@@ -8,7 +8,12 @@ use thiserror::Error;
 use crate::grant::fence::StaleToken;
 use crate::grant::GrantConfig;
 
-/// Identifies a session.
+/// Identifies a session. Ids are never reused by one [`Sessions`].
+///
+/// A session belongs to **one client incarnation**, like a [`ClientId`](crate::grant::ClientId):
+/// a lock request under a session that holds the lock answers with the held token (so that a
+/// retry whose answer was lost learns it), so a restarted process must start a new session rather
+/// than reuse a persisted id while its old incarnation may still run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionId(pub u64);
 
@@ -26,13 +31,18 @@ pub enum SessionError {
         /// The largest TTL granted.
         max_ttl_ms: u64,
     },
-    /// Another session holds the lock.
+    /// The lock is held: by another session, or by the asking session itself.
     #[error("lock {name:?} is held by session {holder:?}")]
     LockHeld {
         /// The lock.
         name: String,
         /// Its holder.
         holder: SessionId,
+        /// Only when the asking session itself is the holder: the token it holds the lock under
+        /// (an earlier request's answer was lost, or a late copy of one arrived). **It is not a
+        /// grant**: never act on the lock under it (an unlock of it may still be on its way).
+        /// Unlock with it, then lock again for a new token.
+        token: Option<u64>,
     },
 }
 
@@ -170,19 +180,22 @@ impl Sessions {
         Ok(())
     }
 
-    /// Acquire lock `name` for session `id`. Returns its fencing token: the same while the session
-    /// holds it, larger for every new holder.
+    /// Acquire lock `name` for session `id`. Returns its fencing token, larger for every new
+    /// holding, even the same session's next one after an unlock.
+    ///
+    /// A lock is granted only when free: a session that already holds it gets
+    /// [`SessionError::LockHeld`] naming itself and its token, never the same token as a grant
+    /// again. (Otherwise a lock request that overtakes the session's own pending unlock would be
+    /// answered "yours, token t" just before the unlock of t frees it.)
     pub fn lock(&mut self, name: &str, id: SessionId, now_ns: u64) -> Result<u64, SessionError> {
         if self.live_mut(id, now_ns).is_none() {
             return Err(SessionError::Unknown(id));
         }
         if let Some(l) = self.locks.get(name) {
-            if l.holder == id {
-                return Ok(l.token);
-            }
             return Err(SessionError::LockHeld {
                 name: name.to_string(),
                 holder: l.holder,
+                token: (l.holder == id).then_some(l.token),
             });
         }
         let token = self.lock_tokens.get(name).copied().unwrap_or(0) + 1;
@@ -197,13 +210,34 @@ impl Sessions {
         Ok(token)
     }
 
-    /// Release lock `name` if session `id` holds it. Returns whether it did.
+    /// NEGATIVE CONTROL, for tests only: the first `lock`, which answered a session that already
+    /// held the lock with its token, as a grant. Over a network that reorders, a lock request that
+    /// overtakes the session's own unlock is answered "granted" just before that unlock frees it.
+    #[doc(hidden)]
+    pub fn control_lock_granting_the_holder_again(
+        &mut self,
+        name: &str,
+        id: SessionId,
+        now_ns: u64,
+    ) -> Result<u64, SessionError> {
+        match self.lock(name, id, now_ns) {
+            Err(SessionError::LockHeld {
+                token: Some(token), ..
+            }) => Ok(token),
+            other => other,
+        }
+    }
+
+    /// Release lock `name` if session `id` holds it under `token`. Returns whether it did.
     ///
-    /// Not ordered against the session's later requests: an unlock that arrives after the same
-    /// session locked `name` again frees that lock while its holder believes in it. Lock again under
-    /// a session only once its unlock is answered; if it never is, let the session end.
-    pub fn unlock(&mut self, name: &str, id: SessionId) -> bool {
-        if self.locks.get(name).is_none_or(|l| l.holder != id) {
+    /// Naming the token makes an unlock safe to retry and to deliver late or twice: the session's
+    /// next lock of `name` has a larger token, so an old unlock matches nothing.
+    pub fn unlock(&mut self, name: &str, id: SessionId, token: u64) -> bool {
+        if self
+            .locks
+            .get(name)
+            .is_none_or(|l| l.holder != id || l.token != token)
+        {
             return false;
         }
         self.locks.remove(name);
@@ -211,6 +245,16 @@ impl Sessions {
             s.locks.remove(name);
         }
         true
+    }
+
+    /// NEGATIVE CONTROL, for tests only: the first `unlock`, which named only the session. A late
+    /// or duplicated copy frees the session's next lock of `name` while it believes in it.
+    #[doc(hidden)]
+    pub fn control_unlock_naming_only_the_session(&mut self, name: &str, id: SessionId) -> bool {
+        match self.locks.get(name) {
+            Some(l) if l.holder == id => self.unlock(name, id, l.token),
+            _ => false,
+        }
     }
 
     /// Whether a write fenced with `token` for lock `name` is current: not below the highest
@@ -422,8 +466,12 @@ mod tests {
         assert_eq!(s.lock("L", a, 0), Ok(1));
         assert_eq!(
             s.lock("L", a, 0),
-            Ok(1),
-            "re-locking by the holder keeps the token"
+            Err(SessionError::LockHeld {
+                name: "L".into(),
+                holder: a,
+                token: Some(1)
+            }),
+            "the holder is told its token, not granted it again"
         );
         assert!(s.expire(100 * MS - 1).is_empty());
         let gone = s.expire(100 * MS);
@@ -466,11 +514,13 @@ mod tests {
             s.lock("L", b, 0),
             Err(SessionError::LockHeld {
                 name: "L".into(),
-                holder: a
+                holder: a,
+                token: None
             })
         );
-        assert!(!s.unlock("L", b));
-        assert!(s.unlock("L", a));
+        assert!(!s.unlock("L", b, 1));
+        assert!(!s.unlock("L", a, 2), "not its token");
+        assert!(s.unlock("L", a, 1));
         assert_eq!(s.lock("L", b, 0), Ok(2));
         assert_eq!(s.lock_holder("L"), Some((b, 2)));
         assert!(matches!(s.grant(0, 0), Err(SessionError::BadTtl { .. })));

@@ -12,17 +12,21 @@ use super::client::Client;
 use super::grantor::{Grantor, LOCK};
 use crate::clock::Clock;
 use crate::grant::GrantConfig;
-use ViolationKind::{Bound, Exclusion};
+use ViolationKind::{LeaseBound, LeaseExclusion, LockExclusion, SessionBound};
 
 /// Which check broke.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ViolationKind {
-    /// A client believed it held the lease or lock while another client (or session) did too, or
-    /// while the grantor had given it to another.
-    Exclusion,
-    /// The grantor promised a session or the lease for longer than a full term from now, on its
-    /// own clock.
-    Bound,
+    /// A client believed it held the lease while another client did too, or while the grantor
+    /// had given it to another.
+    LeaseExclusion,
+    /// A client believed its session held lock `L` while another did too, or while the grantor
+    /// had given it to another session.
+    LockExclusion,
+    /// The grantor promised a session for longer than a full TTL from now, on its own clock.
+    SessionBound,
+    /// The grantor held the lease for longer than a full longest term from now, on its own clock.
+    LeaseBound,
 }
 
 /// A broken check.
@@ -49,7 +53,8 @@ pub(super) struct Checker {
     pub(super) checks: u64,
     /// Checks that failed.
     pub(super) violations: u64,
-    pub(super) first: Option<Violation>,
+    /// The first failure of each kind, in the order they happened.
+    pub(super) firsts: Vec<Violation>,
 }
 
 impl Checker {
@@ -69,9 +74,9 @@ impl Checker {
 
     fn fail(&mut self, kind: ViolationKind, at_ns: u64, what: impl FnOnce() -> String) {
         self.violations += 1;
-        if self.first.is_none() {
+        if self.firsts.iter().all(|v| v.kind != kind) {
             let what = what();
-            self.first = Some(Violation { kind, at_ns, what });
+            self.firsts.push(Violation { kind, at_ns, what });
         }
     }
 
@@ -87,10 +92,10 @@ impl Checker {
             .flatten()
             .map(|(h, _)| h);
         match (believers.as_slice(), holder) {
-            ([_, _, ..], _) => self.fail(Exclusion, at_ns, || {
+            ([_, _, ..], _) => self.fail(LeaseExclusion, at_ns, || {
                 format!("clients {believers:?} all believe they hold the lease")
             }),
-            ([b], Some(h)) if *b != h => self.fail(Exclusion, at_ns, || {
+            ([b], Some(h)) if *b != h => self.fail(LeaseExclusion, at_ns, || {
                 format!("client {b} believes it holds the lease the grantor gave to client {h}")
             }),
             _ => {}
@@ -108,10 +113,10 @@ impl Checker {
             .flatten()
             .map(|(sid, _)| sid.0);
         match (believers.as_slice(), holder) {
-            ([_, _, ..], _) => self.fail(Exclusion, at_ns, || {
+            ([_, _, ..], _) => self.fail(LockExclusion, at_ns, || {
                 format!("(client, session) {believers:?} all believe they hold lock {LOCK}")
             }),
-            ([(c, sid)], Some(h)) if *sid != h => self.fail(Exclusion, at_ns, || {
+            ([(c, sid)], Some(h)) if *sid != h => self.fail(LockExclusion, at_ns, || {
                 format!("client {c} believes session {sid} holds lock {LOCK}; the grantor gave it to session {h}")
             }),
             _ => {}
@@ -122,9 +127,9 @@ impl Checker {
         let now_ns = grantor.clock.now_ns();
         for (sid, ttl_ms, expiry_ns) in grantor.sessions.expiries() {
             self.checks += 1;
-            let bound_ns = now_ns + config.grantor_hold_ns(ttl_ms);
+            let bound_ns = now_ns.saturating_add(config.grantor_hold_ns(ttl_ms));
             if expiry_ns > bound_ns {
-                self.fail(Bound, at_ns, || {
+                self.fail(SessionBound, at_ns, || {
                     format!(
                         "session {} ({ttl_ms} ms TTL) expires {:.1} h past a full TTL on the grantor's clock",
                         sid.0,
@@ -135,8 +140,8 @@ impl Checker {
         }
         self.checks += 1;
         if let Some((c, expiry_ns)) = grantor.lease.holder(now_ns) {
-            if expiry_ns > now_ns + config.boot_holdback_ns() {
-                self.fail(Bound, at_ns, || {
+            if expiry_ns > now_ns.saturating_add(config.boot_holdback_ns()) {
+                self.fail(LeaseBound, at_ns, || {
                     format!("client {c}'s lease runs past the longest term")
                 });
             }

@@ -8,9 +8,30 @@ use rand_chacha::ChaCha8Rng;
 use super::net::{Req, Resp};
 use super::GrantSimControls;
 use crate::clock::{Clock, SimClock};
-use crate::grant::server::{Grant, GrantorRecord, LeaseServer};
-use crate::grant::session::{Sessions, SessionsImage};
+use crate::grant::renewer::TransportError;
+use crate::grant::server::{AcquireError, Grant, GrantorRecord, LeaseServer};
+use crate::grant::session::{SessionId, Sessions, SessionsImage};
 use crate::grant::GrantConfig;
+
+/// A keep-alive, answered like a renewal: the session's id stands for its token, and an unknown
+/// session is a refusal (the client's renewal core then loses it at once).
+fn keepalive(
+    s: &mut Sessions,
+    sid: SessionId,
+    ttl_ms: u64,
+    now_ns: u64,
+) -> Result<Grant, TransportError> {
+    match s.keepalive(&[sid], now_ns).refreshed {
+        1 => Ok(Grant {
+            token: sid.0,
+            term_ms: ttl_ms,
+        }),
+        _ => Err(TransportError::Refused(AcquireError::NotHolder {
+            client: sid.0,
+            token: sid.0,
+        })),
+    }
+}
 
 /// The one lock the clients contend for.
 pub(super) const LOCK: &str = "L";
@@ -57,32 +78,39 @@ impl Grantor {
     /// Serve a request from client `client_id` now, on the grantor's clock.
     pub(super) fn handle(&mut self, client_id: u64, req: Req) -> Resp {
         let now_ns = self.clock.now_ns();
+        let c = self.controls;
         let s = &mut self.sessions;
         match req {
-            Req::Lease { term_ms } => Resp::Grant(
+            Req::Acquire { term_ms } => Resp::Grant(
                 self.lease
                     .acquire(client_id, term_ms, now_ns)
-                    .map_err(|e| e.to_string()),
+                    .map_err(TransportError::Refused),
             ),
-            Req::Release => {
-                self.lease.release(client_id);
+            Req::Renew { token, term_ms } => Resp::Grant(
+                self.lease
+                    .renew(client_id, token, term_ms, now_ns)
+                    .map_err(TransportError::Refused),
+            ),
+            Req::Release { token } => {
+                if c.release_naming_only_the_client {
+                    self.lease.control_release_naming_only_the_client(client_id);
+                } else {
+                    self.lease.release(client_id, token);
+                }
                 Resp::Done
             }
-            Req::Session { ttl_ms } => {
-                Resp::Session(s.grant(ttl_ms, now_ns).map_err(|e| e.to_string()))
+            Req::Session { ttl_ms } => Resp::Session(s.grant(ttl_ms, now_ns)),
+            Req::KeepAlive { sid, ttl_ms } => Resp::Grant(keepalive(s, sid, ttl_ms, now_ns)),
+            Req::Lock { sid } if c.lock_granting_the_holder_again => {
+                Resp::Lock(s.control_lock_granting_the_holder_again(LOCK, sid, now_ns))
             }
-            Req::KeepAlive { sid, ttl_ms } => {
-                Resp::Grant(match s.keepalive(&[sid], now_ns).refreshed {
-                    1 => Ok(Grant {
-                        token: sid.0,
-                        term_ms: ttl_ms,
-                    }),
-                    _ => Err(format!("unknown session {sid:?}")),
-                })
-            }
-            Req::Lock { sid } => Resp::Lock(s.lock(LOCK, sid, now_ns).map_err(|e| e.to_string())),
-            Req::Unlock { sid } => {
-                s.unlock(LOCK, sid);
+            Req::Lock { sid } => Resp::Lock(s.lock(LOCK, sid, now_ns)),
+            Req::Unlock { sid, token } => {
+                if c.unlock_naming_only_the_session {
+                    s.control_unlock_naming_only_the_session(LOCK, sid);
+                } else {
+                    s.unlock(LOCK, sid, token);
+                }
                 Resp::Done
             }
         }

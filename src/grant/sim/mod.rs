@@ -31,7 +31,7 @@ pub use check::{Violation, ViolationKind};
 use check::Checker;
 use client::Client;
 use grantor::{random_clock, Grantor};
-use net::{Net, Packet, Resp};
+use net::{Net, NetFaults, Packet, Resp};
 
 use crate::clock::SimClock;
 use crate::grant::GrantConfig;
@@ -47,6 +47,10 @@ pub struct GrantSimConfig {
     pub clients: usize,
     /// Real simulated time to run, in ms.
     pub duration_ms: u64,
+    /// Chance that a message is delivered twice, in parts per million.
+    pub duplicate_ppm: u32,
+    /// How late a duplicate may arrive, in ms after it was sent (uniform from 0).
+    pub duplicate_late_ms: u64,
     /// Print every delivery and fault to stderr (to study a failing seed).
     pub trace: bool,
     /// Negative controls (tests only).
@@ -55,12 +59,15 @@ pub struct GrantSimConfig {
 }
 
 impl GrantSimConfig {
-    /// Five clients for 20 s of simulated time, no control switched on.
+    /// Five clients for 20 s of simulated time, 10% of messages duplicated up to 2 s late, no
+    /// control switched on.
     pub fn new(seed: u64) -> Self {
         GrantSimConfig {
             seed,
             clients: 5,
             duration_ms: 20_000,
+            duplicate_ppm: 100_000,
+            duplicate_late_ms: 2_000,
             trace: false,
             controls: GrantSimControls::default(),
         }
@@ -77,6 +84,12 @@ pub struct GrantSimControls {
     pub loss_only_when_the_transport_returns: bool,
     /// A takeover keeps the later of the old grantor's expiry and a full TTL.
     pub takeover_keeps_old_expiry: bool,
+    /// A release names only the client, not the holding's token.
+    pub release_naming_only_the_client: bool,
+    /// An unlock names only the session, not the lock's token.
+    pub unlock_naming_only_the_session: bool,
+    /// A lock request from the session that holds the lock is answered with its token, as a grant.
+    pub lock_granting_the_holder_again: bool,
 }
 
 /// What a run did and found.
@@ -102,6 +115,8 @@ pub struct GrantSimReport {
     pub violations: u64,
     /// The first failure.
     pub first_violation: Option<Violation>,
+    /// The first failure of each kind, in the order they happened.
+    pub first_of_each_kind: Vec<Violation>,
 }
 
 struct World {
@@ -128,7 +143,8 @@ pub fn run(sim: &GrantSimConfig) -> GrantSimReport {
     report.losses = w.clients.iter().map(|c| c.losses).sum();
     report.checks = w.checker.checks;
     report.violations = w.checker.violations;
-    report.first_violation = w.checker.first;
+    report.first_violation = w.checker.firsts.first().cloned();
+    report.first_of_each_kind = w.checker.firsts;
     report
 }
 
@@ -150,7 +166,15 @@ impl World {
                 Client::new(i as u64, clock, honors, config, control)
             })
             .collect();
-        let net = Net::new(sim.clients, 20 * MS, 10_000);
+        let faults = NetFaults {
+            max_delay_ns: 20 * MS,
+            loss_ppm: 10_000,
+            dup_ppm: sim.duplicate_ppm,
+            dup_late_ns: sim.duplicate_late_ms * MS,
+            slow_ppm: 50_000,
+            slow_late_ns: 1_500 * MS,
+        };
+        let net = Net::new(sim.clients, faults);
         World {
             rng,
             now_ns: 0,
