@@ -593,22 +593,24 @@ fn simulation_no_client_believes_in_a_lease_or_lock_the_grantor_gave_to_another(
         total.operations += r.operations;
         total.grants += r.grants;
         total.restarts += r.restarts;
+        total.stale_records += r.stale_records;
         total.blocks += r.blocks;
         total.losses += r.losses;
         total.checks += r.checks;
     }
     assert!(
-        total.restarts > 0 && total.blocks > 0 && total.losses > 0,
+        total.restarts > 0 && total.stale_records > 0 && total.blocks > 0 && total.losses > 0,
         "{total:?}"
     );
     eprintln!(
-        "grant simulation, seeds 0..{}: {} steps of 1 ms, {} operations ({} grants), {} grantor restarts, \
-         {} blocked links, {} losses told, {} checks, 0 violations",
+        "grant simulation, seeds 0..{}: {} steps of 1 ms, {} operations ({} grants), {} grantor restarts \
+         ({} from a stale record), {} blocked links, {} losses told, {} checks, 0 violations",
         sim_seeds(),
         total.steps,
         total.operations,
         total.grants,
         total.restarts,
+        total.stale_records,
         total.blocks,
         total.losses,
         total.checks
@@ -926,4 +928,257 @@ fn control_an_acquire_that_renews_by_client_id_gives_two_holders_one_token() {
         reused_client_id(|s, now_ns| s.control_acquire_renewing_by_client_id(7, 3_000, now_ns));
     assert_eq!(answer.map(|g| g.token), Ok(1), "the holder's own token");
     assert!(both, "fencing cannot tell the two apart");
+}
+
+/// A session whose TTL ran out on the old grantor, and whose keep-alive was answered "unknown",
+/// but which was not yet reaped when a new grantor took over. Returns whether it is live after the
+/// takeover, and what a keep-alive then answers.
+fn expired_session_after_takeover() -> (bool, usize) {
+    let mut s = Sessions::new(GrantConfig::default());
+    let a = s.grant(1_000, 0).unwrap();
+    s.lock("L", a, 0).unwrap();
+    assert_eq!(s.keepalive(&[a], 5_000 * MS).unknown, vec![a]);
+    // The old grantor crashes before its housekeeping `expire`; a new one takes over.
+    s.takeover(0);
+    (s.is_live(a, 10 * MS), s.keepalive(&[a], 10 * MS).refreshed)
+}
+
+#[test]
+fn a_session_answered_as_gone_is_never_revived_by_a_takeover() {
+    assert_eq!(expired_session_after_takeover(), (false, 0));
+}
+
+const CHECKPOINT_EVERY_NS: u64 = 1_000 * MS;
+
+/// A dead client's session (10 s TTL, holding lock `L`) under grantors that fail over every 5 s of
+/// real time, each on a clock that starts somewhere else (drift 0: local time runs with real time).
+/// Each grantor reaps every 100 ms and, if `checkpoints`, checkpoints every second; a takeover
+/// is `takeover`. Returns the real time the lock was freed, if it was within 60 minutes, and
+/// whether every takeover gave the session no more than its last checkpoint recorded.
+fn dead_lock_freed_at_ns(
+    takeover: fn(&mut Sessions, u64),
+    checkpoints: bool,
+) -> (Option<u64>, bool) {
+    let config = GrantConfig {
+        drift_ppm: 500,
+        margin_ms: 10,
+        max_term_ms: 600_000,
+    };
+    let mut s = Sessions::new(config);
+    let dead = s.grant(10_000, 7 * DAY).unwrap();
+    assert_eq!(s.lock("L", dead, 7 * DAY), Ok(1));
+    let mut clock_at_real0 = 7 * DAY; // the current grantor's reading at real time 0
+    let mut within_checkpoint = true;
+    for real_ns in (100 * MS..=60 * 60_000 * MS).step_by(100 * MS as usize) {
+        if real_ns % (5_000 * MS) == 0 {
+            clock_at_real0 = (real_ns / MS) * 7_919 * MS % (30 * DAY) + HOUR; // another machine
+            let recorded = s.last_checkpoint().remaining;
+            takeover(&mut s, clock_at_real0 + real_ns);
+            if let (Some((_, _, expiry_ns)), [(_, left_ns)]) =
+                (s.expiries().next(), recorded.as_slice())
+            {
+                within_checkpoint &= expiry_ns - (clock_at_real0 + real_ns) <= *left_ns;
+            }
+        }
+        let now_ns = clock_at_real0 + real_ns;
+        if checkpoints && real_ns % CHECKPOINT_EVERY_NS == 0 {
+            s.checkpoint(now_ns);
+        }
+        s.expire(now_ns);
+        if s.lock_holder("L").is_none() {
+            return (Some(real_ns), within_checkpoint);
+        }
+    }
+    (None, within_checkpoint)
+}
+
+#[test]
+fn frequent_takeovers_with_checkpoints_free_a_dead_clients_lock_in_time() {
+    let (freed_ns, within_checkpoint) = dead_lock_freed_at_ns(Sessions::takeover, true);
+    let freed_ns = freed_ns.expect("freed");
+    assert!(
+        within_checkpoint,
+        "a takeover gave more than the checkpoint recorded"
+    );
+    // 10 s·(1+ρ) + ε = 10.015 s after the grant, plus at most one checkpoint interval per
+    // takeover (two of them fell inside it), plus the 100 ms housekeeping step.
+    let bound_ns = 10_015 * MS + 2 * CHECKPOINT_EVERY_NS + 100 * MS;
+    eprintln!(
+        "takeover every 5 s, checkpoint every 1 s: the dead client's lock freed at {:.3} s (bound {:.3} s)",
+        freed_ns as f64 / 1e9,
+        bound_ns as f64 / 1e9
+    );
+    assert!(freed_ns <= bound_ns, "{freed_ns} > {bound_ns}");
+    assert!(freed_ns >= 10_000 * MS, "never before its TTL");
+}
+
+#[test]
+fn control_frequent_takeovers_without_checkpoints_keep_a_dead_clients_lock_for_ever() {
+    let ignoring = Sessions::control_takeover_ignoring_checkpoints;
+    assert_eq!(
+        dead_lock_freed_at_ns(ignoring, true),
+        (None, false),
+        "held after 60 min"
+    );
+    assert_eq!(
+        dead_lock_freed_at_ns(Sessions::takeover, false).0,
+        None,
+        "a grantor that never checkpoints is no better: checkpointing is required"
+    );
+}
+
+/// Drift rates of (client, old grantor, new grantor), each within ±ρ, and the gaps between steps.
+struct TakeoverCase {
+    config: GrantConfig,
+    ttl_ms: u64,
+    ppm: [i64; 3],
+    /// Request delay, response delay, checkpoint after the answer, second keep-alive after the
+    /// checkpoint (`None`: none), takeover after the last step; ns.
+    gaps_ns: [u64; 4],
+    second_keepalive_ns: Option<u64>,
+}
+
+fn random_takeover_case(rng: &mut ChaCha8Rng, skew: Option<[i64; 3]>) -> TakeoverCase {
+    let rho = rng.gen_range(0..=20_000u64);
+    let config = GrantConfig {
+        drift_ppm: rho,
+        margin_ms: rng.gen_range(1..=20),
+        max_term_ms: 60_000,
+    };
+    let r = rho as i64;
+    let ppm = skew.map_or_else(
+        || [0; 3].map(|_| rng.gen_range(-r..=r)),
+        |signs| signs.map(|s| s * r),
+    );
+    let ttl_ms = rng.gen_range(50..=20_000);
+    let ttl_ns = ttl_ms * MS;
+    TakeoverCase {
+        config,
+        ttl_ms,
+        ppm,
+        gaps_ns: [
+            rng.gen_range(0..=500 * MS),
+            rng.gen_range(0..=500 * MS),
+            rng.gen_range(0..=ttl_ns),
+            rng.gen_range(0..=2 * ttl_ns),
+        ],
+        second_keepalive_ns: rng.gen_bool(0.5).then(|| rng.gen_range(0..=ttl_ns / 2)),
+    }
+}
+
+type KeepaliveFn = fn(&mut Sessions, &[SessionId], u64) -> raft_lease::grant::KeepAlive;
+
+/// Plays one case; returns the real end of the client's view and the real expiry of its session
+/// after the takeover, in ns from the start.
+fn takeover_case_ends(case: &TakeoverCase, keepalive: KeepaliveFn) -> (u128, u128) {
+    let starts = [3 * HOUR, 30 * DAY, HOUR / 7];
+    let [client, old, new] = [0, 1, 2].map(|i| SimClock::new(starts[i], case.ppm[i]));
+    let advance = |ns: u64| [&client, &old, &new].iter().for_each(|c| c.advance(ns));
+    let [request_ns, response_ns, checkpoint_ns, takeover_ns] = case.gaps_ns;
+    let mut s = Sessions::new(case.config);
+    let mut view = LeaseHolder::new(case.config);
+    let sent_at_ns = client.now_ns();
+    advance(request_ns);
+    let id = s.grant(case.ttl_ms, old.now_ns()).unwrap();
+    advance(response_ns);
+    let grant = Grant {
+        token: id.0,
+        term_ms: case.ttl_ms,
+    };
+    view.on_grant(sent_at_ns, grant);
+    advance(checkpoint_ns);
+    s.checkpoint(old.now_ns());
+    if let Some(after_ns) = case.second_keepalive_ns {
+        advance(after_ns);
+        let sent_at_ns = client.now_ns();
+        advance(request_ns);
+        let refreshed = keepalive(&mut s, &[id], old.now_ns()).refreshed == 1;
+        advance(response_ns);
+        if refreshed {
+            view.on_grant(sent_at_ns, grant);
+        }
+    }
+    advance(takeover_ns);
+    // Another machine: rebuilt from the image and the checkpoint of the same moment.
+    let mut t = Sessions::from_image(case.config, s.image());
+    t.restore_checkpoint(&s.last_checkpoint());
+    t.takeover(new.now_ns());
+    let (_, _, expiry_ns) = t.expiries().next().expect("one session");
+    (
+        real_when(view.valid_until_ns().unwrap(), starts[0], case.ppm[0]),
+        real_when(expiry_ns, starts[2], case.ppm[2]),
+    )
+}
+
+/// How many of 4,000 cases end a session, after a takeover, before its client's view ends.
+fn takeovers_before_the_view(skew: Option<[i64; 3]>, keepalive: KeepaliveFn) -> usize {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x7a4e);
+    (0..4_000)
+        .filter(|_| {
+            let (view_end, expiry) =
+                takeover_case_ends(&random_takeover_case(&mut rng, skew), keepalive);
+            view_end > expiry
+        })
+        .count()
+}
+
+#[test]
+fn property_a_takeover_after_a_checkpoint_never_ends_a_session_before_its_clients_view() {
+    // Random rates, then every corner: client, old and new grantor each at +ρ or −ρ.
+    let mut skews = vec![None];
+    for bits in 0..8 {
+        skews.push(Some(
+            [0, 1, 2].map(|i| if bits >> i & 1 == 1 { 1 } else { -1 }),
+        ));
+    }
+    for skew in skews {
+        let bad = takeovers_before_the_view(skew, Sessions::keepalive);
+        assert_eq!(bad, 0, "skew (client, old, new) = {skew:?}");
+    }
+}
+
+#[test]
+fn control_a_keepalive_that_keeps_the_checkpoint_ends_sessions_before_their_views() {
+    let bad = takeovers_before_the_view(None, Sessions::control_keepalive_keeping_the_checkpoint);
+    eprintln!("keep-alive keeping the checkpoint: the session ended before the view in {bad} of 4000 cases");
+    assert!(bad > 0, "the property cannot tell the control apart");
+}
+
+#[test]
+fn control_the_simulation_catches_a_renewal_added_to_the_old_expiry() {
+    let controls = GrantSimControls {
+        renewal_adds_to_the_old_expiry: true,
+        ..Default::default()
+    };
+    first_catch(
+        "renewal adds to the old expiry",
+        controls,
+        ViolationKind::LeaseBound,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_takeovers_ignoring_checkpoints() {
+    let controls = GrantSimControls {
+        takeover_ignoring_checkpoints: true,
+        ..Default::default()
+    };
+    first_catch(
+        "takeover ignoring checkpoints",
+        controls,
+        ViolationKind::SessionLiveness,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_a_keepalive_keeping_the_checkpoint() {
+    let controls = GrantSimControls {
+        keepalive_keeping_the_checkpoint: true,
+        ..Default::default()
+    };
+    first_catch(
+        "keep-alive keeping the checkpoint",
+        controls,
+        ViolationKind::SessionView,
+    );
 }

@@ -17,6 +17,12 @@ struct Held {
 ///
 /// The request's `sent_at` is read **before** the request goes out; measuring from the response's
 /// arrival would let network delay stretch the lease past the grantor's expiry.
+///
+/// **Clock.** Feed it readings of a clock that keeps counting while the machine is suspended
+/// ([`BootClock`](crate::BootClock), `CLOCK_BOOTTIME`). `CLOCK_MONOTONIC` ([`MonotonicClock`](crate::MonotonicClock))
+/// stops during suspend, so a holder that was suspended for longer than its lease wakes up still
+/// believing in it while the grantor has given it to another. Check [`LeaseHolder::token`]
+/// right before each protected action, and fence the action with it.
 #[derive(Debug, Clone)]
 pub struct LeaseHolder {
     config: GrantConfig,

@@ -1,15 +1,25 @@
-//! The grantor: grants and renews one lease, and counts fencing tokens.
+//! The grantor: grants, renews and releases one lease, and counts fencing tokens.
+//!
+//! Every holding has its own token. [`LeaseServer::acquire`] starts a holding under the next
+//! token; [`LeaseServer::renew`] and [`LeaseServer::release`] name the holding by `(client,
+//! token)`, so a late, retried or duplicated copy of either can never act on a later holding.
+//! A [`ClientId`] is unique per client incarnation (see there).
 //!
 //! A grantor that restarts must not forget a lease it granted. Start it one of two ways:
 //! - [`LeaseServer::boot`] (the default): it refuses every grant until the longest term it may have
 //!   granted has run out on its own clock, `max_term·(1+ρ) + ε` after boot
-//!   ([`AcquireError::BootHoldback`] says how long is left). Nothing but the last token needs persisting.
+//!   ([`AcquireError::BootHoldback`] says how long is left). It needs the last token persisted:
+//!   **write [`LeaseServer::last_token`] durably before the answer of every grant that raised it
+//!   leaves** (renewals never raise it). A stale last token makes the restarted grantor hand out
+//!   a token again, and [`FencedStore`](crate::grant::FencedStore) accepts equal tokens.
 //! - [`LeaseServer::restore`]: the caller persisted a [`GrantorRecord`] (see there for what and
 //!   when). The restored holder keeps the lease for a full term from the restart, measured on the
 //!   new clock; everyone else may be granted at once if nobody held it.
 //!
 //! No instant is ever persisted or sent: a monotonic clock's readings mean nothing to another
-//! process or machine, so a restart re-bases every expiry on the grantor's new clock.
+//! process or machine, so a restart re-bases every expiry on the grantor's new clock. Run the
+//! grantor, like the holders, on a clock that counts through suspend
+//! ([`BootClock`](crate::BootClock)).
 
 use thiserror::Error;
 
@@ -82,10 +92,11 @@ pub enum AcquireError {
 /// What a grantor persists so that a restart needs no holdback ([`LeaseServer::restore`]).
 ///
 /// It holds no instant, only who holds the lease and for how long a term. **When:** write
-/// [`LeaseServer::record`] durably after every successful [`LeaseServer::acquire`] whose record
-/// differs from the one last written (a new holder, a longer term, a new token) and **before the
-/// answer leaves the grantor**. A renewal with the same term does not change it, so it costs no write.
-/// A release need not be written: the stale record only makes the restarted grantor wait longer.
+/// [`LeaseServer::record`] durably after every successful [`LeaseServer::acquire`] or
+/// [`LeaseServer::renew`] whose record differs from the one last written (a new holder and token,
+/// a longer term) and **before the answer leaves the grantor**. A renewal with the same or a
+/// shorter term does not change it, so it costs no write. A release need not be written: the stale
+/// record only makes the restarted grantor hold the lease for the released holder a while longer.
 /// The record of a grantor that booted with a holdback and has granted nothing since says so
 /// (`holding_back`), and restoring it holds back again: that grantor never knew the holder it was
 /// waiting out. A record from any moment is therefore safe to write.
@@ -132,9 +143,11 @@ impl<C: Clock> LeaseServer<C> {
     /// grant for the boot holdback, `max_term·(1+ρ) + ε` ([`GrantConfig::boot_holdback_ns`]) on its
     /// own clock from now, so that any lease it granted before the restart has run out first.
     ///
-    /// Tokens continue above `last_token`; pass the last one persisted (0 if none, in which case a
-    /// paused ex-holder's late write may carry the same token as a new holder's). The holdback must
-    /// cover the longest term the *previous* run could grant: do not lower `max_term_ms` across a restart.
+    /// Tokens continue above `last_token`: pass [`LeaseServer::last_token`] as the previous run
+    /// persisted it **before the answer of each grant that raised it left**. 0 only if nothing was
+    /// ever granted: with an older value, the restarted grantor hands out a token a paused
+    /// ex-holder still writes with, and fencing accepts both. The holdback must cover the longest
+    /// term the *previous* run could grant: do not lower `max_term_ms` across a restart.
     ///
     /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn boot(clock: C, config: GrantConfig, last_token: u64) -> Self {
@@ -243,6 +256,36 @@ impl<C: Clock> LeaseServer<C> {
         term_ms: u64,
         now_ns: u64,
     ) -> Result<Grant, AcquireError> {
+        // The holder's view of the earlier grant may still run, so keep the later end.
+        self.renew_to(client, token, term_ms, now_ns, |old_ns, hold_ns| {
+            old_ns.max(now_ns.saturating_add(hold_ns))
+        })
+    }
+
+    /// NEGATIVE CONTROL, for tests only: a renewal that adds the term to the old expiry instead
+    /// of to now. Frequent renewals then stretch the grantor's hold far past a full term.
+    #[doc(hidden)]
+    pub fn control_renew_adding_to_the_old_expiry(
+        &mut self,
+        client: ClientId,
+        token: u64,
+        term_ms: u64,
+        now_ns: u64,
+    ) -> Result<Grant, AcquireError> {
+        self.renew_to(client, token, term_ms, now_ns, |old_ns, hold_ns| {
+            old_ns.saturating_add(hold_ns)
+        })
+    }
+
+    /// Renew the live holding `(client, token)`, its expiry set by `expiry(old_expiry, hold)`.
+    fn renew_to(
+        &mut self,
+        client: ClientId,
+        token: u64,
+        term_ms: u64,
+        now_ns: u64,
+        expiry: impl Fn(u64, u64) -> u64,
+    ) -> Result<Grant, AcquireError> {
         self.check_request(term_ms, now_ns)?;
         let Some(h) = self
             .live_holding(now_ns)
@@ -250,10 +293,8 @@ impl<C: Clock> LeaseServer<C> {
         else {
             return Err(AcquireError::NotHolder { client, token });
         };
-        let expiry_ns = now_ns.saturating_add(self.config.grantor_hold_ns(term_ms));
-        // The holder's view of the earlier grant may still run, so keep the later end.
         let renewed = Holding {
-            expiry_ns: expiry_ns.max(h.expiry_ns),
+            expiry_ns: expiry(h.expiry_ns, self.config.grantor_hold_ns(term_ms)),
             term_ms: term_ms.max(h.term_ms),
             ..h
         };
@@ -372,7 +413,8 @@ impl<C: Clock> LeaseServer<C> {
         self.holdback_until_ns.saturating_sub(now_ns)
     }
 
-    /// The last token handed out (persist it, at least, to restart with [`LeaseServer::boot`]).
+    /// The last token handed out. To restart with [`LeaseServer::boot`], persist it durably
+    /// before the answer of each grant that raised it leaves (renewals never raise it).
     pub fn last_token(&self) -> u64 {
         self.token
     }

@@ -169,6 +169,9 @@ pub(super) struct Client {
     pub(super) losses: u64,
     /// Whether its transport gives up at the deadline (otherwise it waits for the answer).
     honors_deadlines: bool,
+    /// It gives back a held lease or lock with a chance of one in this many per ms: short
+    /// critical sections (300) or long ones (5,000).
+    release_one_in: u32,
     config: GrantConfig,
     /// NEGATIVE CONTROL: renewals decide the loss only when the transport returns.
     loss_only_when_the_transport_returns: bool,
@@ -183,6 +186,7 @@ impl Client {
         index: u64,
         clock: SimClock,
         honors_deadlines: bool,
+        release_one_in: u32,
         config: GrantConfig,
         loss_only_when_the_transport_returns: bool,
     ) -> Self {
@@ -196,6 +200,7 @@ impl Client {
             outbox: Vec::new(),
             losses: 0,
             honors_deadlines,
+            release_one_in,
             config,
             loss_only_when_the_transport_returns,
         }
@@ -220,6 +225,14 @@ impl Client {
     /// Whether the owner believes it holds the lease now.
     pub(super) fn believes_lease(&self) -> bool {
         matches!(self.lease, LeaseSide::Held(_))
+    }
+
+    /// The session the owner believes is live now.
+    pub(super) fn believed_session(&self) -> Option<SessionId> {
+        match &self.session {
+            SessionSide::Live { sid, .. } => Some(*sid),
+            _ => None,
+        }
     }
 
     /// The session under which the owner believes it holds lock `L` now.
@@ -265,7 +278,7 @@ impl Client {
                     next_try_ns: backoff(rng, now_ns),
                 };
             }
-            LeaseSide::Held(r) if rng.gen_ratio(1, 300) => {
+            LeaseSide::Held(r) if rng.gen_ratio(1, self.release_one_in) => {
                 // Release: stop believing first, then tell the grantor which holding.
                 let token = r.renewal.holder().held_token().expect("held");
                 let req = Req::Release { token };
@@ -322,7 +335,16 @@ impl Client {
                     };
                     return;
                 }
-                step_lock(lock, sid, now_ns, rng, &mut self.next_req, out);
+                let release_one_in = self.release_one_in;
+                step_lock(
+                    lock,
+                    sid,
+                    now_ns,
+                    rng,
+                    release_one_in,
+                    &mut self.next_req,
+                    out,
+                );
             }
             _ => {}
         }
@@ -490,6 +512,7 @@ fn step_lock(
     sid: SessionId,
     now_ns: u64,
     rng: &mut ChaCha8Rng,
+    release_one_in: u32,
     ids: &mut u64,
     out: &mut Vec<(u64, Req)>,
 ) {
@@ -503,7 +526,7 @@ fn step_lock(
                 next_try_ns: backoff(rng, now_ns),
             };
         }
-        LockSide::Held(token) if rng.gen_ratio(1, 800) => {
+        LockSide::Held(token) if rng.gen_ratio(1, release_one_in) => {
             // Unlock: stop believing first, then tell the grantor which lock.
             let req = Req::Unlock { sid, token: *token };
             *lock = LockSide::Unlocking(Ask::send(ids, now_ns, 0, req, out));

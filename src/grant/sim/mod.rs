@@ -2,13 +2,20 @@
 //!
 //! One grantor (a [`LeaseServer`](crate::grant::LeaseServer) for one lease and
 //! [`Sessions`](crate::grant::Sessions) for lock `L`), several clients, every clock drifting within
-//! `1 ± ρ` and starting anywhere in 60 days (clocks far apart), and these faults: grantor restarts
-//! on a new clock (lease by boot holdback or restore, at random; sessions from their image and a
-//! takeover), client links that block for up to 8 s (slow or blocked transports; some clients'
-//! transports keep their deadlines, others wait for the answer), lost messages, client crashes
-//! and drift changes. Clients renew through the [`Renewal`](crate::grant::Renewal) core and believe
-//! in a lease or lock until it says lost. The checker ([`Violation`]) runs at every millisecond of
-//! real time.
+//! `1 ± ρ` and starting anywhere in 60 days (clocks far apart), and these faults:
+//! - grantor restarts on a new clock: the lease by boot holdback or restore, at random, from a
+//!   record written only as its contract requires (so often stale: a release not written); the
+//!   sessions from their image, the last checkpoint (every 500 ms) and a takeover;
+//! - client links that block for up to 8 s (some clients' transports keep their deadlines,
+//!   others wait for the answer), client crashes (a new [`ClientId`](crate::grant::ClientId) per
+//!   incarnation) and drift changes;
+//! - messages lost (1%), slow (5%, up to 1.5 s: later ones overtake them), and duplicated
+//!   ([`GrantSimConfig::duplicate_ppm`], copies up to [`GrantSimConfig::duplicate_late_ms`] late).
+//!
+//! Clients acquire, renew and release the lease, and start sessions, keep them alive and lock
+//! and unlock `L` under them, some in short bursts and some for long; they renew through the
+//! [`Renewal`](crate::grant::Renewal) core and believe in a lease, lock or session until it says
+//! lost. The checker ([`ViolationKind`]) runs at every millisecond of real time.
 //!
 //! ```
 //! use raft_lease::grant::sim::{run, GrantSimConfig};
@@ -31,12 +38,15 @@ pub use check::{Violation, ViolationKind};
 use check::Checker;
 use client::Client;
 use grantor::{random_clock, Grantor};
-use net::{Net, NetFaults, Packet, Resp};
+use net::{Net, NetFaults, Packet, Req, Resp};
 
 use crate::clock::SimClock;
 use crate::grant::GrantConfig;
 
 const MS: u64 = 1_000_000;
+
+/// The longest a crashed grantor stays down, in real ns.
+pub(super) const MAX_OUTAGE_NS: u64 = 1_000 * MS;
 
 /// One run's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +100,12 @@ pub struct GrantSimControls {
     pub unlock_naming_only_the_session: bool,
     /// A lock request from the session that holds the lock is answered with its token, as a grant.
     pub lock_granting_the_holder_again: bool,
+    /// A renewal adds the term to the old expiry instead of to now.
+    pub renewal_adds_to_the_old_expiry: bool,
+    /// A takeover gives every session a full TTL, whatever the last checkpoint recorded.
+    pub takeover_ignoring_checkpoints: bool,
+    /// A keep-alive leaves the last checkpoint in place (a takeover then gives too little).
+    pub keepalive_keeping_the_checkpoint: bool,
 }
 
 /// What a run did and found.
@@ -105,6 +121,9 @@ pub struct GrantSimReport {
     pub grants: u64,
     /// Grantor restarts.
     pub restarts: u64,
+    /// Restarts from a lease record older than the grantor's state at the crash (a release not
+    /// written, or a record written only on change).
+    pub stale_records: u64,
     /// Client links blocked.
     pub blocks: u64,
     /// Times a client's owner was told its lease or session was lost.
@@ -163,7 +182,8 @@ impl World {
                 let honors =
                     rng.gen_bool(0.5) && !sim.controls.loss_only_when_the_transport_returns;
                 let control = sim.controls.loss_only_when_the_transport_returns;
-                Client::new(i as u64, clock, honors, config, control)
+                let release_one_in = if rng.gen_bool(0.5) { 300 } else { 5_000 };
+                Client::new(i as u64, clock, honors, release_one_in, config, control)
             })
             .collect();
         let faults = NetFaults {
@@ -207,7 +227,7 @@ impl World {
             self.deliver(p);
         }
         if !self.grantor.down {
-            self.grantor.expire();
+            self.grantor.tick(&mut self.rng);
         }
         for i in 0..self.clients.len() {
             let requests = self.clients[i].step(&mut self.rng);
@@ -240,10 +260,19 @@ impl World {
                 req_id,
                 req,
             } => {
+                let keepalive = match req {
+                    Req::KeepAlive { sid, .. } => Some(sid),
+                    _ => None,
+                };
                 let resp = self.grantor.handle(from, req);
                 self.report.operations += 1;
                 if matches!(resp, Resp::Grant(Ok(_)) | Resp::Lock(Ok(_))) {
                     self.report.grants += 1;
+                }
+                match (&resp, keepalive) {
+                    (Resp::Session(Ok(sid)), _) => self.checker.refreshed(*sid, self.now_ns),
+                    (Resp::Grant(Ok(_)), Some(sid)) => self.checker.refreshed(sid, self.now_ns),
+                    _ => {}
                 }
                 let p = Packet::ToClient {
                     client,
@@ -268,11 +297,14 @@ impl World {
         let rng = &mut self.rng;
         if self.grantor.down && self.now_ns >= self.restart_at_ns {
             let how = self.grantor.restart(rng);
+            self.checker.took_over();
             self.report.restarts += 1;
             log(trace, now_ns, || format!("grantor restarts: {how}"));
         } else if !self.grantor.down && rng.gen_ratio(1, 4_000) {
-            self.grantor.crash();
-            self.restart_at_ns = self.now_ns + rng.gen_range(0..=1_000) * MS;
+            if self.grantor.crash() {
+                self.report.stale_records += 1;
+            }
+            self.restart_at_ns = self.now_ns + rng.gen_range(0..=MAX_OUTAGE_NS);
             log(trace, now_ns, || "grantor crashes".into());
         }
         for i in 0..self.clients.len() {

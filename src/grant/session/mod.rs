@@ -1,5 +1,6 @@
 //! Sessions: one lease shared by many keys and locks (as with Chubby sessions and etcd leases),
-//! kept alive in batches. Pure: time is an argument, on the grantor's clock.
+//! kept alive in batches. Pure: time is an argument, on the grantor's clock. Images for snapshots
+//! are in `image`; takeovers and checkpoints in `takeover`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -7,6 +8,12 @@ use thiserror::Error;
 
 use crate::grant::fence::StaleToken;
 use crate::grant::GrantConfig;
+
+mod image;
+mod takeover;
+
+pub use image::{SessionImage, SessionsImage};
+pub use takeover::SessionsCheckpoint;
 
 /// Identifies a session. Ids are never reused by one [`Sessions`].
 ///
@@ -69,6 +76,10 @@ struct Session {
     ttl_ms: u64,
     /// On the grantor's clock, exclusive: last refresh + ttl·(1+ρ) + ε.
     expiry_ns: u64,
+    /// The time the session had left at the last [`Sessions::checkpoint`] since its last grant or
+    /// keep-alive, in ns: a duration, valid on any clock. `None`: a full TTL (no checkpoint since).
+    /// `Some(0)`: found expired (it is dead on every clock).
+    checkpoint_ns: Option<u64>,
     keys: BTreeSet<Vec<u8>>,
     locks: BTreeSet<String>,
 }
@@ -80,14 +91,16 @@ struct Lock {
 }
 
 /// Every session, key attachment and lock of one grantor. Replicate it (e.g. through raft) so that
-/// a new grantor can take over with [`Sessions::takeover`].
+/// a new grantor can take over with [`Sessions::takeover`], and call [`Sessions::checkpoint`]
+/// every checkpoint interval so that takeovers cannot keep a dead client's session for ever.
 ///
 /// Invariant: every instant in it (`now_ns` arguments, expiries) is on **one** clock: the clock of
 /// the grantor that created it or last called [`Sessions::takeover`]. A new or restarted grantor
 /// (another process or machine) must call `takeover` on its own clock before any other call.
 /// A restarted grantor that is not replicated must not start from [`Sessions::new`]: it would
-/// forget the sessions and locks it gave. Rebuild it from a persisted [`Sessions::image`] (written
-/// before each answer leaves) and call `takeover`.
+/// forget the sessions and locks it gave. Rebuild it from a persisted [`Sessions::image`] and
+/// [`Sessions::last_checkpoint`] (written together before each answer leaves), with
+/// [`Sessions::from_image`] and [`Sessions::restore_checkpoint`], and call `takeover`.
 #[derive(Debug, Clone)]
 pub struct Sessions {
     config: GrantConfig,
@@ -129,6 +142,7 @@ impl Sessions {
         let session = Session {
             ttl_ms,
             expiry_ns,
+            checkpoint_ns: None,
             keys: BTreeSet::new(),
             locks: BTreeSet::new(),
         };
@@ -138,14 +152,43 @@ impl Sessions {
     }
 
     /// Refresh many sessions in one call, each to a full TTL from `now_ns`.
+    ///
+    /// A session that has expired but is not yet reaped ([`Sessions::expire`]) is answered as
+    /// unknown, like one that is gone, and marked dead, so that no later takeover revives it.
     pub fn keepalive(&mut self, ids: &[SessionId], now_ns: u64) -> KeepAlive {
         let mut out = KeepAlive::default();
         for &id in ids {
-            if self.is_live(id, now_ns) {
+            if self.live_mut(id, now_ns).is_some() {
                 self.extend(id, now_ns);
                 out.refreshed += 1;
             } else {
                 out.unknown.push(id);
+            }
+        }
+        out
+    }
+
+    /// NEGATIVE CONTROL, for tests only: a keep-alive that leaves the last checkpoint in place. A
+    /// takeover then gives the session only what was left before the keep-alive, and it expires
+    /// while its client still believes in it.
+    #[doc(hidden)]
+    pub fn control_keepalive_keeping_the_checkpoint(
+        &mut self,
+        ids: &[SessionId],
+        now_ns: u64,
+    ) -> KeepAlive {
+        let kept: Vec<_> = ids
+            .iter()
+            .map(|id| self.sessions.get(id).and_then(|s| s.checkpoint_ns))
+            .collect();
+        let out = self.keepalive(ids, now_ns);
+        for (id, checkpoint_ns) in ids.iter().zip(kept) {
+            if let Some(s) = self
+                .sessions
+                .get_mut(id)
+                .filter(|s| s.checkpoint_ns.is_none())
+            {
+                s.checkpoint_ns = checkpoint_ns;
             }
         }
         out
@@ -156,6 +199,7 @@ impl Sessions {
     fn extend(&mut self, id: SessionId, now_ns: u64) {
         let config = self.config;
         let s = self.sessions.get_mut(&id).expect("extend a known session");
+        s.checkpoint_ns = None; // a full TTL from now: what a checkpoint said no longer holds
         let old_ns = s.expiry_ns;
         s.expiry_ns = old_ns.max(now_ns.saturating_add(config.grantor_hold_ns(s.ttl_ms)));
         let new_ns = s.expiry_ns;
@@ -164,8 +208,15 @@ impl Sessions {
         debug_assert!(new_ns >= old_ns && new_ns > now_ns);
     }
 
+    /// The session, if it is live at `now_ns`. One found expired but not yet reaped is marked
+    /// dead (checkpointed at 0): it was answered as gone, so no takeover may revive it.
     fn live_mut(&mut self, id: SessionId, now_ns: u64) -> Option<&mut Session> {
-        self.sessions.get_mut(&id).filter(|s| now_ns < s.expiry_ns)
+        let s = self.sessions.get_mut(&id)?;
+        if now_ns >= s.expiry_ns {
+            s.checkpoint_ns = Some(0);
+            return None;
+        }
+        Some(s)
     }
 
     /// Tie `key` to session `id`: it is deleted when the session ends.
@@ -293,42 +344,6 @@ impl Sessions {
             .collect()
     }
 
-    /// A new grantor takes over at `now_ns` on **its own** clock: every outstanding session's expiry
-    /// becomes a full TTL from now, `now + ttl·(1+ρ) + ε`, set from this clock alone.
-    ///
-    /// The expiries in the image were read on the previous grantor's clock, which means nothing
-    /// here (one machine's monotonic clock may read 30 days, the next one's 1 hour), so they are
-    /// never compared with `now_ns`. Safe: every keep-alive the old grantor answered happened before
-    /// the takeover, so a full TTL from now outlasts every holder's view of it. Bounded: no session
-    /// outlives a full TTL from the takeover without a keep-alive.
-    pub fn takeover(&mut self, now_ns: u64) {
-        let config = self.config;
-        self.rebase(now_ns, |s| {
-            now_ns.saturating_add(config.grantor_hold_ns(s.ttl_ms))
-        });
-    }
-
-    /// NEGATIVE CONTROL, for tests only: the first takeover, which kept the later of the old expiry
-    /// (read on the previous grantor's clock) and a full TTL from now. A dead client's lock then
-    /// outlives its TTL by however far the old clock was ahead.
-    #[doc(hidden)]
-    pub fn control_takeover_keeping_old_expiry(&mut self, now_ns: u64) {
-        let config = self.config;
-        self.rebase(now_ns, |s| {
-            s.expiry_ns
-                .max(now_ns.saturating_add(config.grantor_hold_ns(s.ttl_ms)))
-        });
-    }
-
-    fn rebase(&mut self, now_ns: u64, expiry_ns: impl Fn(&Session) -> u64) {
-        self.by_expiry.clear();
-        for (id, s) in self.sessions.iter_mut() {
-            s.expiry_ns = expiry_ns(s);
-            debug_assert!(s.expiry_ns > now_ns);
-            self.by_expiry.insert((s.expiry_ns, *id));
-        }
-    }
-
     /// Every session as `(id, ttl_ms, expiry_ns)`, the expiry on the grantor's clock.
     pub fn expiries(&self) -> impl Iterator<Item = (SessionId, u64, u64)> + '_ {
         self.sessions
@@ -346,6 +361,11 @@ impl Sessions {
         self.locks.get(name).map(|l| (l.holder, l.token))
     }
 
+    /// The earliest expiry among live sessions, to know when to call [`Sessions::expire`].
+    pub fn next_expiry_ns(&self) -> Option<u64> {
+        self.by_expiry.first().map(|(t, _)| *t)
+    }
+
     /// Sessions not yet expired or revoked (expired ones linger until [`Sessions::expire`]).
     pub fn len(&self) -> usize {
         self.sessions.len()
@@ -357,100 +377,14 @@ impl Sessions {
     }
 }
 
-/// A plain copy of one session, for snapshots.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionImage {
-    /// The session.
-    pub id: SessionId,
-    /// Its TTL.
-    pub ttl_ms: u64,
-    /// Its expiry on the clock of the grantor that made the image (meaningless on any other).
-    pub expiry_ns: u64,
-    /// Attached keys.
-    pub keys: Vec<Vec<u8>>,
-    /// Held locks.
-    pub locks: Vec<String>,
-}
-
-/// A plain copy of a [`Sessions`], for snapshots: serialize it however you like.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SessionsImage {
-    /// The last session id handed out.
-    pub next_id: u64,
-    /// Every session.
-    pub sessions: Vec<SessionImage>,
-    /// Held locks: (name, holder, token).
-    pub locks: Vec<(String, SessionId, u64)>,
-    /// Highest token ever issued per lock.
-    pub lock_tokens: Vec<(String, u64)>,
-}
-
-impl Sessions {
-    /// A plain copy of everything, for a snapshot.
-    pub fn image(&self) -> SessionsImage {
-        SessionsImage {
-            next_id: self.next_id,
-            sessions: self
-                .sessions
-                .iter()
-                .map(|(id, s)| SessionImage {
-                    id: *id,
-                    ttl_ms: s.ttl_ms,
-                    expiry_ns: s.expiry_ns,
-                    keys: s.keys.iter().cloned().collect(),
-                    locks: s.locks.iter().cloned().collect(),
-                })
-                .collect(),
-            locks: self
-                .locks
-                .iter()
-                .map(|(n, l)| (n.clone(), l.holder, l.token))
-                .collect(),
-            lock_tokens: self
-                .lock_tokens
-                .iter()
-                .map(|(n, t)| (n.clone(), *t))
-                .collect(),
-        }
-    }
-
-    /// Rebuild from an [`Sessions::image`]. Its expiries are on the clock of the grantor that made
-    /// it: call [`Sessions::takeover`] before using it on another clock.
-    pub fn from_image(config: GrantConfig, image: SessionsImage) -> Self {
-        let mut s = Sessions::new(config);
-        s.next_id = image.next_id;
-        for si in image.sessions {
-            s.by_expiry.insert((si.expiry_ns, si.id));
-            let session = Session {
-                ttl_ms: si.ttl_ms,
-                expiry_ns: si.expiry_ns,
-                keys: si.keys.into_iter().collect(),
-                locks: si.locks.into_iter().collect(),
-            };
-            s.sessions.insert(si.id, session);
-        }
-        s.locks = image
-            .locks
-            .into_iter()
-            .map(|(n, holder, token)| (n, Lock { holder, token }))
-            .collect();
-        s.lock_tokens = image.lock_tokens.into_iter().collect();
-        s
-    }
-
-    /// The earliest expiry among live sessions, to know when to call [`Sessions::expire`].
-    pub fn next_expiry_ns(&self) -> Option<u64> {
-        self.by_expiry.first().map(|(t, _)| *t)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
 
-    fn sessions() -> Sessions {
+    /// Sessions with no drift and no margin: times are exact.
+    pub(super) fn sessions() -> Sessions {
         Sessions::new(GrantConfig {
             drift_ppm: 0,
             margin_ms: 0,
@@ -524,46 +458,5 @@ mod tests {
         assert_eq!(s.lock("L", b, 0), Ok(2));
         assert_eq!(s.lock_holder("L"), Some((b, 2)));
         assert!(matches!(s.grant(0, 0), Err(SessionError::BadTtl { .. })));
-    }
-
-    #[test]
-    fn an_image_round_trips() {
-        let mut s = sessions();
-        let a = s.grant(100, 0).unwrap();
-        s.attach_key(a, b"k", 0).unwrap();
-        s.lock("L", a, 0).unwrap();
-        let copy = Sessions::from_image(s.config, s.image());
-        assert_eq!(copy.image(), s.image());
-        assert_eq!(copy.next_expiry_ns(), Some(100 * MS));
-    }
-
-    #[test]
-    fn takeover_sets_each_expiry_from_the_new_clock_only() {
-        let mut s = sessions();
-        let a = s.grant(100, 1_000 * MS).unwrap(); // old clock: expires at 1100 ms
-        let b = s.grant(300, 0).unwrap();
-        s.takeover(10 * MS); // a new clock, far behind
-        assert_eq!(s.next_expiry_ns(), Some(110 * MS));
-        let e: Vec<_> = s.expiries().collect();
-        assert_eq!(e, vec![(a, 100, 110 * MS), (b, 300, 310 * MS)]);
-        assert_eq!(s.expire(110 * MS).len(), 1);
-        let mut control = sessions();
-        let a = control.grant(100, 1_000 * MS).unwrap();
-        control.control_takeover_keeping_old_expiry(10 * MS);
-        assert!(
-            control.is_live(a, 1_099 * MS),
-            "the control keeps the old clock's expiry"
-        );
-    }
-
-    #[test]
-    fn takeover_extends_every_session_to_a_full_ttl() {
-        let mut s = sessions();
-        let a = s.grant(100, 0).unwrap();
-        s.lock("L", a, 0).unwrap();
-        s.takeover(90 * MS); // the new grantor cannot know how long the old one promised
-        assert!(s.expire(150 * MS).is_empty());
-        assert!(s.is_live(a, 189 * MS));
-        assert_eq!(s.expire(190 * MS).len(), 1);
     }
 }
