@@ -1182,3 +1182,68 @@ fn control_the_simulation_catches_a_keepalive_keeping_the_checkpoint() {
         ViolationKind::SessionView,
     );
 }
+
+#[test]
+fn a_term_too_short_to_renew_is_a_typed_error_not_a_panic() {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(
+        0,
+        Grant {
+            token: 1,
+            term_ms: 11,
+        },
+    );
+    let transport = |_: RenewRequest| -> Result<Grant, TransportError> { unreachable!() };
+    let spawned = Renewer::spawn(
+        Arc::new(clock.clone()),
+        holder,
+        11,
+        transport,
+        SimSleeper::new(clock),
+    );
+    assert_eq!(
+        spawned.err(),
+        Some(raft_lease::grant::RenewalError::TermTooShort {
+            term_ms: 11,
+            min_ms: 12
+        })
+    );
+}
+
+/// Why `boot` needs the last token persisted before each grant's answer leaves: a grantor that
+/// restarts from an older token hands the same token to a second holder, and fencing accepts
+/// both writers. (The holdback keeps them apart in time, but not a paused ex-holder's late write.)
+#[test]
+fn boot_from_a_stale_last_token_repeats_a_token_that_fencing_accepts() {
+    let config = GrantConfig {
+        max_term_ms: 3_000,
+        ..GrantConfig::default()
+    };
+    let clock = SimClock::new(0, 0);
+    let mut first = fresh(clock.clone(), config);
+    let persisted = first.last_token(); // 0, written before the grant below
+    let paused = first.acquire_now(1, 3_000).unwrap(); // token 1, its write not persisted
+    clock.advance(config.boot_holdback_ns() + 10 * MS);
+    let mut stale = LeaseServer::boot(clock.clone(), config, persisted);
+    let mut current = LeaseServer::boot(clock.clone(), config, first.last_token());
+    clock.advance(config.boot_holdback_ns());
+    let (again, next) = (
+        stale.acquire_now(2, 3_000).unwrap(),
+        current.acquire_now(2, 3_000).unwrap(),
+    );
+    assert_eq!((again.token, next.token), (1, 2));
+    let mut store = FencedStore::new("");
+    store.write(again.token, "new holder").unwrap();
+    assert!(
+        store
+            .write(paused.token, "the paused ex-holder, late")
+            .is_ok(),
+        "a repeated token is not fenced"
+    );
+    store
+        .write(next.token, "new holder, from the persisted token")
+        .unwrap();
+    assert!(store.write(paused.token, "late").is_err(), "fenced");
+}
