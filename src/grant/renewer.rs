@@ -10,9 +10,9 @@
 //! **What the timing claim means.** In simulated time ([`SimSleeper`]) `Lost` comes exactly at
 //! `valid_until − d/12`. With real threads it comes when the renewer thread next runs after that
 //! instant: usually within a millisecond, but a loaded machine, a paused process or a suspended
-//! host can delay it past the end of the view (on a loaded 2-core machine, a 120 ms term lost
-//! 1.8 ms after its view had ended in one of six runs). The event channel is a prompt, not a
-//! guarantee. So an owner:
+//! host can delay it past the end of the view (a reviewer's run on a loaded 2-core machine, 120 ms
+//! term: `Lost` came 1.8 ms and 40.7 ms after the view had ended in 2 of 6 runs). The event
+//! channel is a prompt, not a guarantee. So an owner:
 //! - checks [`Renewer::token`]`(now)` **right before each protected action** (it reads the clock,
 //!   with no thread in between) and acts only if it returns the token;
 //! - fences every write to shared storage with that token ([`FencedStore`](crate::grant::FencedStore)),
