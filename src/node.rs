@@ -188,6 +188,8 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     promise: FollowerPromise,
     /// Spreads out campaigns that the promise held back.
     jitter: CampaignJitter,
+    /// The end of the last promise that held back this node's own campaign (0: none).
+    held_until_ns: u64,
     rounds: RoundTracker,
     reads: ReadQueue,
     shared: Arc<Shared>,
@@ -246,6 +248,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             safeties,
             lease: LeaderLease::new(&derived),
             jitter: CampaignJitter::new(jitter_seed, derived.campaign_jitter_ns),
+            held_until_ns: 0,
             derived,
             heartbeat_tick: rc.heartbeat_tick as u64,
             election_ticks: (rc.min_election_tick(), rc.max_election_tick()),
@@ -320,14 +323,19 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             return false;
         }
         let (id, now_ns) = (r.id, self.clock.now_ns());
+        let until_ns = self.promise.until_ns();
         if let VoteDecision::Refuse { .. } = self.promise.check_vote(id, now_ns) {
-            debug_assert!(now_ns < self.promise.until_ns());
+            debug_assert!(now_ns < until_ns);
+            self.held_until_ns = until_ns;
             return true;
         }
-        if !self.safeties.campaign_jitter() || self.promise.holder() == Some(id) {
+        // Jitter only a campaign the promise held back: one whose timer fired after the promise
+        // ended was not lined up with anyone's by the hold.
+        let held_back = self.held_until_ns == until_ns && until_ns != 0;
+        if !held_back || !self.safeties.campaign_jitter() || self.promise.holder() == Some(id) {
             return false;
         }
-        now_ns < self.jitter.campaign_at_ns(self.promise.until_ns())
+        now_ns < self.jitter.campaign_at_ns(until_ns)
     }
 
     fn vote_allowed(&mut self, m: &Message) -> bool {

@@ -381,12 +381,13 @@ impl SimCluster {
                 Some(node) => node_view(node, &ids, &newest),
                 None => NodeView {
                     id: n.id,
-                    term: 0,
+                    // Its term and vote as persisted: it resumes with them.
+                    term: n.storage.initial_state().map_or(0, |s| s.hard_state.term),
                     leading: false,
                     candidate: false,
                     lease_term: None,
                     campaigning: false,
-                    vote: 0,
+                    vote: n.storage.initial_state().map_or(0, |s| s.hard_state.vote),
                     // A crashed node cannot vote; once up again, its boot promise (or the lack
                     // of one) speaks for it.
                     backs: ids.clone(),
