@@ -4,6 +4,23 @@
 //! reads the state, and only then checks that the lease is still held (read first, validate second).
 //! A ReadIndex read waits for a quorum round through raft's `read_index`; waiting reads are batched
 //! into one round, and a round that raft dropped is retried.
+//!
+//! # Batching ReadIndex reads
+//! A round is one heartbeat to each follower and one answer back (4 messages with 3 nodes), and
+//! proves leadership at a time after it started. The policy:
+//! - **A read waits for a round that started after it arrived**: the safety rule, unchanged.
+//! - **Rounds start at the driver's pace, not the reads'.** [`crate::LeaseNode::read`] only queues;
+//!   the round goes out at the next `handle_ready` (or `ready`, `serve_reads`, tick), carrying
+//!   every read queued since. A driver that takes all its pending requests before handling the
+//!   next `Ready` (as the example drivers do) thus sends one round per batch of requests.
+//! - **At most [`MAX_ROUNDS_IN_FLIGHT`] rounds fly at once**, so a burst of requests spread over
+//!   many driver iterations still costs a bounded number of messages per read.
+//!
+//! Measured with 64 reads outstanding in `read_bench`: 0.12–0.26 messages per read, and a p50 of
+//! 0.66–1.00× raft-rs's one round per read (4 messages) at every one-way delay from 0 to 5 ms.
+//! The policy this replaced (a round at every read, at most two in flight) made a read that
+//! arrived during a round wait for the next one: up to two rounds, 2× raft-rs's p50 at 5 ms, for
+//! 0.24 messages per read.
 
 use std::collections::VecDeque;
 
