@@ -274,6 +274,7 @@ pub mod drive;
 pub mod grant;
 pub mod handle;
 pub mod lease;
+pub mod liveness;
 pub mod node;
 pub mod promise;
 pub mod read;
