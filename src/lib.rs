@@ -275,6 +275,7 @@ pub mod grant;
 pub mod handle;
 pub mod lease;
 pub mod liveness;
+pub mod multi;
 pub mod node;
 pub mod promise;
 pub mod read;

@@ -117,7 +117,11 @@ pub struct Requester {
 
 impl Requester {
     /// A requester of incarnation `incarnation`, asking `peers` for support.
-    pub fn new(incarnation: u32, derived: &Derived, peers: impl IntoIterator<Item = NodeId>) -> Self {
+    pub fn new(
+        incarnation: u32,
+        derived: &Derived,
+        peers: impl IntoIterator<Item = NodeId>,
+    ) -> Self {
         assert!(incarnation > 0, "incarnations start at 1");
         let mut r = Requester {
             incarnation,
@@ -150,7 +154,8 @@ impl Requester {
             a.last_seq += 1;
             a.sent_ns.insert(a.last_seq, now_ns);
             // A heartbeat sent more than L ago can extend nothing.
-            a.sent_ns.retain(|_, sent| sent.saturating_add(lease_ns) > now_ns);
+            a.sent_ns
+                .retain(|_, sent| sent.saturating_add(lease_ns) > now_ns);
             a.next_ns = now_ns.saturating_add(interval_ns);
             let msg = SupportMsg::Heartbeat {
                 epoch: a.epoch,
@@ -175,7 +180,10 @@ impl Requester {
                 let Some(&t0) = a.sent_ns.get(&seq) else {
                     return false; // too old to count, or never sent
                 };
-                assert!(t0 <= now_ns, "an answer before its heartbeat: {t0} > {now_ns}");
+                assert!(
+                    t0 <= now_ns,
+                    "an answer before its heartbeat: {t0} > {now_ns}"
+                );
                 let until_ns = t0.saturating_add(self.lease_ns);
                 Self::count(a, epoch, incarnation, until_ns)
             }
@@ -271,7 +279,13 @@ impl Supporter {
 
     /// A heartbeat from `from` arrived; `receipt_ns` is read at or after its receipt. Returns the
     /// answer, or `None` for a stale copy (an epoch below the one supported now).
-    pub fn on_heartbeat(&mut self, from: NodeId, epoch: Epoch, seq: u64, receipt_ns: u64) -> Option<SupportMsg> {
+    pub fn on_heartbeat(
+        &mut self,
+        from: NodeId,
+        epoch: Epoch,
+        seq: u64,
+        receipt_ns: u64,
+    ) -> Option<SupportMsg> {
         let g = self.requesters.entry(from).or_default();
         if g.withdrawn_through.is_some_and(|w| epoch <= w) && !self.forget_withdrawals {
             return Some(SupportMsg::Withdrawn { epoch });
@@ -395,24 +409,40 @@ mod tests {
 
     #[test]
     fn support_runs_to_exactly_t0_plus_l_and_never_regresses() {
-        let (mut r, mut s) = (Requester::new(1, &derived(), [2]), Supporter::new(7, &derived(), 0));
+        let (mut r, mut s) = (
+            Requester::new(1, &derived(), [2]),
+            Supporter::new(7, &derived(), 0),
+        );
         let (epoch, seq) = heartbeat(&mut r, 1_000);
         let ack = s.on_heartbeat(1, epoch, seq, 1_010).unwrap();
         assert!(r.on_answer(2, ack, 1_020));
-        assert_eq!(r.support_from(2, 1_000 + L - 1).map(|s| s.until_ns), Some(1_000 + L));
-        assert_eq!(r.support_from(2, 1_000 + L), None, "t0 + L is not in the support");
+        assert_eq!(
+            r.support_from(2, 1_000 + L - 1).map(|s| s.until_ns),
+            Some(1_000 + L)
+        );
+        assert_eq!(
+            r.support_from(2, 1_000 + L),
+            None,
+            "t0 + L is not in the support"
+        );
         assert!(s.supports(1, epoch, 1_010 + P - 1) && !s.supports(1, epoch, 1_010 + P));
         // A late answer to an earlier heartbeat does not pull the support back.
         let (_, seq2) = heartbeat(&mut r, 1_100);
         let ack2 = s.on_heartbeat(1, epoch, seq2, 1_110).unwrap();
         r.on_answer(2, ack2, 1_120);
-        assert!(!r.on_answer(2, ack, 1_130), "an answer from an older seq changes nothing");
+        assert!(
+            !r.on_answer(2, ack, 1_130),
+            "an answer from an older seq changes nothing"
+        );
         assert_eq!(r.support_from(2, 1_200).unwrap().until_ns, 1_100 + L);
     }
 
     #[test]
     fn a_withdrawn_epoch_offered_again_is_refused_for_good() {
-        let (mut r, mut s) = (Requester::new(1, &derived(), [2]), Supporter::new(7, &derived(), 0));
+        let (mut r, mut s) = (
+            Requester::new(1, &derived(), [2]),
+            Supporter::new(7, &derived(), 0),
+        );
         let (epoch, seq) = heartbeat(&mut r, 0);
         let ack = s.on_heartbeat(1, epoch, seq, 0).unwrap();
         r.on_answer(2, ack, 1);
@@ -425,8 +455,14 @@ mod tests {
         assert!(r.on_answer(2, refused, P + 2));
         assert_eq!(r.epoch_for(2), Some(epoch.next()), "the requester moves on");
         let (next, seq) = heartbeat(&mut r, P + 2);
-        assert!(matches!(s.on_heartbeat(1, next, seq, P + 3), Some(SupportMsg::Ack { .. })));
-        assert_eq!(s.on_heartbeat(1, epoch, 99, P + 4), Some(SupportMsg::Withdrawn { epoch }));
+        assert!(matches!(
+            s.on_heartbeat(1, next, seq, P + 3),
+            Some(SupportMsg::Ack { .. })
+        ));
+        assert_eq!(
+            s.on_heartbeat(1, epoch, 99, P + 4),
+            Some(SupportMsg::Withdrawn { epoch })
+        );
     }
 
     #[test]
@@ -435,8 +471,14 @@ mod tests {
         let epoch = Epoch::first(1);
         s.on_heartbeat(1, epoch, 1, 0);
         s.withdraw_expired(P);
-        assert!(matches!(s.on_heartbeat(1, epoch, 2, P + 1), Some(SupportMsg::Ack { .. })));
-        assert!(s.supports(1, epoch, P + 1), "the bug: support came back at a withdrawn epoch");
+        assert!(matches!(
+            s.on_heartbeat(1, epoch, 2, P + 1),
+            Some(SupportMsg::Ack { .. })
+        ));
+        assert!(
+            s.supports(1, epoch, P + 1),
+            "the bug: support came back at a withdrawn epoch"
+        );
     }
 
     #[test]
@@ -456,7 +498,10 @@ mod tests {
         assert_eq!(support.incarnation, 8);
         let fortified_before: Fortified = [(2, (epoch, 7))].into();
         let counted = lease_until_ns(1, (&[1, 2, 3], &[]), &fortified_before, |_| Some(support));
-        assert_eq!(counted, 0, "a fortification made under incarnation 7 is not counted under 8");
+        assert_eq!(
+            counted, 0,
+            "a fortification made under incarnation 7 is not counted under 8"
+        );
     }
 
     #[test]
@@ -466,9 +511,18 @@ mod tests {
         s.on_heartbeat(1, old, 5, 0);
         let new = Epoch::first(2);
         assert!(new > old.next().next());
-        assert!(matches!(s.on_heartbeat(1, new, 1, 10), Some(SupportMsg::Ack { .. })));
-        assert!(!s.supports(1, old, 11), "the old incarnation's epoch ended at once");
-        assert_eq!(s.on_heartbeat(1, old, 6, 12), Some(SupportMsg::Withdrawn { epoch: old }));
+        assert!(matches!(
+            s.on_heartbeat(1, new, 1, 10),
+            Some(SupportMsg::Ack { .. })
+        ));
+        assert!(
+            !s.supports(1, old, 11),
+            "the old incarnation's epoch ended at once"
+        );
+        assert_eq!(
+            s.on_heartbeat(1, old, 6, 12),
+            Some(SupportMsg::Withdrawn { epoch: old })
+        );
         assert_eq!(new.incarnation(), 2);
     }
 
@@ -481,18 +535,51 @@ mod tests {
     #[test]
     fn the_lease_is_the_quorum_th_latest_support_of_fortified_voters() {
         let e = Epoch::first(1);
-        let support = |until_ns| move |_v| Some(Support { epoch: e, incarnation: 9, until_ns });
+        let support = |until_ns| {
+            move |_v| {
+                Some(Support {
+                    epoch: e,
+                    incarnation: 9,
+                    until_ns,
+                })
+            }
+        };
         let all: Fortified = [(2, (e, 9)), (3, (e, 9))].into();
-        assert_eq!(lease_until_ns(1, (&[1, 2, 3], &[]), &all, support(500)), 500);
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3], &[]), &all, support(500)),
+            500
+        );
         let one: Fortified = [(2, (e, 9))].into();
-        assert_eq!(lease_until_ns(1, (&[1, 2, 3], &[]), &one, support(500)), 500, "1 and 2 are a quorum");
-        assert_eq!(lease_until_ns(1, (&[1, 2, 3, 4, 5], &[]), &one, support(500)), 0);
-        let per_voter = |v| Some(Support { epoch: e, incarnation: 9, until_ns: v * 100 });
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3], &[]), &one, support(500)),
+            500,
+            "1 and 2 are a quorum"
+        );
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3, 4, 5], &[]), &one, support(500)),
+            0
+        );
+        let per_voter = |v| {
+            Some(Support {
+                epoch: e,
+                incarnation: 9,
+                until_ns: v * 100,
+            })
+        };
         let five: Fortified = (2..=5).map(|v| (v, (e, 9))).collect();
-        assert_eq!(lease_until_ns(1, (&[1, 2, 3, 4, 5], &[]), &five, per_voter), 400);
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3, 4, 5], &[]), &five, per_voter),
+            400
+        );
         // Joint: both halves; the outgoing one {1, 4, 5} with 4 and 5 unfortified has no quorum.
-        assert_eq!(lease_until_ns(1, (&[1, 2, 3], &[1, 4, 5]), &all, support(500)), 0);
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3], &[1, 4, 5]), &all, support(500)),
+            0
+        );
         // The leader alone in a one-voter configuration: for ever.
-        assert_eq!(lease_until_ns(1, (&[1], &[]), &Fortified::new(), |_| None), u64::MAX);
+        assert_eq!(
+            lease_until_ns(1, (&[1], &[]), &Fortified::new(), |_| None),
+            u64::MAX
+        );
     }
 }

@@ -190,6 +190,10 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     jitter: CampaignJitter,
     /// The end of the last promise that held back this node's own campaign (0: none).
     held_until_ns: u64,
+    /// Under shared liveness: the leader this replica is fortified to, while its node supports
+    /// that leader's node (set and cleared by the multi-group driver). Votes for others and this
+    /// replica's own campaigns are refused meanwhile.
+    fortified_to: Option<u64>,
     rounds: RoundTracker,
     reads: ReadQueue,
     shared: Arc<Shared>,
@@ -249,6 +253,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             lease: LeaderLease::new(&derived),
             jitter: CampaignJitter::new(jitter_seed, derived.campaign_jitter_ns),
             held_until_ns: 0,
+            fortified_to: None,
             derived,
             heartbeat_tick: rc.heartbeat_tick as u64,
             election_ticks: (rc.min_election_tick(), rc.max_election_tick()),
@@ -322,6 +327,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if !would_campaign || !self.safeties.campaign_hold() {
             return false;
         }
+        if self.fortified_to.is_some_and(|leader| leader != r.id) {
+            return true;
+        }
         let (id, now_ns) = (r.id, self.clock.now_ns());
         let until_ns = self.promise.until_ns();
         if let VoteDecision::Refuse { .. } = self.promise.check_vote(id, now_ns) {
@@ -345,6 +353,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         // A forced election after MsgTimeoutNow: the old leader fenced its lease before sending it.
         if m.get_context() == CAMPAIGN_TRANSFER {
             return true;
+        }
+        if self.fortified_to.is_some_and(|leader| leader != m.from) {
+            Counters::bump(&self.shared.counters.refused_votes);
+            return false;
         }
         match self.promise.check_vote(m.from, self.clock.now_ns()) {
             VoteDecision::Allow => true,
@@ -915,7 +927,49 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// monitor checks that they form one, and that none of them is broken. This is the promise
     /// made, whether or not a safety knob keeps the node from honouring it.
     pub fn promise_backs(&self, leader: u64) -> bool {
-        self.promise.backs(leader, self.clock.now_ns())
+        self.fortified_to == Some(leader) || self.promise.backs(leader, self.clock.now_ns())
+    }
+
+    // ----- shared liveness (the multi-group driver's hooks) ---------------------------------
+
+    /// Fortify this replica to `leader` (its node supports the leader's node), or release it
+    /// (`None`: the support was withdrawn). While fortified it refuses every vote and pre-vote
+    /// for another candidate, and its own campaign.
+    pub fn set_fortified(&mut self, leader: Option<u64>) {
+        self.fortified_to = leader;
+    }
+
+    /// The leader this replica is fortified to, if any.
+    pub fn fortified_to(&self) -> Option<u64> {
+        self.fortified_to
+    }
+
+    /// As leader, the lease may run to `until_ns`: a quorum of voters, itself included, is
+    /// fortified to it and supported that long (see [`crate::liveness`]). Capped at `now + L`;
+    /// ignored when not leading, fenced, or in another term than `term`.
+    pub fn extend_lease_to(&mut self, term: u64, until_ns: u64) {
+        let r = &self.raw.raft;
+        if r.state != StateRole::Leader || r.term != term || until_ns == 0 {
+            return;
+        }
+        let now_ns = self.clock.now_ns();
+        let capped_ns = until_ns.min(now_ns.saturating_add(self.derived.lease_ns));
+        if let Some(sent_at_ns) = capped_ns.checked_sub(self.derived.lease_ns) {
+            // The leader counts itself in the quorum, so it keeps the promise too.
+            let id = self.raw.raft.id;
+            self.promise.on_leader_message(id, now_ns);
+            self.on_quorum_ack(sent_at_ns);
+            self.publish();
+        }
+    }
+
+    /// Make the election timer due: the next tick campaigns (after the campaign hold). For a
+    /// replica whose fortification just ended, so that failover does not wait a full timeout.
+    pub fn expire_election_timer(&mut self) {
+        let r = &mut self.raw.raft;
+        if r.state != StateRole::Leader {
+            r.election_elapsed = r.randomized_election_timeout();
+        }
     }
 
     /// Whether a node that restarts refuses votes for `P` after boot.
