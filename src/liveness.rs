@@ -253,6 +253,9 @@ pub struct Supporter {
     /// Every vote and campaign is refused before this local instant: the boot promise.
     boot_until_ns: u64,
     requesters: BTreeMap<NodeId, Giving>,
+    /// Epochs ended early by a later epoch from the same requester (it restarted), not yet
+    /// returned by [`Supporter::withdraw_expired`].
+    ended: Vec<(NodeId, Epoch)>,
     /// Negative control (tests only): withdrawals are not remembered.
     forget_withdrawals: bool,
 }
@@ -266,6 +269,7 @@ impl Supporter {
             promise_ns: derived.promise_ns,
             boot_until_ns: boot_ns.saturating_add(derived.promise_ns),
             requesters: BTreeMap::new(),
+            ended: Vec::new(),
             forget_withdrawals: false,
         }
     }
@@ -292,11 +296,15 @@ impl Supporter {
         }
         match g.epoch {
             Some(current) if epoch < current => return None,
-            // A later epoch: the requester restarted (or moved on after a withdrawal): the
-            // earlier one ends now, for good.
+            // A later epoch while one is supported: the requester restarted (it moves on at
+            // one peer only after that peer withdrew), and its memory of every lease counted on
+            // the earlier epoch went with it. The earlier one ends now, for good, and the
+            // replicas fortified under it are released at once, not left waiting for support
+            // that will never be renewed.
             Some(current) if epoch > current => {
                 g.withdrawn_through = g.withdrawn_through.max(Some(current));
                 g.until_ns = 0;
+                self.ended.push((from, current));
             }
             _ => {}
         }
@@ -310,8 +318,9 @@ impl Supporter {
     }
 
     /// Withdraw, for good, every epoch whose support ran out by `now_ns`; returns them.
+    /// Epochs a later one ended since the last call are returned too.
     pub fn withdraw_expired(&mut self, now_ns: u64) -> Vec<(NodeId, Epoch)> {
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.ended);
         for (&r, g) in self.requesters.iter_mut() {
             let Some(epoch) = g.epoch.filter(|_| now_ns >= g.until_ns) else {
                 continue;
@@ -462,6 +471,31 @@ mod tests {
         assert_eq!(
             s.on_heartbeat(1, epoch, 99, P + 4),
             Some(SupportMsg::Withdrawn { epoch })
+        );
+    }
+
+    #[test]
+    fn a_restarted_requesters_later_epoch_ends_the_earlier_one_as_a_withdrawal() {
+        let mut s = Supporter::new(7, &derived(), 0);
+        let (old, new) = (Epoch::first(1), Epoch::first(2));
+        s.on_heartbeat(1, old, 1, 0);
+        assert!(s.supports(1, old, 1));
+        assert!(matches!(
+            s.on_heartbeat(1, new, 1, 2),
+            Some(SupportMsg::Ack { .. })
+        ));
+        assert!(!s.supports(1, old, 2), "the earlier epoch ended at once");
+        assert!(s.supports(1, new, 2));
+        assert_eq!(
+            s.withdraw_expired(3),
+            vec![(1, old)],
+            "reported, so that its fortifications are released"
+        );
+        assert_eq!(s.withdraw_expired(4), vec![], "reported once");
+        assert_eq!(
+            s.on_heartbeat(1, old, 2, 5),
+            Some(SupportMsg::Withdrawn { epoch: old }),
+            "and never supported again"
         );
     }
 

@@ -41,6 +41,16 @@ pub enum FortifyMsg {
         /// The term led.
         term: u64,
     },
+    /// The sender no longer leads `group` at `term` (it stepped down, or gave up because the
+    /// group could not reach a quorum) and has stopped serving: a replica fortified to it for
+    /// that term is released and campaigns after jitter. Sent over the node stream, so it
+    /// arrives even when the group's own raft messages do not.
+    Release {
+        /// The group.
+        group: GroupId,
+        /// The term no longer led.
+        term: u64,
+    },
 }
 
 /// Everything one node sends another in one go.

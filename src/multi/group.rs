@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use raft::eraftpb::{Message, MessageType};
 use raft::{StateRole, Storage};
 
 use crate::clock::Clock;
@@ -20,6 +21,11 @@ pub(super) struct Group<S: Storage, C: Clock> {
     asked_ns: BTreeMap<NodeId, u64>,
     /// As follower: the fortification this replica made, while its node supports the leader.
     pub fortification: Option<Fortification>,
+    /// The term this replica led when last seen leading; taken when it no longer leads it.
+    led_term: Option<u64>,
+    /// The last `(leader, term)` whose fortification the leader released: a delayed request for
+    /// it must not fortify this replica again.
+    released: Option<(NodeId, u64)>,
     /// Ticks since the last message that was not a heartbeat, proposal or non-lease read.
     pub idle_ticks: u32,
     /// Not ticked, and its raft sends no heartbeats.
@@ -34,6 +40,8 @@ impl<S: Storage, C: Clock> Group<S, C> {
             fortified_term: 0,
             asked_ns: BTreeMap::new(),
             fortification: None,
+            led_term: None,
+            released: None,
             idle_ticks: 0,
             quiescent: false,
         }
@@ -54,6 +62,49 @@ impl<S: Storage, C: Clock> Group<S, C> {
     pub fn release(&mut self) {
         self.fortification = None;
         self.node.set_fortified(None);
+    }
+
+    /// The term this replica has stopped leading since the last call, if any (it stepped down,
+    /// or raft moved to a later term). Its voters' fortifications are to be released.
+    pub fn take_stepped_down(&mut self) -> Option<u64> {
+        let now = self.node.is_leader().then(|| self.node.raw().raft.term);
+        let was = self.led_term;
+        self.led_term = now;
+        was.filter(|&t| Some(t) != now)
+    }
+
+    /// The leader of `term` released this replica. Returns whether it was fortified to it.
+    pub fn release_by(&mut self, leader: NodeId, term: u64) -> bool {
+        self.released = Some((leader, term));
+        let matches = self
+            .fortification
+            .is_some_and(|f| f.leader == leader && f.term == term);
+        if matches {
+            self.release();
+        }
+        matches
+    }
+
+    /// A vote or pre-vote request for a later term from the leader this replica is fortified
+    /// to: that leader no longer leads the fortified term (it campaigns for a later one), so its
+    /// lease for that term has ended and the fortification is released. Returns whether it was.
+    /// A request for the fortified term itself is the campaign that won it, delayed: it
+    /// releases nothing.
+    pub fn released_by_campaign(&mut self, m: &Message) -> bool {
+        let campaign = matches!(
+            m.get_msg_type(),
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+        );
+        let later = |f: &Fortification| f.leader == m.from && m.term > f.term;
+        let Some(f) = self.fortification.filter(|f| campaign && later(f)) else {
+            return false;
+        };
+        self.release_by(f.leader, f.term)
+    }
+
+    /// Whether `leader` released its fortification of `term` here (a request for it is stale).
+    pub fn was_released_by(&self, leader: NodeId, term: u64) -> bool {
+        self.released == Some((leader, term))
     }
 
     /// A fortification belongs to one term and one leader: drop it once raft moved past either.

@@ -15,6 +15,7 @@
 
 mod batch;
 mod group;
+mod mem;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,6 +26,7 @@ use rand_chacha::ChaCha8Rng;
 use slog::Logger;
 
 pub use batch::{FortifyMsg, GroupId, NodeBatch};
+pub use mem::MultiMemApp;
 
 use crate::clock::Clock;
 use crate::config::{Derived, LeaseConfig};
@@ -122,6 +124,9 @@ pub struct MultiNode<S: Storage, C: Clock + Clone> {
     peers_scanned_ns: Option<u64>,
     /// Replicas released by a withdrawal, to campaign at a jittered instant: (instant, group).
     campaigns: Vec<(u64, GroupId)>,
+    /// Terms given up, as `(group, term, until)`: their release is sent again with every round
+    /// of support heartbeats until the local instant `until` (`3P`), in case one was lost.
+    given_up: Vec<(GroupId, u64, u64)>,
     rng: ChaCha8Rng,
     config: MultiConfig,
     logger: Logger,
@@ -154,6 +159,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             awake: BTreeSet::new(),
             peers_scanned_ns: None,
             campaigns: Vec::new(),
+            given_up: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(config.seed ^ config.node_id.rotate_left(17) ^ now_ns),
             config,
             logger,
@@ -231,8 +237,20 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             }
             self.peers_scanned_ns = Some(now_ns);
         }
-        for (peer, msg) in self.requester.due(now_ns) {
+        let due = self.requester.due(now_ns);
+        if !due.is_empty() {
+            self.resend_releases(now_ns);
+        }
+        for (peer, msg) in due {
             self.batch_to(peer).support.push(msg);
+        }
+    }
+
+    /// Send every release given up within `3P` again, one round per heartbeat interval.
+    fn resend_releases(&mut self, now_ns: u64) {
+        self.given_up.retain(|&(_, _, until_ns)| now_ns < until_ns);
+        for (gid, term, _) in self.given_up.clone() {
+            self.send_release(gid, term);
         }
     }
 
@@ -259,14 +277,16 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         if withdrawn.is_empty() {
             return;
         }
-        let jitter_ns = self.derived.campaign_jitter_ns;
+        let mut released = Vec::new();
         for (&gid, g) in self.groups.iter_mut() {
             let Some(f) = g.fortification else { continue };
             if withdrawn.contains(&(f.leader, f.epoch)) {
                 g.release();
-                let at_ns = now_ns + self.rng.gen_range(0..=jitter_ns);
-                self.campaigns.push((at_ns, gid));
+                released.push(gid);
             }
+        }
+        for gid in released {
+            self.campaign_after_jitter(gid, now_ns);
         }
         slog::debug!(self.logger, "support withdrawn"; "withdrawn" => ?withdrawn);
     }
@@ -349,7 +369,21 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
                     self.wake(group); // raft's own heartbeats bring the replica up to date
                 }
             }
+            FortifyMsg::Release { group, term } => {
+                let Some(g) = self.groups.get_mut(&group) else {
+                    return;
+                };
+                if g.release_by(from, term) {
+                    self.campaign_after_jitter(group, now_ns);
+                }
+            }
         }
+    }
+
+    /// A released replica campaigns at a seeded random instant within the jitter.
+    fn campaign_after_jitter(&mut self, gid: GroupId, now_ns: u64) {
+        let at_ns = now_ns + self.rng.gen_range(0..=self.derived.campaign_jitter_ns);
+        self.campaigns.push((at_ns, gid));
     }
 
     /// A fortification is made only by a replica in the leader's term that knows that leader,
@@ -367,7 +401,8 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             return FortifyMsg::Reject { group: gid, term };
         };
         let r = &g.node.raw().raft;
-        if !supported || r.term != term || r.leader_id != leader {
+        let stale = g.was_released_by(leader, term);
+        if !supported || stale || r.term != term || r.leader_id != leader {
             return FortifyMsg::Reject { group: gid, term };
         }
         g.fortify(Fortification {
@@ -396,6 +431,11 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let g = self.groups.get_mut(&gid).expect("present");
         if routine {
             g.idle_ticks = idle_ticks;
+        }
+        if g.released_by_campaign(&m) {
+            // Its release may have been lost; a quiescent replica's raft timer stood still, and
+            // raft-rs would ignore the campaign as inside its own leader's lease.
+            g.node.expire_election_timer();
         }
         let _ = g.node.step(m); // a peer's bad message is raft's to refuse
         g.drop_stale_fortification();
@@ -508,8 +548,55 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             if g.node.is_leader() {
                 g.clear_fortified_if_new_term();
             }
+            if let Some(term) = g.take_stepped_down() {
+                self.give_up(gid, term);
+            }
         }
         Ok(())
+    }
+
+    /// This replica no longer leads `gid` at `term`, and its lease ended with it: release every
+    /// replica fortified to it, over the node stream. Without this, a group whose raft messages
+    /// do not get through (check-quorum stepped its leader down) would stay fortified to a
+    /// leader that cannot serve, while the node stream keeps the support alive.
+    fn give_up(&mut self, gid: GroupId, term: u64) {
+        let g = &self.groups[&gid];
+        assert!(
+            !g.leads(term),
+            "group {gid}: gives up term {term} it still leads"
+        );
+        assert!(
+            g.node.lease_status().remaining_ns == 0,
+            "group {gid}: gives up term {term} with its lease still held"
+        );
+        if self.mode != LivenessMode::Shared || self.config.lease.safeties.testing.no_give_up {
+            return;
+        }
+        self.send_release(gid, term);
+        let until_ns = self
+            .clock
+            .now_ns()
+            .saturating_add(3 * self.derived.promise_ns);
+        self.given_up.push((gid, term, until_ns));
+        slog::debug!(self.logger, "gave up leadership"; "group" => gid, "term" => term);
+    }
+
+    fn send_release(&mut self, gid: GroupId, term: u64) {
+        let Some(g) = self.groups.get(&gid) else {
+            return;
+        };
+        let cs = g.node.raw().raft.prs().conf().to_conf_state();
+        let peers: BTreeSet<NodeId> = cs
+            .voters
+            .iter()
+            .chain(&cs.voters_outgoing)
+            .copied()
+            .collect();
+        let me = self.id;
+        for peer in peers.into_iter().filter(|&p| p != me) {
+            let to = self.batch_to(peer);
+            to.fortify.push(FortifyMsg::Release { group: gid, term });
+        }
     }
 
     /// Propose a normal entry in group `gid` (wakes it).

@@ -8,7 +8,7 @@ mod io;
 mod net;
 pub mod random;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use raft::eraftpb::ConfChangeV2;
 use raft::{StateRole, Storage};
@@ -116,6 +116,9 @@ pub struct MultiSim {
     net: BatchNet,
     histories: BTreeMap<GroupId, History>,
     monitors: BTreeMap<GroupId, LeaseMonitor>,
+    /// `(group, node)`: that group's raft messages to and from that node are dropped, while
+    /// the node's support and fortification messages flow (a group stuck on a live node).
+    muted: BTreeSet<(GroupId, u64)>,
     logger: Logger,
 }
 
@@ -158,6 +161,7 @@ impl MultiSim {
             rng,
             now_ns: 0,
             nodes,
+            muted: BTreeSet::new(),
             logger: Logger::root(slog::Discard, slog::o!()),
         };
         for idx in 0..sim.nodes.len() {
@@ -252,7 +256,10 @@ impl MultiSim {
         done(self)
     }
 
-    fn deliver(&mut self, b: NodeBatch) {
+    fn deliver(&mut self, mut b: NodeBatch) {
+        let muted = &self.muted;
+        b.raft
+            .retain(|(g, _)| !muted.contains(&(*g, b.from)) && !muted.contains(&(*g, b.to)));
         let idx = b.to as usize - 1;
         let n = &mut self.nodes[idx];
         let Some(node) = n.node.as_mut() else { return };
@@ -413,6 +420,18 @@ impl MultiSim {
     /// Restore every link.
     pub fn heal(&mut self) {
         self.net.heal();
+    }
+
+    /// Drop group `gid`'s raft messages to and from `node` until [`MultiSim::unmute_group`],
+    /// while everything else flows: the group is stuck on a live node. [`MultiSim::heal`]
+    /// leaves it.
+    pub fn mute_group(&mut self, gid: GroupId, node: u64) {
+        self.muted.insert((gid, node));
+    }
+
+    /// Let group `gid`'s raft messages to and from `node` through again.
+    pub fn unmute_group(&mut self, gid: GroupId, node: u64) {
+        self.muted.remove(&(gid, node));
     }
 
     /// Restore the links between `a` and `b`, both ways.

@@ -26,6 +26,9 @@ pub enum MultiControl {
     NoBootPromise,
     /// Clocks drift up to 30% against a bound of 1%.
     DriftBeyondBound,
+    /// A leader that steps down leaves its followers fortified (a liveness failure when the
+    /// group is stuck on a live node).
+    NoGiveUp,
 }
 
 /// What one run found.
@@ -59,12 +62,22 @@ pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
     let knobs = &mut c.lease.safeties.testing;
     knobs.forget_withdrawals = control == Some(MultiControl::ForgetWithdrawals);
     knobs.no_boot_promise = control == Some(MultiControl::NoBootPromise);
+    knobs.no_give_up = control == Some(MultiControl::NoGiveUp);
     c.same_incarnation_on_restart = control == Some(MultiControl::SameIncarnation);
     c
 }
 
 /// Run one seed for `safety_ms` of faults, then the liveness phase.
 pub fn run(seed: u64, control: Option<MultiControl>, safety_ms: u64) -> MultiOutcome {
+    run_keeping_sim(seed, control, safety_ms).0
+}
+
+/// [`run`], and the simulation as it ended, to inspect a failure.
+pub fn run_keeping_sim(
+    seed: u64,
+    control: Option<MultiControl>,
+    safety_ms: u64,
+) -> (MultiOutcome, MultiSim) {
     let mut sim = MultiSim::new(config(seed, control));
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
     let mut faults = Vec::new();
@@ -82,12 +95,16 @@ pub fn run(seed: u64, control: Option<MultiControl>, safety_ms: u64) -> MultiOut
         sim.run_with_load(20, mode, 2_000, 5_000);
     }
     heal(&mut sim, &later);
+    if let Some(stuck) = stick_one_group(&mut sim, &mut rng) {
+        faults.push(stuck);
+    }
     let liveness = liveness_phase(&mut sim);
-    MultiOutcome {
+    let outcome = MultiOutcome {
         report: sim.check(),
         faults,
         liveness,
-    }
+    };
+    (outcome, sim)
 }
 
 /// A fault that ends by itself later.
@@ -97,6 +114,8 @@ enum Undo {
     Restart,
     /// Reconnect the node with this peer.
     Reconnect(u64),
+    /// Let this group's raft messages through to the node again.
+    Unmute(u64),
 }
 
 fn undo_due(sim: &mut MultiSim, later: &mut Vec<(u64, u64, Undo)>, now_ms: u64) {
@@ -107,6 +126,7 @@ fn undo_due(sim: &mut MultiSim, later: &mut Vec<(u64, u64, Undo)>, now_ms: u64) 
             Undo::Restart if !sim.is_up(node) => sim.restart(node),
             Undo::Resume if sim.is_paused(node) => sim.resume(node),
             Undo::Reconnect(peer) => sim.reconnect(node, peer),
+            Undo::Unmute(gid) => sim.unmute_group(gid, node),
             _ => {}
         }
     }
@@ -117,7 +137,7 @@ fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, U
     let node = rng.gen_range(1..=n);
     let gid = rng.gen_range(1..=sim.config().groups);
     let now_ms = sim.now_ns() / 1_000_000;
-    match rng.gen_range(0..11) {
+    match rng.gen_range(0..12) {
         0 => {
             let rest: Vec<u64> = (1..=n).filter(|&i| i != node).collect();
             sim.partition(&[node], &rest);
@@ -176,6 +196,15 @@ fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, U
             "net changed".into()
         }
         9 => restart_during_partial_partition(sim, rng, gid, later),
+        10 => match sim.leader(gid) {
+            Some(leader) => {
+                sim.mute_group(gid, leader);
+                let until = now_ms + rng.gen_range(100..1_500);
+                later.push((until, leader, Undo::Unmute(gid)));
+                format!("group {gid}: stuck on its leader {leader} until {until}ms")
+            }
+            None => String::new(),
+        },
         _ => isolate_then_reconnect_one(sim, rng, gid, later),
     }
 }
@@ -258,6 +287,11 @@ fn membership(sim: &mut MultiSim, gid: u64, node: u64) -> String {
 
 fn heal(sim: &mut MultiSim, later: &[(u64, u64, Undo)]) {
     sim.heal();
+    for &(_, node, undo) in later {
+        if let Undo::Unmute(gid) = undo {
+            sim.unmute_group(gid, node);
+        }
+    }
     sim.net_mut().config = NetConfig::default();
     for &(_, node, _) in later {
         if sim.is_paused(node) {
@@ -272,6 +306,19 @@ fn heal(sim: &mut MultiSim, later: &[(u64, u64, Undo)]) {
             sim.restart(node);
         }
     }
+}
+
+/// After healing, one group's leader settles and then gets stuck: its raft messages stop while
+/// its node's support flows on. The liveness phase needs the group led elsewhere.
+fn stick_one_group(sim: &mut MultiSim, rng: &mut ChaCha8Rng) -> Option<String> {
+    let gid = rng.gen_range(1..=sim.config().groups);
+    sim.run_until(3_000, |s| s.leader(gid).is_some());
+    sim.run_for_ms(500); // its followers fortify
+    let leader = sim.leader(gid)?;
+    sim.mute_group(gid, leader);
+    Some(format!(
+        "after healing, group {gid} stuck on its leader {leader}"
+    ))
 }
 
 /// Every group is led again and serves a write and a read within 10 s of healing.
