@@ -230,3 +230,172 @@ fn control_drift_beyond_the_bound_is_caught() {
 fn control_no_give_up_is_caught_by_the_liveness_phase() {
     assert_caught(MultiControl::NoGiveUp, true);
 }
+
+// ----- fortification and the leader's own campaigns -----------------------------------------
+
+mod manual {
+    //! Three `MultiNode`s on one simulated clock, delivering every batch at once, recording
+    //! every raft message sent: to replay one later, as a delayed duplicate.
+
+    use raft::eraftpb::{Entry, Message};
+    use raft::storage::MemStorage;
+    use raft_lease::multi::{LivenessMode, MultiConfig, MultiMemApp, MultiNode, NodeBatch};
+    use raft_lease::{LeaseConfig, LeaseNode, SimClock};
+
+    pub type Node = MultiNode<MemStorage, SimClock>;
+
+    struct NoState;
+
+    impl MultiMemApp<SimClock> for NoState {
+        fn apply(&mut self, _: u64, _: &mut LeaseNode<MemStorage, SimClock>, _: Vec<Entry>) {}
+    }
+
+    pub struct Cluster {
+        pub clock: SimClock,
+        pub nodes: Vec<Node>,
+        /// Every raft message sent so far, with its group.
+        pub sent: Vec<(u64, Message)>,
+    }
+
+    impl Cluster {
+        pub fn new(groups: u64) -> Self {
+            let clock = SimClock::new(0, 0);
+            let logger = slog::Logger::root(slog::Discard, slog::o!());
+            let nodes = (1..=3)
+                .map(|node_id| {
+                    let config = MultiConfig {
+                        node_id,
+                        incarnation: 1,
+                        mode: LivenessMode::Shared,
+                        raft: raft::Config {
+                            election_tick: 10,
+                            heartbeat_tick: 2,
+                            check_quorum: true,
+                            pre_vote: true,
+                            ..Default::default()
+                        },
+                        lease: LeaseConfig {
+                            promise_ms: 100,
+                            drift_ppm: 1_000,
+                            margin_ms: 2,
+                            ..Default::default()
+                        },
+                        tick_ms: 10,
+                        quiesce_after_ticks: 20,
+                        seed: 3,
+                    };
+                    let storage = || MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+                    let storages = (1..=groups).map(|g| (g, storage()));
+                    MultiNode::new(config, storages, clock.clone(), &logger).expect("valid")
+                })
+                .collect();
+            Cluster {
+                clock,
+                nodes,
+                sent: Vec::new(),
+            }
+        }
+
+        pub fn run_ms(&mut self, ms: u64) {
+            for _ in 0..ms / 10 {
+                self.clock.advance(10_000_000);
+                self.nodes.iter_mut().for_each(|n| n.tick());
+                self.settle();
+            }
+        }
+
+        /// Process and deliver until nothing more is sent.
+        pub fn settle(&mut self) {
+            loop {
+                let mut batches = Vec::new();
+                for node in self.nodes.iter_mut() {
+                    node.handle_ready(&mut NoState).expect("memory storage");
+                    batches.extend(node.take_outbox());
+                }
+                if batches.is_empty() {
+                    return;
+                }
+                for b in batches {
+                    self.sent.extend(b.raft.iter().cloned());
+                    self.deliver(b);
+                }
+            }
+        }
+
+        pub fn deliver(&mut self, b: NodeBatch) {
+            let to = b.to as usize - 1;
+            self.nodes[to].step(b);
+        }
+
+        pub fn leader(&self, gid: u64) -> Option<u64> {
+            let g = |n: &Node| n.group(gid).is_some_and(|g| g.is_leader());
+            self.nodes.iter().find(|n| g(n)).map(|n| n.id())
+        }
+    }
+}
+
+/// Hand `msg` (group 1) to node `to` alone, as if the network delivered it just now.
+fn replay(c: &mut manual::Cluster, to: u64, msg: raft::eraftpb::Message) {
+    let batch = raft_lease::multi::NodeBatch {
+        from: msg.from,
+        to,
+        raft: vec![(1, msg)],
+        ..Default::default()
+    };
+    c.deliver(batch);
+    c.settle();
+}
+
+#[test]
+fn delayed_copy_of_the_winning_vote_request_never_releases_a_fortification() {
+    use raft::eraftpb::MessageType;
+    let mut c = manual::Cluster::new(1);
+    c.run_ms(1_000);
+    let leader = c.leader(1).expect("led");
+    let follower = (1..=3).find(|&n| n != leader).expect("two followers");
+    let fortified = |c: &manual::Cluster| {
+        c.nodes[follower as usize - 1]
+            .group(1)
+            .unwrap()
+            .fortified_to()
+    };
+    assert_eq!(fortified(&c), Some(leader));
+    let term = c.nodes[leader as usize - 1]
+        .group(1)
+        .unwrap()
+        .raw()
+        .raft
+        .term;
+    let won = c
+        .sent
+        .iter()
+        .map(|(_, m)| m)
+        .find(|m| {
+            m.from == leader
+                && m.to == follower
+                && m.get_msg_type() == MessageType::MsgRequestVote
+                && m.term == term
+        })
+        .expect("the campaign that won the term")
+        .clone();
+    // The request that won the term arrives again, late: the leader still leads it.
+    replay(&mut c, follower, won.clone());
+    assert_eq!(
+        fortified(&c),
+        Some(leader),
+        "a late copy released the fortification"
+    );
+    assert!(c.nodes[leader as usize - 1]
+        .group(1)
+        .unwrap()
+        .lease_status()
+        .state
+        .is_held());
+    // The check can fail: a pre-vote for a later term from the same leader does release it,
+    // since a candidate no longer leads its old term.
+    let mut later = won;
+    later.set_msg_type(MessageType::MsgRequestPreVote);
+    later.term = term + 1;
+    replay(&mut c, follower, later);
+    assert_eq!(fortified(&c), None, "a campaign for a later term releases");
+}
