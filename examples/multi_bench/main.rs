@@ -25,7 +25,7 @@ mod timing;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use raft_lease::multi::LivenessMode;
 
 use crate::cluster::Cluster;
@@ -49,9 +49,35 @@ struct Cli {
     /// The numbers of groups to measure.
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 100, 1_000, 10_000])]
     groups: Vec<u64>,
+    /// The liveness modes to measure.
+    #[arg(long, value_delimiter = ',', default_values_t = [Mode::PerGroup, Mode::Shared])]
+    modes: Vec<Mode>,
     /// Seeds the nodes' jitter and the reader's choice of groups.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+}
+
+/// A liveness mode, as the command line names it.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    #[value(name = "per_group")]
+    PerGroup,
+    Shared,
+}
+
+impl Mode {
+    fn liveness(self) -> LivenessMode {
+        match self {
+            Mode::PerGroup => LivenessMode::PerGroup,
+            Mode::Shared => LivenessMode::Shared,
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(mode_name(self.liveness()))
+    }
 }
 
 /// How long each phase of a cell lasts.
@@ -105,8 +131,8 @@ fn main() {
     let t0 = Instant::now();
     let mut cells = Vec::new();
     for &groups in &cli.groups {
-        for mode in [LivenessMode::PerGroup, LivenessMode::Shared] {
-            cells.push(run_cell(mode, groups, delay, cli.seed, &phases));
+        for mode in &cli.modes {
+            cells.push(run_cell(mode.liveness(), groups, delay, cli.seed, &phases));
         }
     }
     println!(

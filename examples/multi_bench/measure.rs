@@ -1,14 +1,17 @@
 //! The phases of one cell, measured from outside the node threads: setup until every group has
 //! a leased leader, the idle window, lease reads on random groups, and failover.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use raft_lease::multi::LivenessMode;
+use raft_lease::{Clock as _, ReadHandle};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::cluster::Cluster;
+use crate::node::Clock;
+use crate::timing;
 
 /// Per group (index `gid - 1`), the index of a live node whose replica holds a valid lease.
 pub fn lease_holders(c: &Cluster) -> Vec<Option<usize>> {
@@ -67,8 +70,8 @@ pub struct Idle {
     pub cpu_ms_per_s: f64,
     /// The lowest share of groups with a leased leader over the window's samples, in %.
     pub min_lease_pct: f64,
-    /// Ticks merged because a node thread fell behind, all nodes, over the window.
-    pub ticks_merged: u64,
+    /// Ticks the node threads were too late for, all nodes, over the window.
+    pub ticks_missed: u64,
 }
 
 /// Sample the counters over `window`, and the leases `samples` times within it.
@@ -78,9 +81,9 @@ pub fn idle(c: &Cluster, window: Duration, samples: u32) -> Idle {
     };
     let msgs = || count(|s| s.msgs_sent.load(Ordering::Relaxed));
     let batches = || count(|s| s.batches_sent.load(Ordering::Relaxed));
-    let merged = || count(|s| s.ticks_merged.load(Ordering::Relaxed));
+    let missed = || count(|s| s.ticks_missed.load(Ordering::Relaxed));
     let cpu0: Vec<_> = c.nodes.iter().map(|n| n.stats.cpu()).collect();
-    let (m0, b0, k0, t0) = (msgs(), batches(), merged(), Instant::now());
+    let (m0, b0, k0, t0) = (msgs(), batches(), missed(), Instant::now());
     let mut min_lease_pct = f64::MAX;
     for i in 1..=samples {
         let at = t0 + window * i / samples;
@@ -101,7 +104,7 @@ pub fn idle(c: &Cluster, window: Duration, samples: u32) -> Idle {
         batches_per_s: (batches() - b0) as f64 / secs / nodes,
         cpu_ms_per_s: cpu_ms / nodes,
         min_lease_pct,
-        ticks_merged: merged() - k0,
+        ticks_missed: missed() - k0,
     }
 }
 
@@ -115,43 +118,74 @@ fn cpu_rate_ms_per_s(before: Option<(Instant, u64)>, after: Option<(Instant, u64
     }
 }
 
-/// Lease-read latencies through the groups' read handles.
+/// Read latencies on random groups, in ns.
 pub struct Reads {
     pub p50_ns: u64,
     pub p99_ns: u64,
     pub reads: u64,
     pub failed: u64,
+    /// The same random choice and state load with a clock reading but no lease check (the
+    /// floor: what reaching a random group's state costs at this number of groups).
+    pub local_p50_ns: u64,
 }
 
-/// For `window`, on one reader thread: read a random leased group through its leader's read
-/// handle (the thread's own clone), timing each read. The first fifth of the window warms up.
+/// How one timed read is done.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Through the group leader's read handle.
+    Lease,
+    /// The state alone, and one clock reading.
+    Local,
+}
+
+/// For `window` each, on one reader thread: lease reads of a random leased group through its
+/// leader's read handle (the thread's own clones), then local reads of random groups as the
+/// floor. The first fifth of each window warms up.
 pub fn reads(c: &Cluster, window: Duration, seed: u64) -> Reads {
-    let holders = lease_holders(c);
-    let targets: Vec<(usize, usize)> = holders
+    let targets: Vec<(usize, usize)> = lease_holders(c)
         .iter()
         .enumerate()
         .filter_map(|(g, h)| h.map(|n| (g, n)))
         .collect();
     if targets.is_empty() {
-        return Reads {
+        let none = Reads {
             p50_ns: 0,
             p99_ns: 0,
             reads: 0,
             failed: 0,
+            local_p50_ns: 0,
         };
+        return none;
     }
     std::thread::scope(|s| {
-        s.spawn(|| read_loop(c, &targets, window, seed))
-            .join()
-            .expect("reader thread")
+        s.spawn(|| {
+            let handles: Vec<_> = targets
+                .iter()
+                .map(|&(g, n)| (c.nodes[n].handles[g].clone(), &c.nodes[n].state[g + 1]))
+                .collect();
+            let (mut lease, failed) = read_loop(&handles, Kind::Lease, window, seed);
+            let (mut local, _) = read_loop(&handles, Kind::Local, window, seed);
+            let (p50_ns, p99_ns) = percentiles(&mut lease);
+            let reads = lease.len() as u64;
+            let local_p50_ns = percentiles(&mut local).0;
+            Reads {
+                p50_ns,
+                p99_ns,
+                reads,
+                failed,
+                local_p50_ns,
+            }
+        })
+        .join()
+        .expect("reader thread")
     })
 }
 
-fn read_loop(c: &Cluster, targets: &[(usize, usize)], window: Duration, seed: u64) -> Reads {
-    let handles: Vec<_> = targets
-        .iter()
-        .map(|&(g, n)| (c.nodes[n].handles[g].clone(), &c.nodes[n].state[g + 1]))
-        .collect();
+type Target<'a> = (ReadHandle<Clock>, &'a AtomicU64);
+
+/// Timed reads of random targets for `window`: the latencies after warm-up, and failures.
+fn read_loop(targets: &[Target<'_>], kind: Kind, window: Duration, seed: u64) -> (Vec<u64>, u64) {
+    let clock = Clock::new();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut lat = Vec::with_capacity(1 << 20);
     let mut failed = 0u64;
@@ -160,9 +194,15 @@ fn read_loop(c: &Cluster, targets: &[(usize, usize)], window: Duration, seed: u6
     while Instant::now() < end {
         let measuring = Instant::now() >= warm;
         for _ in 0..256 {
-            let (h, state) = &handles[rng.gen_range(0..handles.len())];
+            let (h, state) = &targets[rng.gen_range(0..targets.len())];
             let t0 = Instant::now();
-            let r = h.read(|| state.load(Ordering::Acquire));
+            let r = match kind {
+                Kind::Lease => h.read(|| state.load(Ordering::Acquire)),
+                Kind::Local => {
+                    std::hint::black_box(clock.now_ns());
+                    Ok(state.load(Ordering::Acquire))
+                }
+            };
             let dt = t0.elapsed().as_nanos() as u64;
             match (r, measuring) {
                 (Ok(v), true) => {
@@ -174,14 +214,17 @@ fn read_loop(c: &Cluster, targets: &[(usize, usize)], window: Duration, seed: u6
             }
         }
     }
+    (lat, failed)
+}
+
+/// (p50, p99) of `lat`, 0 when empty.
+fn percentiles(lat: &mut [u64]) -> (u64, u64) {
     lat.sort_unstable();
-    let at = |q: f64| lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)));
-    Reads {
-        p50_ns: at(0.50).copied().unwrap_or(0),
-        p99_ns: at(0.99).copied().unwrap_or(0),
-        reads: lat.len() as u64,
-        failed,
-    }
+    let at = |q: f64| match lat.len() {
+        0 => 0,
+        n => lat[((n as f64 * q) as usize).min(n - 1)],
+    };
+    (at(0.50), at(0.99))
 }
 
 /// Failover after a node is killed.
@@ -195,6 +238,8 @@ pub struct Failover {
     pub max_ms: Option<f64>,
     /// Groups with no new leased leader by the timeout.
     pub unrecovered: usize,
+    /// Groups led again later than the target bound (`P` + election timeout + 1 s), or never.
+    pub over_bound: usize,
 }
 
 /// Kill the node leading the most groups; poll every 5 ms until each group it led has a leased
@@ -227,6 +272,8 @@ pub fn failover(c: &mut Cluster, timeout: Duration) -> Failover {
         });
     }
     took_ms.sort_by(f64::total_cmp);
+    let bound_ms = timing::failover_bound_ms() as f64;
+    let late = took_ms.iter().filter(|&&ms| ms > bound_ms).count();
     Failover {
         killed: victim as u64 + 1,
         groups,
@@ -235,5 +282,6 @@ pub fn failover(c: &mut Cluster, timeout: Duration) -> Failover {
             .is_empty()
             .then(|| took_ms.last().copied().unwrap_or(0.0)),
         unrecovered: pending.len(),
+        over_bound: late + pending.len(),
     }
 }

@@ -30,9 +30,9 @@ pub struct NodeStats {
     pub msgs_sent: AtomicU64,
     /// Batches sent.
     pub batches_sent: AtomicU64,
-    /// Ticks that came more than a tick late and were merged into the next one: the thread fell
-    /// behind.
-    pub ticks_merged: AtomicU64,
+    /// Ticks skipped because the thread was more than a tick late: raft time fell behind real
+    /// time by this many ticks.
+    pub ticks_missed: AtomicU64,
     /// The thread's CPU time and the instant it was read, at the last tick.
     cpu: Mutex<Option<(Instant, u64)>>,
 }
@@ -93,8 +93,11 @@ impl Worker {
                 next_tick += tick;
                 if next_tick <= now {
                     // A timer fires once however late it is: raft time falls behind.
-                    self.stats.ticks_merged.fetch_add(1, Ordering::Relaxed);
-                    next_tick = now + tick;
+                    let late = (now - next_tick).as_nanos() / tick.as_nanos() + 1;
+                    self.stats
+                        .ticks_missed
+                        .fetch_add(late as u64, Ordering::Relaxed);
+                    next_tick += tick * late as u32;
                 }
                 self.publish_cpu();
             }
