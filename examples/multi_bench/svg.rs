@@ -11,7 +11,7 @@ use crate::report::{mode_name, Cell};
 const PANEL_W: f64 = 420.0;
 const H: f64 = 360.0;
 const PAD_L: f64 = 70.0;
-const PAD_R: f64 = 20.0;
+const PAD_R: f64 = 30.0;
 const PAD_T: f64 = 50.0;
 const PAD_B: f64 = 50.0;
 const MODES: [(LivenessMode, &str); 2] = [
@@ -104,11 +104,18 @@ fn panel(s: &mut String, cells: &[Cell], x0: f64, title: &str, value: fn(&Cell) 
         bottom + 36.0
     );
     for (mode, color) in MODES {
-        let pts: Vec<String> = cells
+        let pts: Vec<(f64, f64)> = cells
             .iter()
             .filter(|c| c.mode == mode)
-            .map(|c| format!("{:.1},{:.1}", px(c.groups as f64), py(value(c))))
+            .map(|c| (px(c.groups as f64), py(value(c))))
             .collect();
+        for (x, y) in &pts {
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"3\" fill=\"{color}\"/>"
+            );
+        }
+        let pts: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
         let _ = writeln!(
             s,
             "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
