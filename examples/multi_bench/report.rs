@@ -119,6 +119,13 @@ pub fn print_targets(cells: &[Cell]) {
         1.0 / cpu,
         verdict(cpu <= 0.1)
     );
+    if p.idle.ticks_missed > 0 {
+        println!(
+            "                  (per-group node threads fell {} ticks behind over the idle window: \
+             its CPU is what it got on this machine, not what it needed)",
+            p.idle.ticks_missed
+        );
+    }
     let lease = s.idle.min_lease_pct;
     println!(
         "  groups leased   {lease:.2}% (lowest sample; per-group: {:.2}%)          (target 100%)   {}",
