@@ -22,6 +22,7 @@ mod http;
 mod http_server;
 mod keys;
 mod limits;
+mod log;
 mod marker;
 mod metrics;
 mod node;
@@ -34,7 +35,7 @@ mod tls;
 mod transport;
 
 use clap::{Parser, Subcommand};
-use slog::{crit, o, Drain, Logger};
+use slog::crit;
 
 #[derive(Parser)]
 #[command(about = "A replicated KV store on raft-lease")]
@@ -55,15 +56,6 @@ enum Cmd {
     Bench(bench::BenchArgs),
 }
 
-fn logger() -> Logger {
-    let decorator = slog_term::TermDecorator::new().stderr().build();
-    let drain = slog_term::FullFormat::new(decorator).build().fuse();
-    // raft-rs logs every message at debug level; keep info and above.
-    let drain = slog::LevelFilter::new(drain, slog::Level::Info).fuse();
-    let drain = slog_async::Async::new(drain).chan_size(4096).build().fuse();
-    Logger::root(drain, o!())
-}
-
 fn main() {
     let cli = Cli::parse();
     let code = match cli.cmd {
@@ -76,16 +68,18 @@ fn main() {
 }
 
 fn run_node(args: args::NodeArgs) -> i32 {
-    let log = logger();
-    let code = match node::run(&args, &log) {
+    let (log, flush) = log::stderr_logger();
+    let result = node::run(&args, &log);
+    if let Err(e) = &result {
+        crit!(log, "node failed"; "error" => %e, "exit_code" => e.code());
+    }
+    drop(log);
+    drop(flush); // every record logged so far is written before the process exits
+    match result {
         Ok(()) => 0,
         Err(e) => {
-            crit!(log, "node failed"; "error" => %e, "exit_code" => e.code());
-            eprintln!("error: {e}");
+            eprintln!("error: {e}"); // the last line, for `kv cluster` to show
             e.code()
         }
-    };
-    drop(log);
-    std::thread::sleep(std::time::Duration::from_millis(50)); // let the async logger flush
-    code
+    }
 }
