@@ -12,8 +12,16 @@ mod attack_storage;
 #[path = "kv/cluster.rs"]
 mod cluster;
 mod common;
+#[path = "kv/console.rs"]
+mod console;
 #[path = "kv/forge.rs"]
 mod forge;
+#[path = "kv/membership.rs"]
+mod membership;
+#[path = "kv/ports.rs"]
+mod ports;
+#[path = "kv/usability.rs"]
+mod usability;
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -40,18 +48,34 @@ fn three_nodes_serve_writes_and_reads_in_every_mode() {
             (Some("hello"), Some(rev), Some(served))
         );
     }
+    // Any node answers: a follower redirects to the leader (307 keeps method and body).
     let follower = [1, 2, 3].into_iter().find(|&i| i != l).unwrap();
-    let (code, body) = http(c.port(follower), "GET", "/kv/greeting?read=lease", b"").unwrap();
-    assert_eq!(code, 503);
-    let v = json(&body);
+    let (code, head, body) =
+        cluster::http_raw(c.port(follower), "GET", "/kv/greeting?read=lease", b"", &[]).unwrap();
+    assert_eq!(code, 307);
+    let v = json(&String::from_utf8_lossy(&body));
     assert_eq!(
-        (v["error"].as_str(), v["leader_id"].as_u64()),
-        (Some("not_leader"), Some(l))
+        (
+            v["error"].as_str(),
+            v["leader_id"].as_u64(),
+            v["detail"].is_string()
+        ),
+        (Some("not_leader"), Some(l), true)
     );
-    assert_eq!(
-        v["leader_http"].as_str(),
-        Some(format!("127.0.0.1:{}", c.port(l)).as_str())
+    let leader_http = format!("127.0.0.1:{}", c.port(l));
+    assert_eq!(v["leader_http"].as_str(), Some(leader_http.as_str()));
+    assert!(
+        head.to_ascii_lowercase().contains(&format!(
+            "location: http://{leader_http}/kv/greeting?read=lease"
+        )),
+        "{head}"
     );
+    let (code, body) =
+        cluster::http_follow(c.port(follower), "PUT", "/kv/via-follower", b"v").unwrap();
+    assert_eq!(code, 200, "a PUT sent to a follower, redirected: {body}");
+    let (code, body) =
+        cluster::http_follow(c.port(follower), "GET", "/kv/via-follower", b"").unwrap();
+    assert_eq!((code, json(&body)["value"].as_str()), (200, Some("v")));
     let (code, _) = http(c.port(l), "DELETE", "/kv/greeting", b"").unwrap();
     assert_eq!(code, 200);
     let (code, body) = http(c.port(l), "GET", "/kv/greeting?read=index", b"").unwrap();

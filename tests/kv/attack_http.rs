@@ -267,17 +267,40 @@ fn admin_routes_need_fault_injection_and_the_bearer_token() {
     );
     let right = format!("Bearer {}", crate::cluster::TOKEN);
     assert_eq!(heal(&[("Authorization", &right)]), 200);
+    // RFC 7235: the scheme name is case-insensitive.
+    for scheme in ["bearer", "BEARER", "bEaReR"] {
+        let auth = format!("{scheme} {}", crate::cluster::TOKEN);
+        assert_eq!(heal(&[("Authorization", &auth)]), 200, "{scheme}");
+    }
     assert_eq!(metric(p, "kv_admin_denied_total"), 2);
     drop(c);
-    let c = one_node(&[]);
+    let mut c = one_node(&[]);
     // --fault-injection without a token file is refused at start (clap: exit 2).
-    let out = c.command(1).arg("--fault-injection").output().unwrap();
+    let out = c
+        .command_edited(1, |args| {
+            let at = args.iter().position(|a| a == "--admin-token-file").unwrap();
+            args.drain(at..at + 2);
+        })
+        .arg("--fault-injection")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let right = [("Authorization", right.as_str())];
     let code = crate::cluster::http_with(c.port(1), "POST", "/admin/heal", b"", &right)
         .unwrap()
         .0;
-    assert_eq!(code, 404, "no fault injection, no /admin, token or not");
+    assert_eq!(
+        code, 404,
+        "no fault injection, no fault routes, token or not"
+    );
+    // Membership and leadership need the token only.
+    let transfer = |h: &[(&str, &str)]| {
+        crate::cluster::http_with(c.port(1), "POST", "/admin/transfer", b"{\"to\": 1}", h)
+            .unwrap()
+            .0
+    };
+    assert_eq!(transfer(&right), 202);
+    assert_eq!(transfer(&[]), 401);
 }
 
 /// `GET path` over HTTPS, trusting the cluster CA.

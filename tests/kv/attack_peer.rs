@@ -287,16 +287,34 @@ fn control_insecure_peers_forged_high_term_heartbeat_deposes_the_leader() {
     );
 }
 
-/// A forged heartbeat from the leader to follower f1 with commit = 10^12.
-fn huge_commit_attack(insecure: bool) -> (Option<i32>, Cluster, u64) {
-    let mut c = start(insecure, &[]);
+/// Forged heartbeats to follower f0. In the leader's name, commit = 10^12, with every credential
+/// (member f1's certificate included: spoofed). Then from members speaking as themselves with
+/// their own certificates (a stolen key, or with `--insecure-peers` anyone): f1, which does not
+/// lead, with commit = 10^12 and with commit 0, and the leader l with commit = 10^12. Returns
+/// the follower's exit code, if it died.
+fn huge_commit_attack(insecure: bool, extra: &[&'static str]) -> (Option<i32>, Cluster, u64) {
+    let mut c = start(insecure, extra);
     let l = c.leader(&[1, 2, 3], 15);
     let f = others(l);
     let (term, _) = term_and_last(c.port(l));
-    for cred in creds(insecure, f[1]) {
-        let mut hb = msg(MessageType::MsgHeartbeat, l, f[0], term);
-        hb.commit = 1_000_000_000_000;
-        forge::send(&c, f[0], cred, &[hb]);
+    let hb = |from: u64, commit: u64| {
+        let mut hb = msg(MessageType::MsgHeartbeat, from, f[0], term);
+        hb.commit = commit;
+        hb
+    };
+    let mut forged: Vec<(Cred, raft::eraftpb::Message)> = creds(insecure, f[1])
+        .into_iter()
+        .map(|cred| (cred, hb(l, 1_000_000_000_000)))
+        .collect();
+    let (as_f1, as_l) = match insecure {
+        true => (Cred::Plain, Cred::Plain),
+        false => (Cred::Member(f[1]), Cred::Member(l)),
+    };
+    forged.push((as_f1, hb(f[1], 0)));
+    forged.push((as_f1, hb(f[1], 1_000_000_000_000)));
+    forged.push((as_l, hb(l, 1_000_000_000_000)));
+    for (cred, m) in forged {
+        forge::send(&c, f[0], cred, &[m]);
     }
     let deadline = Instant::now() + Duration::from_millis(500);
     while Instant::now() < deadline && c.running(f[0]) {
@@ -308,22 +326,37 @@ fn huge_commit_attack(insecure: bool) -> (Option<i32>, Cluster, u64) {
 
 #[test]
 fn forged_huge_commit_is_refused_and_the_follower_stays_up() {
-    let (exit, c, l) = huge_commit_attack(false);
+    let (exit, c, l) = huge_commit_attack(false, &[]);
     let f = others(l)[0];
+    let dropped = metric(c.port(f), "kv_peer_inadmissible_total");
     eprintln!(
-        "mTLS: follower exit {exit:?}; refusals {:?}",
+        "mTLS: follower exit {exit:?}; refusals {:?}; inadmissible {dropped}",
         refusals(&c, f)
     );
     assert_eq!(exit, None, "the follower died");
     assert_eq!(status(c.port(f)).unwrap()["role"], "follower");
     put(c.port(l), "after", "served");
     assert!(refusals(&c, f).0 >= 3 && refusals(&c, f).1 >= 1);
+    assert!(
+        dropped >= 3,
+        "members speaking as themselves were not dropped: {dropped}"
+    );
 }
 
 #[test]
-fn control_insecure_peers_forged_huge_commit_panics_the_follower() {
-    let (exit, _, _) = huge_commit_attack(true);
-    eprintln!("insecure: follower exit {exit:?}");
+fn insecure_peers_forged_huge_commit_is_dropped_before_raft() {
+    let (exit, c, l) = huge_commit_attack(true, &[]);
+    let f = others(l)[0];
+    let dropped = metric(c.port(f), "kv_peer_inadmissible_total");
+    eprintln!("insecure: follower exit {exit:?}; inadmissible {dropped}");
+    assert_eq!(exit, None, "the follower died");
+    assert!(dropped >= 4, "{dropped}");
+}
+
+#[test]
+fn control_without_admission_checks_a_member_speaking_as_itself_panics_the_follower() {
+    let (exit, _, _) = huge_commit_attack(false, &["--no-admission-checks"]);
+    eprintln!("mTLS, no admission checks: follower exit {exit:?}");
     assert_eq!(exit, Some(101), "raft-rs panics on a commit past its log");
 }
 

@@ -90,8 +90,10 @@ fn another_nodes_or_clusters_data_dir_is_refused() {
     );
     // Another cluster's name.
     let out = c
-        .command(1)
-        .args(["--cluster-id", "other"])
+        .command_edited(1, |args| {
+            let at = args.iter().position(|a| a == "test-cluster").unwrap();
+            args[at] = "other".into();
+        })
         .output()
         .unwrap();
     assert_eq!(
