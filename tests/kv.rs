@@ -20,6 +20,8 @@ mod forge;
 mod membership;
 #[path = "kv/ports.rs"]
 mod ports;
+#[path = "kv/snapshots.rs"]
+mod snapshots;
 #[path = "kv/usability.rs"]
 mod usability;
 
@@ -450,4 +452,37 @@ fn bad_input_gets_errors_and_the_node_stays_up() {
     put(c.port(l), "after", "ok");
     let failed = cluster::metric(c.port(l), "kv_peer_tls_failures_total");
     assert!(failed >= 2, "garbage was not counted: {failed}");
+}
+
+#[test]
+fn a_put_without_a_session_unties_the_key_so_the_sessions_end_keeps_it() {
+    let c = Cluster::start(1, &[]);
+    let p = c.port(1);
+    c.leader(&[1], 15);
+    let session = loop {
+        let (code, body) = http(p, "POST", "/session", b"{\"ttl_ms\": 500}").unwrap();
+        if code == 200 {
+            break json(&body)["id"].as_u64().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50)); // not_ready just after election
+    };
+    for key in ["shared", "tied"] {
+        let (code, body) = http(p, "PUT", &format!("/kv/{key}?session={session}"), b"s").unwrap();
+        assert_eq!(code, 200, "{body}");
+    }
+    // An unrelated write of "shared", with no session: acknowledged, so it must stay.
+    let rev = put(p, "shared", "important");
+    // Control: "tied" is still the session's; it goes when the session expires.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http(p, "GET", "/kv/tied?read=index", b"").unwrap().0 != 404 {
+        assert!(Instant::now() < deadline, "the session never expired");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, body) = http(p, "GET", "/kv/shared?read=index", b"").unwrap();
+    let v = json(&body);
+    assert_eq!(
+        (code, v["value"].as_str(), v["revision"].as_u64()),
+        (200, Some("important"), Some(rev)),
+        "an acknowledged write was deleted by an unrelated session's expiry: {body}"
+    );
 }

@@ -1,6 +1,7 @@
 //! `/admin`: membership (`/admin/members`) and leadership (`/admin/transfer`) for a request that
 //! carries the node's admin token (`Authorization: Bearer <token>`), and fault injection
-//! (`/admin/partition`, `/admin/heal`, `/admin/clock`) only with `--fault-injection` as well.
+//! (`/admin/partition`, `/admin/heal`, `/admin/clock`, `/admin/delay`) only with
+//! `--fault-injection` as well.
 
 use std::fmt;
 use std::path::Path;
@@ -140,7 +141,7 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
                 .map_err(|_| error(503, "overloaded", "the raft thread's queue is full"))?;
             Ok(reply(202, json!({"transfer_to": to})))
         }
-        "partition" | "heal" | "clock" => {
+        "partition" | "heal" | "clock" | "delay" => {
             authorize(c, true)?;
             let body = if what == "heal" {
                 Value::Null
@@ -198,6 +199,16 @@ fn faults(c: &Ctx<'_>, what: &str, body: Value) -> Result<Reply, Reply> {
         "heal" => {
             app.blocked.write().clear();
             reply(200, json!({"blocked": []}))
+        }
+        "delay" => {
+            let ms = body
+                .get("ms")
+                .and_then(Value::as_u64)
+                .filter(|&ms| ms <= 60_000)
+                .ok_or_else(|| error(400, "bad_json", "expected {\"ms\": N}, N at most 60000"))?;
+            app.peer_delay_ms
+                .store(ms, std::sync::atomic::Ordering::Relaxed);
+            reply(200, json!({"peer_delay_ms": ms}))
         }
         _ => {
             let rate = body

@@ -25,6 +25,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Peers cut off by fault injection.
     pub blocked: Blocked,
+    /// The transport's extra one-way delay, in ms (fault injection changes it).
+    pub peer_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     /// Bytes of writes waiting for the raft thread or for their entries to apply.
     pub inflight: Arc<Budget>,
     /// The HTTP connection table.

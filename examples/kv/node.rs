@@ -205,7 +205,7 @@ fn start(
         my_id: opts.id,
         started_with: opts.peers.clone(),
         members: members.clone(),
-        peer_delay: Duration::from_millis(opts.peer_delay_ms),
+        peer_delay_ms: Arc::new(opts.peer_delay_ms.into()),
         blocked: Arc::new(RwLock::new(HashSet::new())),
         metrics: metrics.clone(),
         logger: log.clone(),
@@ -253,6 +253,7 @@ fn start(
         limits: args.http_limits.clone(),
         metrics,
         blocked: tcfg.blocked.clone(),
+        peer_delay_ms: tcfg.peer_delay_ms.clone(),
         scheme: if http_tls.is_some() { "https" } else { "http" },
         opts,
     });

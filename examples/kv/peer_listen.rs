@@ -298,7 +298,7 @@ mod tests {
             ]
             .into(),
             members: Arc::default(),
-            peer_delay: std::time::Duration::ZERO,
+            peer_delay_ms: Arc::default(),
             blocked: Arc::default(),
             metrics: Arc::default(),
             logger: Logger::root(slog::Discard, slog::o!()),

@@ -12,6 +12,7 @@
 //! later are reached too.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,8 +73,9 @@ pub struct TransportConfig {
     pub started_with: BTreeMap<u64, String>,
     /// The replicated address book.
     pub members: Arc<RwLock<Members>>,
-    /// Extra one-way delay on every outgoing message (a cross-zone network on one machine).
-    pub peer_delay: Duration,
+    /// Extra one-way delay on every outgoing message, in ms (a cross-zone network on one
+    /// machine; `/admin/delay` changes it).
+    pub peer_delay_ms: Arc<AtomicU64>,
     /// Peers cut off by fault injection.
     pub blocked: Blocked,
     /// Counters.
@@ -187,7 +189,8 @@ async fn send_loop(
     let mut conn: Option<PeerWriter> = None;
     let mut backoff = Duration::from_millis(20);
     while let Some(out) = rx.recv().await {
-        tokio::time::sleep_until(out.queued_at + cfg.peer_delay).await;
+        let delay = Duration::from_millis(cfg.peer_delay_ms.load(Ordering::Relaxed));
+        tokio::time::sleep_until(out.queued_at + delay).await;
         if conn.is_none() {
             match connect(peer, &cfg).await {
                 Ok(w) => {

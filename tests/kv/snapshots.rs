@@ -1,0 +1,143 @@
+//! A snapshot lost in flight (review finding F1). raft-rs keeps a follower it sent a snapshot to
+//! paused until told how the send went; a transport that silently drops a snapshot leaves the
+//! follower behind for good (measured: stuck for minutes, until the leader changed). The
+//! transport now reports every lost snapshot and append, and a frame that makes no progress for
+//! 2 s fails the connection. Control: `--no-transport-reports` (hidden) leaves the follower stuck.
+
+use std::time::{Duration, Instant};
+
+use crate::cluster::{http, metric, metric_labeled, others, put, status, Cluster};
+
+/// What happened to the follower whose snapshot was lost.
+#[derive(Debug)]
+struct Outcome {
+    /// It applied everything the leader had when it resumed.
+    caught_up: bool,
+    /// Peer connections of the leader that failed while sending (the snapshot's among them).
+    failed_writes: u64,
+    /// The follower's progress as the leader sees it afterwards.
+    progress: String,
+    /// The snapshot's size, in bytes.
+    snapshot_bytes: u64,
+}
+
+fn admin(c: &Cluster, id: u64, path: &str, body: &str) {
+    let (code, answer) = http(c.port(id), "POST", path, body.as_bytes()).unwrap();
+    assert_eq!(code, 200, "{path}: {answer}");
+}
+
+/// Follower f is killed; 24 MiB are written (so the log is compacted past it); f restarts and
+/// the leader queues a snapshot for it; f is stopped (SIGSTOP) before the bytes leave, for 4 s,
+/// longer than a frame may stall; then it resumes.
+fn snapshot_lost_in_flight(extra: &[&str]) -> Outcome {
+    let mut args = vec![
+        "--fault-injection",
+        "--snapshot-every",
+        "20",
+        "--election-ms",
+        "2000",
+        "--heartbeat-ms",
+        "100",
+    ];
+    args.extend(extra);
+    let mut c = Cluster::start(3, &args);
+    let l = c.leader(&[1, 2, 3], 20);
+    let f = others(l)[0];
+    c.kill9(f);
+    let mib = vec![b'x'; 1 << 20];
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (c, mib) = (&c, &mib);
+            s.spawn(move || {
+                for i in 0..3 {
+                    let (code, body) =
+                        http(c.port(l), "PUT", &format!("/kv/big{t}-{i}"), mib).unwrap();
+                    assert_eq!(code, 200, "{body}");
+                }
+            });
+        }
+    });
+    for i in 0..25 {
+        put(c.port(l), &format!("small{i}"), "v");
+    }
+    // The leader's messages leave 300 ms after they are queued: time to stop f in between.
+    admin(&c, l, "/admin/delay", "{\"ms\": 300}");
+    let port = c.port(l);
+    let sent = || metric_labeled(port, "raft_messages_sent_total", "MsgSnapshot");
+    let before = sent();
+    c.spawn(f);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sent() == before {
+        assert!(
+            Instant::now() < deadline,
+            "no snapshot was sent:\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    c.signal(f, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(4));
+    c.signal(f, libc::SIGCONT);
+    admin(&c, l, "/admin/delay", "{\"ms\": 0}");
+    let target = status(c.port(l)).unwrap()["applied"].as_u64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    let mut caught_up = false;
+    while !caught_up && Instant::now() < deadline {
+        caught_up = status(c.port(f)).is_some_and(|s| s["applied"].as_u64() >= Some(target));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let members = crate::cluster::json(&http(c.port(l), "GET", "/members", b"").unwrap().1);
+    let progress = members["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["id"] == f))
+        .map_or("?".into(), |m| {
+            m["progress"].as_str().unwrap_or("?").to_string()
+        });
+    let installed = std::fs::read_to_string(c.log_path(f)).unwrap_or_default();
+    let snapshot_bytes = installed
+        .lines()
+        .filter_map(|l| {
+            l.split("bytes: ")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0);
+    Outcome {
+        caught_up,
+        failed_writes: metric(c.port(l), "kv_peer_write_failures_total"),
+        progress,
+        snapshot_bytes,
+    }
+}
+
+#[test]
+fn a_snapshot_lost_in_flight_is_sent_again_and_the_follower_catches_up() {
+    let o = snapshot_lost_in_flight(&[]);
+    eprintln!("{o:?}");
+    assert!(
+        o.failed_writes >= 1,
+        "the snapshot's send never failed: the scenario did not happen"
+    );
+    assert!(o.caught_up, "the follower never caught up: {o:?}");
+    assert!(o.snapshot_bytes > 20 << 20, "the snapshot was small: {o:?}");
+}
+
+#[test]
+fn control_without_transport_reports_the_follower_stays_behind() {
+    let o = snapshot_lost_in_flight(&["--no-transport-reports"]);
+    eprintln!("{o:?}");
+    assert!(
+        o.failed_writes >= 1,
+        "the snapshot's send never failed: the scenario did not happen"
+    );
+    assert!(!o.caught_up, "caught up without reports: {o:?}");
+    assert_eq!(
+        o.progress, "snapshot",
+        "raft still waits for the lost snapshot"
+    );
+}
