@@ -486,3 +486,86 @@ fn a_put_without_a_session_unties_the_key_so_the_sessions_end_keeps_it() {
         "an acknowledged write was deleted by an unrelated session's expiry: {body}"
     );
 }
+
+#[test]
+fn concurrent_writes_are_proposed_together_and_share_one_fsync() {
+    let c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    std::thread::scope(|s| {
+        for t in 0..32 {
+            let c = &c;
+            s.spawn(move || {
+                for i in 0..10 {
+                    put(c.port(l), &format!("w{t}-{i}"), "v");
+                }
+            });
+        }
+    });
+    let count = cluster::metric(c.port(l), "kv_proposals_per_batch_count");
+    let singles = cluster::metric_labeled(c.port(l), "kv_proposals_per_batch_bucket", "le=\"1\"");
+    eprintln!("320 writes from 32 clients: {count} batches, {singles} of one proposal");
+    assert!(
+        count > 0 && singles < count,
+        "every batch held one proposal: no group commit"
+    );
+}
+
+#[test]
+fn kv_bench_writes_its_cells_as_json() {
+    let _serial = cluster::serial();
+    let (base, _ports) = ports::reserve_base(3);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bench.json");
+    let out = std::process::Command::new(cluster::exe())
+        .args([
+            "bench",
+            "--seconds",
+            "1",
+            "--clients",
+            "1,2",
+            "--base-port",
+            &base.to_string(),
+            "--json",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{stdout}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cells: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        text.lines().count(),
+        cells.len() + 2,
+        "one cell per line:\n{text}"
+    );
+    let mut seen = Vec::new();
+    for cell in &cells {
+        let keys: Vec<&String> = cell.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            ["clients", "op", "ops_per_s", "p50_us", "p99_us"],
+            "{cell}"
+        );
+        for k in ["ops_per_s", "p50_us", "p99_us"] {
+            assert!(cell[k].as_f64().is_some_and(|v| v > 0.0), "{cell}");
+        }
+        seen.push((
+            cell["op"].as_str().unwrap().to_string(),
+            cell["clients"].as_u64().unwrap(),
+        ));
+    }
+    for op in ["put", "get_lease", "get_index"] {
+        for clients in [1, 2] {
+            assert!(
+                seen.contains(&(op.to_string(), clients)),
+                "no {op} cell at {clients}: {seen:?}"
+            );
+        }
+    }
+}

@@ -179,11 +179,10 @@ pub async fn json_body(body: Incoming, c: &Ctx<'_>) -> Result<Value, Reply> {
 
 /// Proceed on the leader; elsewhere, the redirect to it (or 503 when no leader is known).
 pub fn leader_only(c: &Ctx<'_>) -> Result<(), Reply> {
-    let s = c.app.status();
-    if s.is_leader {
-        return Ok(());
+    match c.app.raft.leadership.get() {
+        (true, _) => Ok(()),
+        (false, leader) => Err(not_leader(c, leader)),
     }
-    Err(not_leader(c, s.leader_id))
 }
 
 /// This node does not lead: 307 to the leader's address, or 503.
@@ -324,9 +323,9 @@ async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
             return Ok(value_reply(&key, stored, ReadKind::Lease, raw));
         }
         if mode == ReadMode::Lease {
-            let s = app.status();
-            if !s.is_leader {
-                return Err(not_leader(c, s.leader_id));
+            let (is_leader, leader) = app.raft.leadership.get();
+            if !is_leader {
+                return Err(not_leader(c, leader));
             }
             return Err(error(
                 503,

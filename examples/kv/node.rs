@@ -174,6 +174,22 @@ fn bind(rt: &tokio::runtime::Runtime, o: &NodeOptions) -> Result<Listeners, Exit
     Ok(Listeners { peer, http })
 }
 
+/// The transport's settings: the address book starts with `--peers` and `--peer-http`.
+fn transport_config(opts: &NodeOptions, tls: Option<PeerTls>, log: &Logger) -> TransportConfig {
+    TransportConfig {
+        my_id: opts.id,
+        started_with: opts.peers.clone(),
+        members: Arc::new(RwLock::new(founding_members(opts))),
+        peer_delay_ms: Arc::new(opts.peer_delay_ms.into()),
+        blocked: Arc::new(RwLock::new(HashSet::new())),
+        metrics: Arc::new(crate::metrics::Metrics::default()),
+        logger: log.clone(),
+        tls,
+        peer_budget: Budget::new(opts.max_message_bytes() as u64 + (64 << 20)),
+        max_message_bytes: opts.max_message_bytes(),
+    }
+}
+
 /// Everything a running node is made of, apart from the raft loop itself.
 struct Running {
     app: Arc<App>,
@@ -199,20 +215,8 @@ fn start(
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).map_err(fatal)?;
     }
-    let metrics = Arc::new(crate::metrics::Metrics::default());
-    let members = Arc::new(RwLock::new(founding_members(&opts)));
-    let tcfg = TransportConfig {
-        my_id: opts.id,
-        started_with: opts.peers.clone(),
-        members: members.clone(),
-        peer_delay_ms: Arc::new(opts.peer_delay_ms.into()),
-        blocked: Arc::new(RwLock::new(HashSet::new())),
-        metrics: metrics.clone(),
-        logger: log.clone(),
-        tls,
-        peer_budget: Budget::new(opts.max_message_bytes() as u64 + (64 << 20)),
-        max_message_bytes: opts.max_message_bytes(),
-    };
+    let tcfg = transport_config(&opts, tls, log);
+    let (metrics, members) = (tcfg.metrics.clone(), tcfg.members.clone());
     let (inbox_tx, inbox) = crossbeam_channel::bounded(8192);
     let (reports_tx, reports) = crossbeam_channel::bounded(8192);
     let reports_tx = (!opts.no_transport_reports).then_some(reports_tx);

@@ -16,7 +16,7 @@
 //! loop stops, every request still waiting is answered `ShuttingDown`.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -186,11 +186,37 @@ pub struct Inbound {
     pub ticket: Option<Ticket>,
 }
 
+/// Who leads, as of the raft thread's last pass (read on every request, so kept in atomics).
+#[derive(Debug, Default)]
+pub struct Leadership {
+    is_leader: AtomicBool,
+    /// The leader's id; 0 when none is known.
+    leader_id: AtomicU64,
+}
+
+impl Leadership {
+    /// (this node leads, the leader it knows of).
+    pub fn get(&self) -> (bool, Option<u64>) {
+        let id = self.leader_id.load(Ordering::Acquire);
+        (
+            self.is_leader.load(Ordering::Acquire),
+            (id != 0).then_some(id),
+        )
+    }
+
+    fn set(&self, is_leader: bool, leader: Option<u64>) {
+        self.leader_id.store(leader.unwrap_or(0), Ordering::Release);
+        self.is_leader.store(is_leader, Ordering::Release);
+    }
+}
+
 /// What the loop shares with the HTTP threads.
 pub struct Shared<M: StateMachine> {
     /// The state machine: written by the raft thread, read by lease reads.
     pub machine: RwLock<M>,
-    /// The node's status, published after every pass.
+    /// Who leads, after every pass.
+    pub leadership: Leadership,
+    /// The node's status: published every tick, and at once when leadership changes.
     pub status: RwLock<Status>,
     /// The address book.
     pub members: Arc<RwLock<Members>>,
@@ -297,6 +323,7 @@ impl<M: StateMachine> RaftLoop<M> {
             handle: node.read_handle(),
             clock: w.clock,
             machine: RwLock::new(machine),
+            leadership: Leadership::default(),
             status: RwLock::default(),
             members: w.members,
             requests: req_tx,
@@ -329,7 +356,8 @@ impl<M: StateMachine> RaftLoop<M> {
             self.wait(next_tick.saturating_duration_since(Instant::now()));
             self.drain();
             let now = Instant::now();
-            if now >= next_tick {
+            let ticked = now >= next_tick;
+            if ticked {
                 self.node.tick();
                 next_tick = (next_tick + tick).max(now); // missed ticks are dropped, not burst
                 self.housekeeping();
@@ -342,7 +370,7 @@ impl<M: StateMachine> RaftLoop<M> {
                 break;
             }
             self.serve_reads();
-            self.publish();
+            self.publish(ticked);
         }
         self.shutdown();
         result
@@ -589,10 +617,17 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
-    fn publish(&mut self) {
+    /// Publish who leads after every pass, and the whole status every tick or when that changed.
+    fn publish(&mut self, ticked: bool) {
         let (is_leader, term) = (self.node.is_leader(), self.node.raw().raft.term);
+        let leader = self.node.leader_id();
+        let changed = self.shared.leadership.get() != (is_leader, leader)
+            || self.shared.status.read().term != term;
+        self.shared.leadership.set(is_leader, leader);
         self.io.on_role(is_leader, term);
-        self.io.publish(&self.node);
+        if ticked || changed {
+            self.io.publish(&self.node);
+        }
     }
 
     /// Answer everything still waiting: the node is stopping.

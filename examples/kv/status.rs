@@ -37,8 +37,6 @@ pub struct Status {
     pub lease: Option<(LeaseState, u64)>,
     /// The lease layer's counters.
     pub counters: CounterSnapshot,
-    /// Whether this node leads.
-    pub is_leader: bool,
     /// Entries in the on-disk log.
     pub log_entries: u64,
     /// The applied configuration.
@@ -73,7 +71,6 @@ impl Status {
             last_index: r.raft_log.last_index(),
             lease: Some((ls.state, ls.remaining_ns)),
             counters: node.counters(),
-            is_leader: node.is_leader(),
             log_entries,
             conf: r.prs().conf().to_conf_state(),
             progress: BTreeMap::new(),

@@ -190,7 +190,9 @@ async fn send_loop(
     let mut backoff = Duration::from_millis(20);
     while let Some(out) = rx.recv().await {
         let delay = Duration::from_millis(cfg.peer_delay_ms.load(Ordering::Relaxed));
-        tokio::time::sleep_until(out.queued_at + delay).await;
+        if !delay.is_zero() {
+            tokio::time::sleep_until(out.queued_at + delay).await; // the timer's 1 ms grain otherwise
+        }
         if conn.is_none() {
             match connect(peer, &cfg).await {
                 Ok(w) => {
