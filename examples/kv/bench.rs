@@ -140,16 +140,24 @@ fn bench(args: &BenchArgs, layout: Layout) -> Result<(), String> {
         args.peer_delay_ms, args.seconds, args.value_bytes
     );
     println!(
-        "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8}",
-        "op", "clients", "ops/s", "p50 µs", "p99 µs", "errors"
+        "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8} {:>14}",
+        "op", "clients", "ops/s", "p50 µs", "p99 µs", "errors", "writes/fsync (fsync)"
     );
     let mut cells = Vec::new();
     for &clients in &args.clients {
         for op in ["put", "get_lease", "get_index"] {
+            let before = batches(&addr);
             let cell = load(&addr, op, clients, args)?;
+            let after = batches(&addr);
+            let per_batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
+            let persist_us = (after.2 - before.2) / (after.3 - before.3).max(1.0) * 1e6;
+            let batch = match op {
+                "put" => format!("{per_batch:.1} ({persist_us:.0} µs)"),
+                _ => String::new(),
+            };
             println!(
-                "{:<10} {:>8} {:>12.0} {:>10.1} {:>10.1} {:>8}",
-                cell.op, cell.clients, cell.ops_per_s, cell.p50_us, cell.p99_us, cell.errors
+                "{:<10} {:>8} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>14}",
+                cell.op, cell.clients, cell.ops_per_s, cell.p50_us, cell.p99_us, cell.errors, batch
             );
             cells.push(cell);
         }
@@ -159,6 +167,25 @@ fn bench(args: &BenchArgs, layout: Layout) -> Result<(), String> {
         std::fs::write(path, to_json(&cells)).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// The leader's (proposals, passes that proposed, seconds persisting, persists): the writes per
+/// fsync, and the time an fsync takes.
+fn batches(addr: &str) -> (f64, f64, f64, f64) {
+    let text =
+        crate::client::request(addr, "GET", "/metrics", b"", &[]).map_or(String::new(), |a| a.body);
+    let value = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("kv_proposals_per_batch_sum"),
+        value("kv_proposals_per_batch_count"),
+        value("kv_log_persist_duration_seconds_sum"),
+        value("kv_log_persist_duration_seconds_count"),
+    )
 }
 
 /// Group commit at a glance: the write cells against the 1-client one.
@@ -177,14 +204,22 @@ fn summary(cells: &[Cell]) {
     }
 }
 
-/// The cells as a JSON array, one cell per line.
+/// The cells as a JSON array, one cell per line, each `{"op", "clients", "ops_per_s", "p50_us",
+/// "p99_us"}` in that order.
 pub fn to_json(cells: &[Cell]) -> String {
     let lines: Vec<String> = cells
         .iter()
         .map(|c| {
-            json!({"op": c.op, "clients": c.clients, "ops_per_s": c.ops_per_s.round(),
-                   "p50_us": (c.p50_us * 10.0).round() / 10.0, "p99_us": (c.p99_us * 10.0).round() / 10.0})
-            .to_string()
+            // In the issue's order: op, clients, ops_per_s, p50_us, p99_us.
+            let num = |v: f64| json!((v * 10.0).round() / 10.0);
+            format!(
+                "{{\"op\": {}, \"clients\": {}, \"ops_per_s\": {}, \"p50_us\": {}, \"p99_us\": {}}}",
+                json!(c.op),
+                c.clients,
+                json!(c.ops_per_s.round()),
+                num(c.p50_us),
+                num(c.p99_us)
+            )
         })
         .collect();
     format!("[\n{}\n]\n", lines.join(",\n"))
@@ -266,4 +301,34 @@ fn client(
         }
     }
     Ok((lat, errors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_written_one_per_line_in_the_issues_form() {
+        let cell = |op, clients| Cell {
+            op,
+            clients,
+            ops_per_s: 1234.4,
+            p50_us: 812.345,
+            p99_us: 2000.0,
+            errors: 0,
+        };
+        let text = to_json(&[cell("put", 1), cell("get_lease", 64)]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "[",
+                r#"{"op": "put", "clients": 1, "ops_per_s": 1234.0, "p50_us": 812.3, "p99_us": 2000.0},"#,
+                r#"{"op": "get_lease", "clients": 64, "ops_per_s": 1234.0, "p50_us": 812.3, "p99_us": 2000.0}"#,
+                "]"
+            ]
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed[1]["clients"], 64);
+    }
 }

@@ -149,6 +149,8 @@ pub struct Metrics {
     pub write_seconds: Histogram,
     /// Commands proposed per pass of the raft loop (group commit).
     pub batch_sizes: Histogram,
+    /// Durable writes of the raft log (one transaction and fsync per `Ready`).
+    pub persist_seconds: Histogram,
     /// Peer TLS handshakes that failed, or certificates that name no other member.
     pub peer_tls_failures: Counter,
     /// Peer messages whose `from` is not the id in the connection's certificate.
@@ -184,6 +186,7 @@ impl Default for Metrics {
             index_read_seconds: Histogram::new(&SECONDS),
             write_seconds: Histogram::new(&SECONDS),
             batch_sizes: Histogram::new(&BATCH),
+            persist_seconds: Histogram::new(&SECONDS),
             sent: Default::default(),
             received: Default::default(),
         }
@@ -285,6 +288,12 @@ impl Metrics {
             out,
             "kv_write_duration_seconds",
             "Writes answered over HTTP, from the request's start to the answer.",
+            &node,
+        );
+        self.persist_seconds.render(
+            out,
+            "kv_log_persist_duration_seconds",
+            "Durable writes of the raft log: one transaction and fsync per Ready.",
             &node,
         );
         self.batch_sizes.render(

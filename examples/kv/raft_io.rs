@@ -42,6 +42,7 @@ pub struct LoopIo<M: StateMachine> {
     snapshot_due: bool,
     was_leader: (bool, u64),
     progress: BTreeMap<u64, crate::status::PeerProgress>,
+    metrics: Arc<crate::metrics::Metrics>,
     logger: Logger,
 }
 
@@ -75,6 +76,7 @@ impl<M: StateMachine> LoopIo<M> {
         storage: DiskStorage,
         shared: Arc<Shared<M>>,
         transport: Transport,
+        metrics: Arc<crate::metrics::Metrics>,
         logger: Logger,
     ) -> Self {
         let snapshot_index = shared.machine.read().applied();
@@ -87,6 +89,7 @@ impl<M: StateMachine> LoopIo<M> {
             snapshot_due: false,
             was_leader: (false, 0),
             progress: BTreeMap::new(),
+            metrics,
             logger,
         }
     }
@@ -220,14 +223,20 @@ impl<M: StateMachine> LoopIo<M> {
         Ok(())
     }
 
-    fn apply_normal(&mut self, e: &Entry) {
-        if e.data.is_empty() {
-            self.shared.machine.write().skip(e.index);
-            self.answer_write(e, None);
-            return;
+    /// Apply a run of normal entries under one write lock of the state machine.
+    fn apply_normal(&mut self, run: &[Entry]) {
+        let shared = self.shared.clone();
+        let mut machine = shared.machine.write();
+        for e in run {
+            let outcome = match e.data.is_empty() {
+                true => {
+                    machine.skip(e.index);
+                    None
+                }
+                false => Some(machine.apply(e.index, &e.data)),
+            };
+            self.answer_write(e, outcome);
         }
-        let outcome = self.shared.machine.write().apply(e.index, &e.data);
-        self.answer_write(e, Some(outcome));
     }
 }
 
@@ -267,10 +276,14 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
     }
 
     fn apply(&mut self, node: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
-        for e in entries {
-            match e.get_entry_type() {
-                EntryType::EntryNormal => self.apply_normal(&e),
-                _ => self.apply_conf_change(node, &e)?,
+        let normal = |e: &Entry| e.get_entry_type() == EntryType::EntryNormal;
+        for run in entries.chunk_by(|a, b| normal(a) == normal(b)) {
+            if normal(&run[0]) {
+                self.apply_normal(run);
+            } else {
+                for e in run {
+                    self.apply_conf_change(node, e)?;
+                }
             }
         }
         Ok(())
@@ -282,7 +295,15 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
         entries: &[Entry],
         hs: Option<&HardState>,
     ) -> Result<(), DiskError> {
-        self.storage.persist(entries, hs)
+        if entries.is_empty() && hs.is_none() {
+            return Ok(());
+        }
+        let t = std::time::Instant::now();
+        self.storage.persist(entries, hs)?;
+        self.metrics
+            .persist_seconds
+            .observe(t.elapsed().as_secs_f64());
+        Ok(())
     }
 
     fn set_commit(&mut self, _: &mut Node, commit: u64) -> Result<(), DiskError> {

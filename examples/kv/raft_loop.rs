@@ -328,7 +328,13 @@ impl<M: StateMachine> RaftLoop<M> {
             members: w.members,
             requests: req_tx,
         });
-        let io = LoopIo::new(w.storage, shared.clone(), w.transport, logger.clone());
+        let io = LoopIo::new(
+            w.storage,
+            shared.clone(),
+            w.transport,
+            w.metrics.clone(),
+            logger.clone(),
+        );
         let l = RaftLoop {
             node,
             io,
