@@ -9,8 +9,8 @@
 //!   Prefer it in production on Linux.
 //! - [`SimClock`]: simulated, advanced by hand, with a drift rate, steps and pauses.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::cell::Cell;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -29,42 +29,54 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     }
 }
 
-/// Asserts that a production clock never goes backwards.
-///
-/// The previous reading is loaded *before* the new one is taken, so a reading published by another
-/// thread earlier always precedes ours and the check holds under concurrency.
-#[derive(Debug, Default)]
-struct MonotonicGuard {
-    /// The largest reading published so far, in nanoseconds.
-    last_ns: AtomicU64,
+/// Which production clock a reading came from: readings of different kinds are not comparable.
+#[derive(Debug, Clone, Copy)]
+enum ClockKind {
+    Monotonic = 0,
+    Boot = 1,
 }
 
-impl MonotonicGuard {
-    fn check(&self, read: impl FnOnce() -> u64) -> u64 {
-        let prev_ns = self.last_ns.load(Ordering::Acquire);
-        let now_ns = read();
+thread_local! {
+    /// This thread's last reading of each production clock kind, in nanoseconds.
+    static LAST_NS: Cell<[u64; 2]> = const { Cell::new([0; 2]) };
+}
+
+/// Asserts that a production clock never goes backwards, as each thread sees it.
+///
+/// Each thread keeps its own last reading, so reading the clock writes no memory another thread
+/// reads: lease reads on many threads do not contend on it. The kernel keeps `CLOCK_MONOTONIC`
+/// and `CLOCK_BOOTTIME` monotonic across CPUs; this catches a clock, or a platform, that breaks
+/// that promise on some thread.
+fn checked(kind: ClockKind, now_ns: u64) -> u64 {
+    LAST_NS.with(|last| {
+        let mut seen = last.get();
+        let prev_ns = seen[kind as usize];
         assert!(
             now_ns >= prev_ns,
             "clock went backwards: {now_ns} ns after {prev_ns} ns"
         );
-        self.last_ns.fetch_max(now_ns, Ordering::AcqRel);
-        now_ns
-    }
+        seen[kind as usize] = now_ns;
+        last.set(seen);
+    });
+    now_ns
 }
 
+/// The origin of every [`MonotonicClock`] in this process, so that their readings compare.
+static MONOTONIC_ORIGIN: OnceLock<Instant> = OnceLock::new();
+
 /// `std::time::Instant`-based clock (`CLOCK_MONOTONIC` on Linux). Stops during suspend.
-#[derive(Debug)]
+///
+/// Every instance counts from the same origin: the first one made in the process.
+#[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
     origin: Instant,
-    guard: MonotonicGuard,
 }
 
 impl MonotonicClock {
-    /// A clock whose origin is now.
+    /// A monotonic clock.
     pub fn new() -> Self {
         MonotonicClock {
-            origin: Instant::now(),
-            guard: MonotonicGuard::default(),
+            origin: *MONOTONIC_ORIGIN.get_or_init(Instant::now),
         }
     }
 }
@@ -77,17 +89,18 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_ns(&self) -> u64 {
-        self.guard.check(|| self.origin.elapsed().as_nanos() as u64)
+        checked(
+            ClockKind::Monotonic,
+            self.origin.elapsed().as_nanos() as u64,
+        )
     }
 }
 
 /// `CLOCK_BOOTTIME` clock: like [`MonotonicClock`] but keeps counting through system suspend.
 ///
 /// On targets other than Linux and Android it falls back to `CLOCK_MONOTONIC`.
-#[derive(Debug, Default)]
-pub struct BootClock {
-    guard: MonotonicGuard,
-}
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BootClock {}
 
 impl BootClock {
     /// A boot-time clock. Its origin is the system boot.
@@ -122,7 +135,7 @@ impl BootClock {
 
 impl Clock for BootClock {
     fn now_ns(&self) -> u64 {
-        self.guard.check(Self::read_ns)
+        checked(ClockKind::Boot, Self::read_ns())
     }
 }
 
@@ -228,9 +241,17 @@ mod tests {
     #[test]
     #[should_panic(expected = "clock went backwards")]
     fn guard_catches_a_backwards_clock() {
-        let g = MonotonicGuard::default();
-        g.check(|| 10);
-        g.check(|| 9);
+        checked(ClockKind::Boot, 10);
+        checked(ClockKind::Monotonic, 5); // another kind: not compared
+        checked(ClockKind::Boot, 9);
+    }
+
+    #[test]
+    fn monotonic_clocks_share_one_origin() {
+        let first = MonotonicClock::new();
+        let later = MonotonicClock::new();
+        let (a, b) = (first.now_ns(), later.now_ns());
+        assert!(b >= a, "a later instance reads no earlier: {a} then {b}");
     }
 
     #[test]

@@ -47,6 +47,12 @@ pub struct TestingKnobs {
     pub keep_removed_leader: bool,
     /// Followers whose promises end together campaign together (no jitter).
     pub no_campaign_jitter: bool,
+    /// Shared liveness: a supporter forgets the epochs it withdrew, so support can come back at
+    /// one of them.
+    pub forget_withdrawals: bool,
+    /// Shared liveness: a leader that steps down does not release its followers' fortification,
+    /// so a group stuck on a live node stays fortified to a leader that cannot serve.
+    pub no_give_up: bool,
 }
 
 impl TestingKnobs {
@@ -61,6 +67,8 @@ impl TestingKnobs {
             (self.renew_any_singleton, "renew_any_singleton"),
             (self.keep_removed_leader, "keep_removed_leader"),
             (self.no_campaign_jitter, "no_campaign_jitter"),
+            (self.forget_withdrawals, "forget_withdrawals"),
+            (self.no_give_up, "no_give_up"),
         ];
         knobs
             .into_iter()

@@ -175,24 +175,60 @@ pub trait ReadyIo<S: Storage, C: Clock> {
     fn set_commit(&mut self, node: &mut LeaseNode<S, C>, commit: u64) -> Result<(), Self::Error>;
 }
 
+/// One step of processing a `Ready`, in the order raft-rs requires.
+pub(crate) enum ReadyStep<'a> {
+    /// Hand messages to the transport.
+    Send(Vec<Message>),
+    /// Install a snapshot from the leader.
+    InstallSnapshot(Snapshot),
+    /// Apply committed entries.
+    Apply(Vec<Entry>),
+    /// Persist new entries and the hard state.
+    Persist(&'a [Entry], Option<&'a HardState>),
+    /// Record a newer commit index.
+    SetCommit(u64),
+}
+
 impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Process every pending `Ready` through `io`. Call after `step`, `tick`, `propose` or `read`.
     pub fn handle_ready<IO: ReadyIo<S, C>>(&mut self, io: &mut IO) -> Result<(), IO::Error> {
+        self.drive_ready(|node, step| match step {
+            ReadyStep::Send(msgs) => {
+                io.send(msgs);
+                Ok(())
+            }
+            ReadyStep::InstallSnapshot(snapshot) => io.install_snapshot(node, snapshot),
+            ReadyStep::Apply(entries) => io.apply(node, entries),
+            ReadyStep::Persist(entries, hs) => io.persist(node, entries, hs),
+            ReadyStep::SetCommit(commit) => io.set_commit(node, commit),
+        })
+    }
+
+    /// The `Ready` loop, once, for [`LeaseNode::handle_ready`] and the multi-group driver.
+    pub(crate) fn drive_ready<E>(
+        &mut self,
+        mut step: impl FnMut(&mut Self, ReadyStep<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        // ReadIndex reads started since the last call share one round.
+        self.issue_index_round();
         while self.has_ready() {
             let mut rd = self.ready();
-            io.send(self.take_messages(&mut rd));
+            let msgs = self.take_messages(&mut rd);
+            step(self, ReadyStep::Send(msgs))?;
             if !rd.snapshot().is_empty() {
-                io.install_snapshot(self, rd.snapshot().clone())?;
+                step(self, ReadyStep::InstallSnapshot(rd.snapshot().clone()))?;
             }
-            io.apply(self, rd.take_committed_entries())?;
-            io.persist(self, rd.entries(), rd.hs())?;
-            io.send(self.take_persisted_messages(&mut rd));
+            step(self, ReadyStep::Apply(rd.take_committed_entries()))?;
+            step(self, ReadyStep::Persist(rd.entries(), rd.hs()))?;
+            let msgs = self.take_persisted_messages(&mut rd);
+            step(self, ReadyStep::Send(msgs))?;
             let mut light = self.advance(rd);
             if let Some(commit) = light.commit_index() {
-                io.set_commit(self, commit)?;
+                step(self, ReadyStep::SetCommit(commit))?;
             }
-            io.send(self.take_light_messages(&mut light));
-            io.apply(self, light.take_committed_entries())?;
+            let msgs = self.take_light_messages(&mut light);
+            step(self, ReadyStep::Send(msgs))?;
+            step(self, ReadyStep::Apply(light.take_committed_entries()))?;
             self.advance_apply();
         }
         Ok(())

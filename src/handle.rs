@@ -9,13 +9,18 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use crate::clock::Clock;
 use crate::read::ReadError;
-use crate::status::Counters;
+use crate::status::{CounterSnapshot, Counters};
 
-/// State the raft thread publishes for read handles.
+/// What the raft thread publishes for read handles, on cache lines of its own: readers only load
+/// it, and the raft thread stores a field only when its value changes, so a lease read misses the
+/// cache only when something it depends on moved.
+#[repr(align(128))]
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+pub(crate) struct Published {
     /// The usable lease ends at this local instant (exclusive); 0 when no lease is held.
     pub lease_until_ns: AtomicU64,
     /// Bumped after every revocation and at every new term: a read that spans a bump fails.
@@ -24,22 +29,74 @@ pub(crate) struct Shared {
     pub commit: AtomicU64,
     /// The applied index: the caller's state reflects at least this much.
     pub applied: AtomicU64,
-    /// Event counters.
+}
+
+/// The counters one read handle bumps, on a cache line of its own: readers on different threads
+/// never write the same line.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub(crate) struct HandleCounters {
+    lease_reads: AtomicU64,
+    lease_refusals: AtomicU64,
+}
+
+/// State the raft thread shares with read handles.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    /// The lease and the indexes, for readers.
+    pub published: Published,
+    /// The raft thread's counters, plus those of handles already dropped.
     pub counters: Counters,
+    /// The counters of every live handle, summed into a snapshot.
+    handles: Mutex<Vec<Arc<HandleCounters>>>,
+}
+
+/// Store `value` unless the atomic already holds it (a store would invalidate readers' caches).
+fn store_if_changed(atomic: &AtomicU64, value: u64) {
+    if atomic.load(Ordering::Relaxed) != value {
+        atomic.store(value, Ordering::Release);
+    }
 }
 
 impl Shared {
     /// Publish the indexes first, then the lease that relies on them.
     pub fn publish(&self, commit: u64, applied: u64, lease_until_ns: u64) {
-        self.commit.store(commit, Ordering::Release);
-        self.applied.store(applied, Ordering::Release);
-        self.lease_until_ns.store(lease_until_ns, Ordering::Release);
+        let p = &self.published;
+        store_if_changed(&p.commit, commit);
+        store_if_changed(&p.applied, applied);
+        store_if_changed(&p.lease_until_ns, lease_until_ns);
     }
 
     /// Revoke the lease: clear it, then bump the epoch.
     pub fn revoke(&self) {
-        self.lease_until_ns.store(0, Ordering::Release);
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.published.lease_until_ns.store(0, Ordering::Release);
+        self.published.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn register_handle(&self) -> Arc<HandleCounters> {
+        let counters = Arc::new(HandleCounters::default());
+        self.handles.lock().push(counters.clone());
+        counters
+    }
+
+    /// A dropped handle's counts move into the node's counters.
+    fn retire_handle(&self, counters: &Arc<HandleCounters>) {
+        self.handles.lock().retain(|c| !Arc::ptr_eq(c, counters));
+        let moved = |from: &AtomicU64, to: &AtomicU64| {
+            to.fetch_add(from.load(Ordering::Relaxed), Ordering::Relaxed);
+        };
+        moved(&counters.lease_reads, &self.counters.lease_reads);
+        moved(&counters.lease_refusals, &self.counters.lease_refusals);
+    }
+
+    /// Every counter, the live handles' included.
+    pub fn counter_snapshot(&self) -> CounterSnapshot {
+        let mut total = self.counters.snapshot();
+        for c in self.handles.lock().iter() {
+            total.lease_reads += c.lease_reads.load(Ordering::Relaxed);
+            total.lease_refusals += c.lease_refusals.load(Ordering::Relaxed);
+        }
+        total
     }
 }
 
@@ -47,6 +104,9 @@ impl Shared {
 ///
 /// It serves only lease reads. When it returns [`ReadError::LeaseNotHeld`], send the read through
 /// the raft thread ([`crate::LeaseNode::read`]), which can fall back to ReadIndex.
+///
+/// A read writes no memory that another thread reads: give each reader thread its own clone
+/// (each clone has its own counters), and reads on many threads do not contend.
 ///
 /// # Example
 /// A reader thread serves itself while the lease is held. Once the lease has lapsed (here the
@@ -147,14 +207,19 @@ impl Shared {
 pub struct ReadHandle<C: Clock> {
     shared: Arc<Shared>,
     clock: Arc<C>,
+    /// This handle's own counters.
+    counters: Arc<HandleCounters>,
 }
 
 impl<C: Clock> Clone for ReadHandle<C> {
     fn clone(&self) -> Self {
-        ReadHandle {
-            shared: self.shared.clone(),
-            clock: self.clock.clone(),
-        }
+        ReadHandle::new(self.shared.clone(), self.clock.clone())
+    }
+}
+
+impl<C: Clock> Drop for ReadHandle<C> {
+    fn drop(&mut self) {
+        self.shared.retire_handle(&self.counters);
     }
 }
 
@@ -167,7 +232,12 @@ enum Attempt {
 
 impl<C: Clock> ReadHandle<C> {
     pub(crate) fn new(shared: Arc<Shared>, clock: Arc<C>) -> Self {
-        ReadHandle { shared, clock }
+        let counters = shared.register_handle();
+        ReadHandle {
+            shared,
+            clock,
+            counters,
+        }
     }
 
     /// Serve a lease read: `read_state` runs against local state, then the lease is validated.
@@ -199,32 +269,39 @@ impl<C: Clock> ReadHandle<C> {
             .map_err(|_| ReadError::LeaseNotHeld)
     }
 
+    /// One clock reading on the common path: the one after the state read, which is the one the
+    /// lease argument needs. The clock is read before the state only when the read would wait
+    /// for apply (so that it never waits on an expired lease).
     fn attempt<T>(&self, read_state: impl FnOnce() -> T) -> Result<T, Attempt> {
-        let s = &*self.shared;
-        let epoch = s.epoch.load(Ordering::Acquire);
-        let until_ns = s.lease_until_ns.load(Ordering::Acquire);
-        if self.clock.now_ns() >= until_ns {
-            Counters::bump(&s.counters.lease_refusals);
-            return Err(Attempt::NotHeld);
+        let p = &self.shared.published;
+        let epoch = p.epoch.load(Ordering::Acquire);
+        let until_ns = p.lease_until_ns.load(Ordering::Acquire);
+        if until_ns == 0 {
+            Counters::bump(&self.counters.lease_refusals);
+            return Err(Attempt::NotHeld); // revoked, or never held
         }
-        let commit = s.commit.load(Ordering::Acquire);
-        if s.applied.load(Ordering::Acquire) < commit {
+        let commit = p.commit.load(Ordering::Acquire);
+        if p.applied.load(Ordering::Acquire) < commit {
+            if self.clock.now_ns() >= until_ns {
+                Counters::bump(&self.counters.lease_refusals);
+                return Err(Attempt::NotHeld);
+            }
             return Err(Attempt::ApplyBehind);
         }
         let value = read_state();
         // Validate after the read: a pause before this point shows up as an expired lease.
         let now_ns = self.clock.now_ns();
-        let still_until_ns = s.lease_until_ns.load(Ordering::Acquire);
-        if s.epoch.load(Ordering::Acquire) != epoch || now_ns >= still_until_ns {
-            Counters::bump(&s.counters.lease_refusals);
+        let still_until_ns = p.lease_until_ns.load(Ordering::Acquire);
+        if p.epoch.load(Ordering::Acquire) != epoch || now_ns >= still_until_ns {
+            Counters::bump(&self.counters.lease_refusals);
             return Err(Attempt::NotHeld);
         }
-        Counters::bump(&s.counters.lease_reads);
+        Counters::bump(&self.counters.lease_reads);
         Ok(value)
     }
 
     /// Whether a lease is held right now (a hint: the read itself validates again).
     pub fn lease_held(&self) -> bool {
-        self.clock.now_ns() < self.shared.lease_until_ns.load(Ordering::Acquire)
+        self.clock.now_ns() < self.shared.published.lease_until_ns.load(Ordering::Acquire)
     }
 }

@@ -29,7 +29,7 @@ use crate::ctx::{LayerCtx, ReservedContext};
 use crate::handle::{ReadHandle, Shared};
 use crate::lease::{AckOutcome, LeaderLease, LeaseState};
 use crate::promise::{CampaignJitter, FollowerPromise, VoteDecision};
-use crate::read::{LeaseRead, ReadError, ReadId, ReadKind, ReadMode, ReadQueue, ServedRead};
+use crate::read::{ReadError, ReadId, ReadKind, ReadMode, ReadQueue, ServedRead};
 use crate::round::RoundTracker;
 use crate::status::{CounterSnapshot, Counters, LeaseStatus};
 
@@ -188,6 +188,12 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     promise: FollowerPromise,
     /// Spreads out campaigns that the promise held back.
     jitter: CampaignJitter,
+    /// The end of the last promise that held back this node's own campaign (0: none).
+    held_until_ns: u64,
+    /// Under shared liveness: the leader this replica is fortified to, while its node supports
+    /// that leader's node (set and cleared by the multi-group driver). Votes for others and this
+    /// replica's own campaigns are refused meanwhile.
+    fortified_to: Option<u64>,
     rounds: RoundTracker,
     reads: ReadQueue,
     shared: Arc<Shared>,
@@ -246,6 +252,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             safeties,
             lease: LeaderLease::new(&derived),
             jitter: CampaignJitter::new(jitter_seed, derived.campaign_jitter_ns),
+            held_until_ns: 0,
+            fortified_to: None,
             derived,
             heartbeat_tick: rc.heartbeat_tick as u64,
             election_ticks: (rc.min_election_tick(), rc.max_election_tick()),
@@ -319,15 +327,23 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if !would_campaign || !self.safeties.campaign_hold() {
             return false;
         }
-        let (id, now_ns) = (r.id, self.clock.now_ns());
-        if let VoteDecision::Refuse { .. } = self.promise.check_vote(id, now_ns) {
-            debug_assert!(now_ns < self.promise.until_ns());
+        if self.fortified_to.is_some_and(|leader| leader != r.id) {
             return true;
         }
-        if !self.safeties.campaign_jitter() || self.promise.holder() == Some(id) {
+        let (id, now_ns) = (r.id, self.clock.now_ns());
+        let until_ns = self.promise.until_ns();
+        if let VoteDecision::Refuse { .. } = self.promise.check_vote(id, now_ns) {
+            debug_assert!(now_ns < until_ns);
+            self.held_until_ns = until_ns;
+            return true;
+        }
+        // Jitter only a campaign the promise held back: one whose timer fired after the promise
+        // ended was not lined up with anyone's by the hold.
+        let held_back = self.held_until_ns == until_ns && until_ns != 0;
+        if !held_back || !self.safeties.campaign_jitter() || self.promise.holder() == Some(id) {
             return false;
         }
-        now_ns < self.jitter.campaign_at_ns(self.promise.until_ns())
+        now_ns < self.jitter.campaign_at_ns(until_ns)
     }
 
     fn vote_allowed(&mut self, m: &Message) -> bool {
@@ -337,6 +353,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         // A forced election after MsgTimeoutNow: the old leader fenced its lease before sending it.
         if m.get_context() == CAMPAIGN_TRANSFER {
             return true;
+        }
+        if self.fortified_to.is_some_and(|leader| leader != m.from) {
+            Counters::bump(&self.shared.counters.refused_votes);
+            return false;
         }
         match self.promise.check_vote(m.from, self.clock.now_ns()) {
             VoteDecision::Allow => true,
@@ -402,10 +422,11 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// Take raft's `Ready`. The node consumes its `read_states`; handle the rest as with `RawNode`.
     pub fn ready(&mut self) -> Ready {
+        self.issue_index_round(); // reads started since the last round share this one
         let mut rd = self.raw.ready();
         for rs in rd.take_read_states() {
             if let Some(LayerCtx::Read(_)) = LayerCtx::parse(&rs.request_ctx) {
-                if !self.reads.complete_batch(&rs.request_ctx, rs.index) {
+                if !self.reads.round_answered(&rs.request_ctx, rs.index) {
                     debug!(self.logger, "read state for a round no longer waited for"; "index" => rs.index);
                 }
             } else {
@@ -650,22 +671,23 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// Start a read. Returns its id; the outcome comes back from [`LeaseNode::serve_reads`].
     ///
+    /// A ReadIndex read's round goes out at the next [`LeaseNode::handle_ready`] (or `ready`,
+    /// `serve_reads`, `tick`): every read started in between shares one round.
+    ///
     /// Fails at once with [`ReadError::NotLeader`] on a non-leader, and with
     /// [`ReadError::LeaseNotHeld`] for a strict [`ReadMode::Lease`] read when no lease is held.
     pub fn read(&mut self, mode: ReadMode) -> Result<ReadId, ReadError> {
         if self.raw.raft.state != StateRole::Leader {
             return Err(self.not_leader());
         }
-        let id = self.reads.next_id();
-        let raft_lease_based = self.safeties.raft_lease_based;
         let counters = &self.shared.counters;
-        match mode {
-            _ if raft_lease_based && mode != ReadMode::ReadIndex => {
-                self.reads.index_waiting.push(id)
+        let id = match mode {
+            _ if self.safeties.raft_lease_based && mode != ReadMode::ReadIndex => {
+                self.reads.start_index()
             }
             ReadMode::Lease | ReadMode::Auto if self.lease_held_now() => {
-                let index = self.raw.raft.raft_log.committed;
-                self.reads.lease.push_back(LeaseRead { id, index, mode });
+                let commit = self.raw.raft.raft_log.committed;
+                self.reads.start_lease(commit, mode)
             }
             ReadMode::Lease => {
                 Counters::bump(&counters.lease_refusals);
@@ -673,11 +695,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             }
             ReadMode::Auto => {
                 Counters::bump(&counters.fallbacks);
-                self.reads.index_waiting.push(id);
+                self.reads.start_index()
             }
-            ReadMode::ReadIndex => self.reads.index_waiting.push(id),
-        }
-        self.issue_index_round();
+            ReadMode::ReadIndex => self.reads.start_index(),
+        };
+        // The round goes out at the next `handle_ready` (or `serve_reads`, or tick), so that
+        // every read started meanwhile shares it.
         Ok(id)
     }
 
@@ -700,74 +723,39 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Hand back every read that finished. For each read whose index is applied, `read_state`
     /// reads the caller's state *first*; a lease read is then validated against the clock.
     /// An `Auto` read whose lease was lost meanwhile goes back to wait for ReadIndex.
-    pub fn serve_reads<T>(
-        &mut self,
-        mut read_state: impl FnMut(ReadId) -> T,
-    ) -> Vec<ServedRead<T>> {
+    pub fn serve_reads<T>(&mut self, read_state: impl FnMut(ReadId) -> T) -> Vec<ServedRead<T>> {
         let applied = self.raw.raft.raft_log.applied;
-        let mut out: Vec<ServedRead<T>> = self
-            .reads
-            .failed
-            .drain(..)
-            .map(|(id, e)| ServedRead { id, result: Err(e) })
-            .collect();
-        while let Some(r) = self
-            .reads
-            .lease
-            .front()
-            .copied()
-            .filter(|r| r.index <= applied)
-        {
-            self.reads.lease.pop_front();
-            let value = read_state(r.id);
-            if let Some(result) = self.validate_lease_read(r, value) {
-                out.push(ServedRead { id: r.id, result });
-            }
-        }
-        let kind = match self.safeties.raft_lease_based {
+        let index_kind = match self.safeties.raft_lease_based {
             true => ReadKind::Lease,
             false => ReadKind::Index,
         };
-        while let Some(&(id, _)) = self
+        let held_until_ns =
+            match self.raw.raft.state == StateRole::Leader && !self.safeties.raft_lease_based {
+                true => self.lease.usable_until_ns(),
+                false => None,
+            };
+        let clock = &self.clock;
+        let lease_held = || held_until_ns.is_some_and(|until_ns| clock.now_ns() < until_ns);
+        let served = self
             .reads
-            .index_ready
-            .front()
-            .filter(|(_, i)| *i <= applied)
-        {
-            self.reads.index_ready.pop_front();
-            let value = read_state(id);
-            let counters = &self.shared.counters;
-            Counters::bump(match kind {
-                ReadKind::Lease => &counters.lease_reads,
-                ReadKind::Index => &counters.index_reads,
-            });
-            out.push(ServedRead {
-                id,
-                result: Ok((value, kind)),
-            });
-        }
+            .serve(applied, index_kind, lease_held, read_state);
+        self.count_served(&served);
         self.issue_index_round();
-        out
+        served.reads
     }
 
-    /// Read first, validate second: the clock is read after the state was read.
-    fn validate_lease_read<T>(
-        &mut self,
-        r: LeaseRead,
-        value: T,
-    ) -> Option<Result<(T, ReadKind), ReadError>> {
-        let counters = &self.shared.counters;
-        if self.lease_held_now() {
-            Counters::bump(&counters.lease_reads);
-            return Some(Ok((value, ReadKind::Lease)));
+    fn count_served<T>(&self, served: &crate::read::Served<T>) {
+        let c = &self.shared.counters;
+        c.fallbacks
+            .fetch_add(served.fallbacks, std::sync::atomic::Ordering::Relaxed);
+        for r in &served.reads {
+            match r.result {
+                Ok((_, ReadKind::Lease)) => Counters::bump(&c.lease_reads),
+                Ok((_, ReadKind::Index)) => Counters::bump(&c.index_reads),
+                Err(ReadError::LeaseNotHeld) => Counters::bump(&c.lease_refusals),
+                Err(_) => {}
+            }
         }
-        if r.mode == ReadMode::Auto {
-            Counters::bump(&counters.fallbacks);
-            self.reads.index_waiting.push(r.id);
-            return None;
-        }
-        Counters::bump(&counters.lease_refusals);
-        Some(Err(ReadError::LeaseNotHeld))
     }
 
     fn lease_held_now(&self) -> bool {
@@ -787,14 +775,15 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
-    /// Send waiting ReadIndex reads as one `read_index` round (at most two in flight), once the
-    /// leader has committed in its term (raft-rs 0.7 silently drops a `read_index` before that).
-    fn issue_index_round(&mut self) {
+    /// Send waiting ReadIndex reads as one `read_index` round (the queue caps rounds in flight),
+    /// once the leader has committed in its term (raft-rs 0.7 silently drops a `read_index`
+    /// before that).
+    pub(crate) fn issue_index_round(&mut self) {
         let r = &self.raw.raft;
         if self.in_ready || r.state != StateRole::Leader || !r.commit_to_current_term() {
             return;
         }
-        if let Some(ctx) = self.reads.start_batch() {
+        if let Some(ctx) = self.reads.next_round() {
             Counters::bump(&self.shared.counters.index_rounds);
             self.raw.read_index(ctx);
         }
@@ -802,15 +791,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// A round that got no answer within two heartbeat intervals is re-sent with a new context.
     fn retry_dropped_round(&mut self) {
-        let limit = 2 * self.heartbeat_tick.max(1);
-        let mut overdue = false;
-        for batch in self.reads.index_inflight.iter_mut() {
-            batch.ticks_waited += 1;
-            overdue |= batch.ticks_waited >= limit;
-        }
-        if overdue {
+        if self.reads.tick(2 * self.heartbeat_tick.max(1)) {
             debug!(self.logger, "read_index round unanswered; retrying"; "reads" => self.reads.len());
-            self.reads.requeue_inflight();
         }
         self.issue_index_round();
     }
@@ -945,7 +927,49 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// monitor checks that they form one, and that none of them is broken. This is the promise
     /// made, whether or not a safety knob keeps the node from honouring it.
     pub fn promise_backs(&self, leader: u64) -> bool {
-        self.promise.backs(leader, self.clock.now_ns())
+        self.fortified_to == Some(leader) || self.promise.backs(leader, self.clock.now_ns())
+    }
+
+    // ----- shared liveness (the multi-group driver's hooks) ---------------------------------
+
+    /// Fortify this replica to `leader` (its node supports the leader's node), or release it
+    /// (`None`: the support was withdrawn). While fortified it refuses every vote and pre-vote
+    /// for another candidate, and its own campaign.
+    pub fn set_fortified(&mut self, leader: Option<u64>) {
+        self.fortified_to = leader;
+    }
+
+    /// The leader this replica is fortified to, if any.
+    pub fn fortified_to(&self) -> Option<u64> {
+        self.fortified_to
+    }
+
+    /// As leader, the lease may run to `until_ns`: a quorum of voters, itself included, is
+    /// fortified to it and supported that long (see [`crate::liveness`]). Capped at `now + L`;
+    /// ignored when not leading, fenced, or in another term than `term`.
+    pub fn extend_lease_to(&mut self, term: u64, until_ns: u64) {
+        let r = &self.raw.raft;
+        if r.state != StateRole::Leader || r.term != term || until_ns == 0 {
+            return;
+        }
+        let now_ns = self.clock.now_ns();
+        let capped_ns = until_ns.min(now_ns.saturating_add(self.derived.lease_ns));
+        if let Some(sent_at_ns) = capped_ns.checked_sub(self.derived.lease_ns) {
+            // The leader counts itself in the quorum, so it keeps the promise too.
+            let id = self.raw.raft.id;
+            self.promise.on_leader_message(id, now_ns);
+            self.on_quorum_ack(sent_at_ns);
+            self.publish();
+        }
+    }
+
+    /// Make the election timer due: the next tick campaigns (after the campaign hold). For a
+    /// replica whose fortification just ended, so that failover does not wait a full timeout.
+    pub fn expire_election_timer(&mut self) {
+        let r = &mut self.raw.raft;
+        if r.state != StateRole::Leader {
+            r.election_elapsed = r.randomized_election_timeout();
+        }
     }
 
     /// Whether a node that restarts refuses votes for `P` after boot.
@@ -957,7 +981,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub fn counters(&self) -> CounterSnapshot {
         CounterSnapshot {
             rounds_evicted: self.rounds.evicted(),
-            ..self.shared.counters.snapshot()
+            ..self.shared.counter_snapshot()
         }
     }
 

@@ -6,8 +6,9 @@ use raft_lease::grant::sim::{
     self, GrantSimConfig, GrantSimControls, GrantSimReport, ViolationKind,
 };
 use raft_lease::grant::{
-    AcquireError, FencedStore, GrantConfig, GrantorRecord, LeaseEvent, LeaseHolder, LeaseServer,
-    LossReason, Renewal, Renewer, SessionId, Sessions, SimSleeper, SimTransportTime, StaleToken,
+    AcquireError, ClientId, FencedStore, Grant, GrantConfig, GrantorRecord, LeaseEvent,
+    LeaseHolder, LeaseServer, LossReason, RenewRequest, Renewal, Renewer, SessionId, Sessions,
+    SimSleeper, SimTransportTime, StaleToken, TransportError,
 };
 use raft_lease::{Clock, SimClock};
 use rand::{Rng, SeedableRng};
@@ -151,12 +152,18 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
     holder.on_grant(clock.now_ns(), server.acquire_now(1, 3_000).unwrap());
     let first_until = holder.valid_until_ns().unwrap();
     let mut calls = 0u32;
-    let transport = move |term_ms: u64, _deadline_ns: u64| {
+    let transport = move |r: RenewRequest| {
         calls += 1;
         match answer(calls) {
-            Some(0) => server.acquire_now(1, term_ms).map_err(|e| e.to_string()),
-            Some(token) => Ok(raft_lease::grant::Grant { token, term_ms }),
-            None => Err(format!("renewal {calls} lost")),
+            Some(0) => Ok(server.renew_now(1, r.token, r.term_ms)?),
+            Some(token) => Ok(Grant {
+                token,
+                term_ms: r.term_ms,
+            }),
+            None => Err(TransportError::Io {
+                kind: std::io::ErrorKind::TimedOut,
+                message: format!("renewal {calls} lost"),
+            }),
         }
     };
     let renewer = Renewer::spawn(
@@ -165,7 +172,8 @@ fn run_renewer(answer: impl Fn(u32) -> Option<u64> + Send + 'static) -> (Vec<Lea
         3_000,
         transport,
         SimSleeper::new(clock),
-    );
+    )
+    .expect("a 3 s term");
     let mut events = Vec::new();
     loop {
         let e = renewer
@@ -212,7 +220,7 @@ where
     holder.on_grant(0, server.acquire_now(1, 3_000).unwrap());
     let view_end_ns = holder.valid_until_ns().unwrap();
     let (_, expiry_ns) = server.holder(0).unwrap();
-    let mut core = Renewal::new(holder, 3_000);
+    let mut core = Renewal::new(holder, 3_000).expect("a 3 s term");
     if control {
         core = core.control_loss_only_when_the_transport_returns();
     }
@@ -244,9 +252,11 @@ where
 
 /// A transport that ignores its deadline and blocks 1.5 s of simulated time, then fails.
 fn blocks_1500_ms(time: SimTransportTime) -> impl raft_lease::grant::Transport {
-    move |_term_ms: u64, _deadline_ns: u64| {
+    move |_: RenewRequest| {
         time.sleep(1_500 * MS);
-        Err("timed out after 1.5 s".to_string())
+        Err(TransportError::from(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        )))
     }
 }
 
@@ -271,9 +281,9 @@ fn control_a_renewer_that_waits_for_its_transport_tells_the_owner_too_late() {
 #[test]
 fn a_transport_that_never_returns_still_loses_the_lease_in_time() {
     let (lost_ns, view_end_ns, _) = blocked_renewal(false, |time| {
-        move |_term_ms: u64, _deadline_ns: u64| {
+        move |_: RenewRequest| {
             time.block_forever();
-            Err("the renewer exited".to_string())
+            Err(TransportError::Gone)
         }
     });
     assert_eq!(lost_ns, view_end_ns - 250 * MS);
@@ -290,22 +300,30 @@ fn a_transport_that_keeps_its_deadline_is_retried() {
     let time = sleeper.transport_time();
     let mut calls = 0;
     // The first attempt times out at its deadline; the second reaches the grantor.
-    let transport = move |term_ms: u64, deadline_ns: u64| {
+    let (timeouts_tx, timeouts) = crossbeam_channel::unbounded();
+    let transport = move |r: RenewRequest| {
         calls += 1;
+        timeouts_tx.send((r.deadline_ns, r.timeout)).unwrap();
         if calls == 1 {
-            time.sleep(deadline_ns - time.now_ns());
-            return Err("deadline".to_string());
+            time.sleep(r.timeout.as_nanos() as u64);
+            return Err(TransportError::DeadlineMissed);
         }
-        server
-            .acquire(1, term_ms, time.now_ns())
-            .map_err(|e| e.to_string())
+        Ok(server.renew(1, r.token, r.term_ms, time.now_ns())?)
     };
-    let renewer = Renewer::spawn(Arc::new(clock.clone()), holder, 3_000, transport, sleeper);
+    let renewer = Renewer::spawn(Arc::new(clock.clone()), holder, 3_000, transport, sleeper)
+        .expect("a 3 s term");
     let events: Vec<LeaseEvent> = (0..2).map(|_| renewer.events().recv().unwrap()).collect();
     renewer.stop();
     assert!(
-        matches!(&events[0], LeaseEvent::RenewFailed { attempt: 1, at_ns, .. } if *at_ns == 2_238_500_000),
+        matches!(&events[0], LeaseEvent::RenewFailed { attempt: 1, at_ns, error: TransportError::DeadlineMissed } if *at_ns == 2_238_500_000),
         "{events:?}"
+    );
+    // Each call got its deadline as a duration too: d/12 = 250 ms from the call.
+    let d12 = std::time::Duration::from_millis(250);
+    let got: Vec<_> = timeouts.try_iter().take(2).collect();
+    assert_eq!(
+        got,
+        vec![(2_238_500_000, d12), (2_488_500_000 + 250 * MS, d12)]
     );
     // Retried d/12 after the failure; the view runs from that attempt's sent_at.
     assert!(
@@ -575,45 +593,50 @@ fn simulation_no_client_believes_in_a_lease_or_lock_the_grantor_gave_to_another(
         total.operations += r.operations;
         total.grants += r.grants;
         total.restarts += r.restarts;
+        total.stale_records += r.stale_records;
         total.blocks += r.blocks;
         total.losses += r.losses;
         total.checks += r.checks;
     }
     assert!(
-        total.restarts > 0 && total.blocks > 0 && total.losses > 0,
+        total.restarts > 0 && total.stale_records > 0 && total.blocks > 0 && total.losses > 0,
         "{total:?}"
     );
     eprintln!(
-        "grant simulation, seeds 0..{}: {} steps of 1 ms, {} operations ({} grants), {} grantor restarts, \
-         {} blocked links, {} losses told, {} checks, 0 violations",
+        "grant simulation, seeds 0..{}: {} steps of 1 ms, {} operations ({} grants), {} grantor restarts \
+         ({} from a stale record), {} blocked links, {} losses told, {} checks, 0 violations",
         sim_seeds(),
         total.steps,
         total.operations,
         total.grants,
         total.restarts,
+        total.stale_records,
         total.blocks,
         total.losses,
         total.checks
     );
 }
 
-/// The first CI seed at which the simulation catches `controls`, with what it saw.
+/// The first CI seed at which the check `kind` catches `controls`; prints the seed and what it saw.
 fn first_catch(name: &str, controls: GrantSimControls, kind: ViolationKind) -> u64 {
     for seed in 0..sim_seeds() {
         let r = sim::run(&GrantSimConfig {
             controls,
             ..GrantSimConfig::new(seed)
         });
-        if let Some(v) = r.first_violation {
-            assert_eq!(v.kind, kind, "{name}: caught by the wrong check: {v}");
+        if let Some(v) = r.first_of_each_kind.iter().find(|v| v.kind == kind) {
             eprintln!(
-                "control {name}: caught at seed {seed} ({} violating checks): {v}",
+                "control {name}: caught by {kind:?} at seed {seed} (rerun: GrantSimConfig::new({seed}) \
+                 with the control; {} violating checks in all): {v}",
                 r.violations
             );
             return seed;
         }
     }
-    panic!("control {name}: not caught in seeds 0..{}", sim_seeds());
+    panic!(
+        "control {name}: not caught by {kind:?} in seeds 0..{}",
+        sim_seeds()
+    );
 }
 
 #[test]
@@ -622,7 +645,11 @@ fn control_the_simulation_catches_a_restart_that_forgets_its_holder() {
         restart_forgets_holder: true,
         ..Default::default()
     };
-    first_catch("restart forgets holder", controls, ViolationKind::Exclusion);
+    first_catch(
+        "restart forgets holder",
+        controls,
+        ViolationKind::LeaseExclusion,
+    );
 }
 
 #[test]
@@ -634,7 +661,7 @@ fn control_the_simulation_catches_a_loss_told_only_when_the_transport_returns() 
     first_catch(
         "loss only when the transport returns",
         controls,
-        ViolationKind::Exclusion,
+        ViolationKind::LeaseExclusion,
     );
 }
 
@@ -644,5 +671,579 @@ fn control_the_simulation_catches_a_takeover_that_compares_the_old_clock() {
         takeover_keeps_old_expiry: true,
         ..Default::default()
     };
-    first_catch("takeover keeps old expiry", controls, ViolationKind::Bound);
+    first_catch(
+        "takeover keeps old expiry",
+        controls,
+        ViolationKind::SessionBound,
+    );
+}
+
+/// Every instant and duration near `u64::MAX`: nothing panics (debug builds check overflow),
+/// nothing wraps, and the grantor still holds at least as long as the holder believes.
+#[test]
+fn arithmetic_near_u64_max_saturates_and_never_panics() {
+    let config = GrantConfig::default();
+    let late = SimClock::new(u64::MAX - 1_000 * MS, 0);
+    let record = GrantorRecord {
+        last_token: 1,
+        holding_back: false,
+        holder: Some((1, 3_000)),
+    };
+    let restored = LeaseServer::restore(late.clone(), config, record);
+    let (_, expiry_ns) = restored.holder(late.now_ns()).expect("restored holder");
+    assert_eq!(
+        expiry_ns,
+        u64::MAX,
+        "held for as long as the clock can count"
+    );
+    let mut server = fresh(late.clone(), config);
+    let sent_at_ns = late.now_ns();
+    let grant = server.acquire_now(1, 3_000).expect("free");
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(sent_at_ns, grant);
+    assert_eq!(holder.valid_until_ns(), Some(u64::MAX));
+    assert_eq!(server.holder(u64::MAX - 1), Some((1, u64::MAX)));
+    // A garbage answer naming an absurd term is believed for no longer than the longest term.
+    let mut h = LeaseHolder::new(config);
+    h.on_grant(
+        0,
+        Grant {
+            token: 1,
+            term_ms: u64::MAX,
+        },
+    );
+    assert_eq!(
+        h.valid_until_ns(),
+        Some(config.holder_valid_ns(config.max_term_ms))
+    );
+    let mut sessions = Sessions::new(config);
+    let id = sessions.grant(3_000, u64::MAX - MS).unwrap();
+    assert_eq!(sessions.keepalive(&[id], u64::MAX - 1).refreshed, 1);
+    sessions.takeover(u64::MAX - 1);
+    assert!(sessions.is_live(id, u64::MAX - 1));
+    // The view saturated at u64::MAX: renew a third before it, lose it d/12 before it.
+    let mut renewal = Renewal::new(holder, 3_000).expect("a 3 s term");
+    assert!(matches!(
+        renewal.poll(u64::MAX - 500 * MS),
+        raft_lease::grant::RenewStep::Send { deadline_ns, .. } if deadline_ns == u64::MAX - 250 * MS
+    ));
+    assert!(matches!(
+        renewal.poll(u64::MAX - 1),
+        raft_lease::grant::RenewStep::Event(LeaseEvent::Lost { .. })
+    ));
+}
+
+#[test]
+fn control_the_simulation_catches_a_release_naming_only_the_client() {
+    let controls = GrantSimControls {
+        release_naming_only_the_client: true,
+        ..Default::default()
+    };
+    first_catch(
+        "release naming only the client",
+        controls,
+        ViolationKind::LeaseExclusion,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_an_unlock_naming_only_the_session() {
+    let controls = GrantSimControls {
+        unlock_naming_only_the_session: true,
+        ..Default::default()
+    };
+    first_catch(
+        "unlock naming only the session",
+        controls,
+        ViolationKind::LockExclusion,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_a_lock_answering_its_holder_with_its_token() {
+    let controls = GrantSimControls {
+        lock_granting_the_holder_again: true,
+        ..Default::default()
+    };
+    first_catch(
+        "lock granting the holder again",
+        controls,
+        ViolationKind::LockExclusion,
+    );
+}
+
+/// Client 1 acquires (token 1) and releases it. Copy A of the release is delayed; the retried copy
+/// B frees the lease and is answered; client 1 acquires again (token 2); then copy A arrives, and
+/// client 2 asks. Returns what clients 1 and 2 believe at that instant (one clock, drift 0).
+fn late_release_copy(
+    release: fn(&mut LeaseServer<SimClock>, ClientId, u64) -> bool,
+) -> (Option<u64>, Option<u64>) {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = fresh(clock.clone(), config);
+    let first = server.acquire_now(1, 3_000).unwrap();
+    clock.advance(500 * MS);
+    assert!(release(&mut server, 1, first.token), "copy B frees it");
+    clock.advance(10 * MS);
+    let mut c1 = LeaseHolder::new(config);
+    c1.on_grant(clock.now_ns(), server.acquire_now(1, 3_000).unwrap());
+    clock.advance(5 * MS);
+    release(&mut server, 1, first.token); // copy A, late
+    let mut c2 = LeaseHolder::new(config);
+    if let Ok(grant) = server.acquire_now(2, 3_000) {
+        c2.on_grant(clock.now_ns(), grant);
+    }
+    let now_ns = clock.now_ns();
+    (c1.token(now_ns), c2.token(now_ns))
+}
+
+#[test]
+fn a_late_copy_of_a_release_never_frees_the_clients_next_holding() {
+    let release = |s: &mut LeaseServer<SimClock>, c, token| s.release(c, token);
+    assert_eq!(late_release_copy(release), (Some(2), None));
+}
+
+#[test]
+fn control_a_release_naming_only_the_client_gives_two_holders() {
+    let release = |s: &mut LeaseServer<SimClock>, c, _| s.control_release_naming_only_the_client(c);
+    assert_eq!(
+        late_release_copy(release),
+        (Some(2), Some(3)),
+        "two holders"
+    );
+}
+
+/// Session `a` locks `L` (token 1) and unlocks it; copy A of the unlock is delayed, copy B frees
+/// it, `a` locks again (token 2), copy A arrives, and session `b` asks. Returns (the holder and
+/// token the grantor has, the token `a` was granted last).
+fn late_unlock_copy(
+    unlock: fn(&mut Sessions, SessionId, u64) -> bool,
+) -> (Option<(SessionId, u64)>, u64, SessionId) {
+    let mut s = Sessions::new(GrantConfig::default());
+    let (a, b) = (s.grant(10_000, 0).unwrap(), s.grant(10_000, 0).unwrap());
+    let first = s.lock("L", a, 0).unwrap();
+    assert!(unlock(&mut s, a, first), "copy B frees it");
+    let second = s.lock("L", a, 10 * MS).unwrap();
+    unlock(&mut s, a, first); // copy A, late
+    let _ = s.lock("L", b, 11 * MS);
+    (s.lock_holder("L"), second, a)
+}
+
+#[test]
+fn a_late_copy_of_an_unlock_never_frees_the_sessions_next_lock() {
+    let (holder, second, a) = late_unlock_copy(|s, id, token| s.unlock("L", id, token));
+    assert_eq!(holder, Some((a, second)), "a keeps the lock it was granted");
+}
+
+#[test]
+fn control_an_unlock_naming_only_the_session_gives_the_lock_to_two_sessions() {
+    let (holder, second, a) =
+        late_unlock_copy(|s, id, _| s.control_unlock_naming_only_the_session("L", id));
+    assert_eq!(second, 2);
+    assert!(
+        matches!(holder, Some((b, 3)) if b != a),
+        "a believes token 2 while another session holds token 3: {holder:?}"
+    );
+}
+
+/// Session `a` holds `L` (token 1) and sends an unlock that is slow; it locks again, and that
+/// request overtakes the unlock. Returns what the second lock answered and who holds `L` once
+/// the slow unlock has arrived.
+fn lock_overtaking_its_unlock(
+    lock: fn(&mut Sessions, SessionId) -> Result<u64, raft_lease::grant::SessionError>,
+) -> (
+    Result<u64, raft_lease::grant::SessionError>,
+    Option<(SessionId, u64)>,
+) {
+    let mut s = Sessions::new(GrantConfig::default());
+    let a = s.grant(10_000, 0).unwrap();
+    assert_eq!(s.lock("L", a, 0), Ok(1));
+    let answer = lock(&mut s, a); // overtakes the unlock of token 1
+    s.unlock("L", a, 1); // the slow unlock
+    (answer, s.lock_holder("L"))
+}
+
+#[test]
+fn a_lock_request_overtaking_its_own_unlock_is_not_granted() {
+    let (answer, holder) = lock_overtaking_its_unlock(|s, a| s.lock("L", a, MS));
+    let a = SessionId(1);
+    assert_eq!(
+        answer,
+        Err(raft_lease::grant::SessionError::LockHeld {
+            name: "L".into(),
+            holder: a,
+            token: Some(1)
+        }),
+        "told its own token to unlock, not granted it"
+    );
+    assert_eq!(holder, None);
+}
+
+#[test]
+fn control_a_lock_answering_its_holder_with_its_token_grants_a_freed_lock() {
+    let (answer, holder) =
+        lock_overtaking_its_unlock(|s, a| s.control_lock_granting_the_holder_again("L", a, MS));
+    assert_eq!(answer, Ok(1), "believed");
+    assert_eq!(holder, None, "but freed by the unlock it overtook");
+}
+
+/// Client 7's first incarnation holds the lease (token 1) and is paused; a supervisor starts a
+/// second incarnation that reuses id 7 and asks. Returns (what the second is answered, whether
+/// the FencedStore accepts a write from each while both believe).
+fn reused_client_id(
+    acquire: fn(&mut LeaseServer<SimClock>, u64) -> Result<Grant, AcquireError>,
+) -> (Result<Grant, AcquireError>, bool) {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut server = fresh(clock.clone(), config);
+    let mut old = LeaseHolder::new(config);
+    old.on_grant(0, server.acquire_now(7, 3_000).unwrap());
+    clock.advance(100 * MS);
+    let answer = acquire(&mut server, clock.now_ns());
+    let mut store = FencedStore::new("");
+    let now_ns = clock.now_ns();
+    let both = match (&answer, old.token(now_ns)) {
+        (Ok(grant), Some(old_token)) => {
+            store.write(grant.token, "from the new incarnation").is_ok()
+                && store.write(old_token, "from the paused one").is_ok()
+        }
+        _ => false,
+    };
+    (answer, both)
+}
+
+#[test]
+fn a_restarted_client_reusing_its_id_never_gets_the_holders_token() {
+    let (answer, both) = reused_client_id(|s, now_ns| s.acquire(7, 3_000, now_ns));
+    assert!(
+        matches!(answer, Err(AcquireError::AlreadyHolder { .. })),
+        "{answer:?}"
+    );
+    assert!(!both);
+}
+
+#[test]
+fn control_an_acquire_that_renews_by_client_id_gives_two_holders_one_token() {
+    let (answer, both) =
+        reused_client_id(|s, now_ns| s.control_acquire_renewing_by_client_id(7, 3_000, now_ns));
+    assert_eq!(answer.map(|g| g.token), Ok(1), "the holder's own token");
+    assert!(both, "fencing cannot tell the two apart");
+}
+
+/// A session whose TTL ran out on the old grantor, and whose keep-alive was answered "unknown",
+/// but which was not yet reaped when a new grantor took over. Returns whether it is live after the
+/// takeover, and what a keep-alive then answers.
+fn expired_session_after_takeover() -> (bool, usize) {
+    let mut s = Sessions::new(GrantConfig::default());
+    let a = s.grant(1_000, 0).unwrap();
+    s.lock("L", a, 0).unwrap();
+    assert_eq!(s.keepalive(&[a], 5_000 * MS).unknown, vec![a]);
+    // The old grantor crashes before its housekeeping `expire`; a new one takes over.
+    s.takeover(0);
+    (s.is_live(a, 10 * MS), s.keepalive(&[a], 10 * MS).refreshed)
+}
+
+#[test]
+fn a_session_answered_as_gone_is_never_revived_by_a_takeover() {
+    assert_eq!(expired_session_after_takeover(), (false, 0));
+}
+
+const CHECKPOINT_EVERY_NS: u64 = 1_000 * MS;
+
+/// A dead client's session (10 s TTL, holding lock `L`) under grantors that fail over every 5 s of
+/// real time, each on a clock that starts somewhere else (drift 0: local time runs with real time).
+/// Each grantor reaps every 100 ms and, if `checkpoints`, checkpoints every second; a takeover
+/// is `takeover`. Returns the real time the lock was freed, if it was within 60 minutes, and
+/// whether every takeover gave the session no more than its last checkpoint recorded.
+fn dead_lock_freed_at_ns(
+    takeover: fn(&mut Sessions, u64),
+    checkpoints: bool,
+) -> (Option<u64>, bool) {
+    let config = GrantConfig {
+        drift_ppm: 500,
+        margin_ms: 10,
+        max_term_ms: 600_000,
+    };
+    let mut s = Sessions::new(config);
+    let dead = s.grant(10_000, 7 * DAY).unwrap();
+    assert_eq!(s.lock("L", dead, 7 * DAY), Ok(1));
+    let mut clock_at_real0 = 7 * DAY; // the current grantor's reading at real time 0
+    let mut within_checkpoint = true;
+    for real_ns in (100 * MS..=60 * 60_000 * MS).step_by(100 * MS as usize) {
+        if real_ns % (5_000 * MS) == 0 {
+            clock_at_real0 = (real_ns / MS) * 7_919 * MS % (30 * DAY) + HOUR; // another machine
+            let recorded = s.last_checkpoint().remaining;
+            takeover(&mut s, clock_at_real0 + real_ns);
+            if let (Some((_, _, expiry_ns)), [(_, left_ns)]) =
+                (s.expiries().next(), recorded.as_slice())
+            {
+                within_checkpoint &= expiry_ns - (clock_at_real0 + real_ns) <= *left_ns;
+            }
+        }
+        let now_ns = clock_at_real0 + real_ns;
+        if checkpoints && real_ns % CHECKPOINT_EVERY_NS == 0 {
+            s.checkpoint(now_ns);
+        }
+        s.expire(now_ns);
+        if s.lock_holder("L").is_none() {
+            return (Some(real_ns), within_checkpoint);
+        }
+    }
+    (None, within_checkpoint)
+}
+
+#[test]
+fn frequent_takeovers_with_checkpoints_free_a_dead_clients_lock_in_time() {
+    let (freed_ns, within_checkpoint) = dead_lock_freed_at_ns(Sessions::takeover, true);
+    let freed_ns = freed_ns.expect("freed");
+    assert!(
+        within_checkpoint,
+        "a takeover gave more than the checkpoint recorded"
+    );
+    // 10 s·(1+ρ) + ε = 10.015 s after the grant, plus at most one checkpoint interval per
+    // takeover (two of them fell inside it), plus the 100 ms housekeeping step.
+    let bound_ns = 10_015 * MS + 2 * CHECKPOINT_EVERY_NS + 100 * MS;
+    eprintln!(
+        "takeover every 5 s, checkpoint every 1 s: the dead client's lock freed at {:.3} s (bound {:.3} s)",
+        freed_ns as f64 / 1e9,
+        bound_ns as f64 / 1e9
+    );
+    assert!(freed_ns <= bound_ns, "{freed_ns} > {bound_ns}");
+    assert!(freed_ns >= 10_000 * MS, "never before its TTL");
+}
+
+#[test]
+fn control_frequent_takeovers_without_checkpoints_keep_a_dead_clients_lock_for_ever() {
+    let ignoring = Sessions::control_takeover_ignoring_checkpoints;
+    assert_eq!(
+        dead_lock_freed_at_ns(ignoring, true),
+        (None, false),
+        "held after 60 min"
+    );
+    assert_eq!(
+        dead_lock_freed_at_ns(Sessions::takeover, false).0,
+        None,
+        "a grantor that never checkpoints is no better: checkpointing is required"
+    );
+}
+
+/// Drift rates of (client, old grantor, new grantor), each within ±ρ, and the gaps between steps.
+struct TakeoverCase {
+    config: GrantConfig,
+    ttl_ms: u64,
+    ppm: [i64; 3],
+    /// Request delay, response delay, checkpoint after the answer, second keep-alive after the
+    /// checkpoint (`None`: none), takeover after the last step; ns.
+    gaps_ns: [u64; 4],
+    second_keepalive_ns: Option<u64>,
+}
+
+fn random_takeover_case(rng: &mut ChaCha8Rng, skew: Option<[i64; 3]>) -> TakeoverCase {
+    let rho = rng.gen_range(0..=20_000u64);
+    let config = GrantConfig {
+        drift_ppm: rho,
+        margin_ms: rng.gen_range(1..=20),
+        max_term_ms: 60_000,
+    };
+    let r = rho as i64;
+    let ppm = skew.map_or_else(
+        || [0; 3].map(|_| rng.gen_range(-r..=r)),
+        |signs| signs.map(|s| s * r),
+    );
+    let ttl_ms = rng.gen_range(50..=20_000);
+    let ttl_ns = ttl_ms * MS;
+    TakeoverCase {
+        config,
+        ttl_ms,
+        ppm,
+        gaps_ns: [
+            rng.gen_range(0..=500 * MS),
+            rng.gen_range(0..=500 * MS),
+            rng.gen_range(0..=ttl_ns),
+            rng.gen_range(0..=2 * ttl_ns),
+        ],
+        second_keepalive_ns: rng.gen_bool(0.5).then(|| rng.gen_range(0..=ttl_ns / 2)),
+    }
+}
+
+type KeepaliveFn = fn(&mut Sessions, &[SessionId], u64) -> raft_lease::grant::KeepAlive;
+
+/// Plays one case; returns the real end of the client's view and the real expiry of its session
+/// after the takeover, in ns from the start.
+fn takeover_case_ends(case: &TakeoverCase, keepalive: KeepaliveFn) -> (u128, u128) {
+    let starts = [3 * HOUR, 30 * DAY, HOUR / 7];
+    let [client, old, new] = [0, 1, 2].map(|i| SimClock::new(starts[i], case.ppm[i]));
+    let advance = |ns: u64| [&client, &old, &new].iter().for_each(|c| c.advance(ns));
+    let [request_ns, response_ns, checkpoint_ns, takeover_ns] = case.gaps_ns;
+    let mut s = Sessions::new(case.config);
+    let mut view = LeaseHolder::new(case.config);
+    let sent_at_ns = client.now_ns();
+    advance(request_ns);
+    let id = s.grant(case.ttl_ms, old.now_ns()).unwrap();
+    advance(response_ns);
+    let grant = Grant {
+        token: id.0,
+        term_ms: case.ttl_ms,
+    };
+    view.on_grant(sent_at_ns, grant);
+    advance(checkpoint_ns);
+    s.checkpoint(old.now_ns());
+    if let Some(after_ns) = case.second_keepalive_ns {
+        advance(after_ns);
+        let sent_at_ns = client.now_ns();
+        advance(request_ns);
+        let refreshed = keepalive(&mut s, &[id], old.now_ns()).refreshed == 1;
+        advance(response_ns);
+        if refreshed {
+            view.on_grant(sent_at_ns, grant);
+        }
+    }
+    advance(takeover_ns);
+    // Another machine: rebuilt from the image and the checkpoint of the same moment.
+    let mut t = Sessions::from_image(case.config, s.image());
+    t.restore_checkpoint(&s.last_checkpoint());
+    t.takeover(new.now_ns());
+    let (_, _, expiry_ns) = t.expiries().next().expect("one session");
+    (
+        real_when(view.valid_until_ns().unwrap(), starts[0], case.ppm[0]),
+        real_when(expiry_ns, starts[2], case.ppm[2]),
+    )
+}
+
+/// How many of 4,000 cases end a session, after a takeover, before its client's view ends.
+fn takeovers_before_the_view(skew: Option<[i64; 3]>, keepalive: KeepaliveFn) -> usize {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x7a4e);
+    (0..4_000)
+        .filter(|_| {
+            let (view_end, expiry) =
+                takeover_case_ends(&random_takeover_case(&mut rng, skew), keepalive);
+            view_end > expiry
+        })
+        .count()
+}
+
+#[test]
+fn property_a_takeover_after_a_checkpoint_never_ends_a_session_before_its_clients_view() {
+    // Random rates, then every corner: client, old and new grantor each at +ρ or −ρ.
+    let mut skews = vec![None];
+    for bits in 0..8 {
+        skews.push(Some(
+            [0, 1, 2].map(|i| if bits >> i & 1 == 1 { 1 } else { -1 }),
+        ));
+    }
+    for skew in skews {
+        let bad = takeovers_before_the_view(skew, Sessions::keepalive);
+        assert_eq!(bad, 0, "skew (client, old, new) = {skew:?}");
+    }
+}
+
+#[test]
+fn control_a_keepalive_that_keeps_the_checkpoint_ends_sessions_before_their_views() {
+    let bad = takeovers_before_the_view(None, Sessions::control_keepalive_keeping_the_checkpoint);
+    eprintln!("keep-alive keeping the checkpoint: the session ended before the view in {bad} of 4000 cases");
+    assert!(bad > 0, "the property cannot tell the control apart");
+}
+
+#[test]
+fn control_the_simulation_catches_a_renewal_added_to_the_old_expiry() {
+    let controls = GrantSimControls {
+        renewal_adds_to_the_old_expiry: true,
+        ..Default::default()
+    };
+    first_catch(
+        "renewal adds to the old expiry",
+        controls,
+        ViolationKind::LeaseBound,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_takeovers_ignoring_checkpoints() {
+    let controls = GrantSimControls {
+        takeover_ignoring_checkpoints: true,
+        ..Default::default()
+    };
+    first_catch(
+        "takeover ignoring checkpoints",
+        controls,
+        ViolationKind::SessionLiveness,
+    );
+}
+
+#[test]
+fn control_the_simulation_catches_a_keepalive_keeping_the_checkpoint() {
+    let controls = GrantSimControls {
+        keepalive_keeping_the_checkpoint: true,
+        ..Default::default()
+    };
+    first_catch(
+        "keep-alive keeping the checkpoint",
+        controls,
+        ViolationKind::SessionView,
+    );
+}
+
+#[test]
+fn a_term_too_short_to_renew_is_a_typed_error_not_a_panic() {
+    let config = GrantConfig::default();
+    let clock = SimClock::new(0, 0);
+    let mut holder = LeaseHolder::new(config);
+    holder.on_grant(
+        0,
+        Grant {
+            token: 1,
+            term_ms: 11,
+        },
+    );
+    let transport = |_: RenewRequest| -> Result<Grant, TransportError> { unreachable!() };
+    let spawned = Renewer::spawn(
+        Arc::new(clock.clone()),
+        holder,
+        11,
+        transport,
+        SimSleeper::new(clock),
+    );
+    assert_eq!(
+        spawned.err(),
+        Some(raft_lease::grant::RenewalError::TermTooShort {
+            term_ms: 11,
+            min_ms: 12
+        })
+    );
+}
+
+/// Why `boot` needs the last token persisted before each grant's answer leaves: a grantor that
+/// restarts from an older token hands the same token to a second holder, and fencing accepts
+/// both writers. (The holdback keeps them apart in time, but not a paused ex-holder's late write.)
+#[test]
+fn boot_from_a_stale_last_token_repeats_a_token_that_fencing_accepts() {
+    let config = GrantConfig {
+        max_term_ms: 3_000,
+        ..GrantConfig::default()
+    };
+    let clock = SimClock::new(0, 0);
+    let mut first = fresh(clock.clone(), config);
+    let persisted = first.last_token(); // 0, written before the grant below
+    let paused = first.acquire_now(1, 3_000).unwrap(); // token 1, its write not persisted
+    clock.advance(config.boot_holdback_ns() + 10 * MS);
+    let mut stale = LeaseServer::boot(clock.clone(), config, persisted);
+    let mut current = LeaseServer::boot(clock.clone(), config, first.last_token());
+    clock.advance(config.boot_holdback_ns());
+    let (again, next) = (
+        stale.acquire_now(2, 3_000).unwrap(),
+        current.acquire_now(2, 3_000).unwrap(),
+    );
+    assert_eq!((again.token, next.token), (1, 2));
+    let mut store = FencedStore::new("");
+    store.write(again.token, "new holder").unwrap();
+    assert!(
+        store
+            .write(paused.token, "the paused ex-holder, late")
+            .is_ok(),
+        "a repeated token is not fenced"
+    );
+    store
+        .write(next.token, "new holder, from the persisted token")
+        .unwrap();
+    assert!(store.write(paused.token, "late").is_err(), "fenced");
 }

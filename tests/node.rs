@@ -407,3 +407,28 @@ fn caller_read_contexts_cannot_collide_with_the_layers() {
         "the caller's own context is answered as its own"
     );
 }
+
+#[test]
+fn handle_counters_are_per_handle_and_survive_the_handle() {
+    let clock = SimClock::new(0, 0);
+    let mut node = leader(&clock);
+    node.tick();
+    let a = node.read_handle();
+    let b = a.clone();
+    assert_eq!(a.try_read(|| 1), Ok(1));
+    assert_eq!(b.try_read(|| 2), Ok(2));
+    assert_eq!(
+        node.counters().lease_reads,
+        2,
+        "both handles' reads are counted"
+    );
+    drop(b);
+    assert_eq!(
+        node.counters().lease_reads,
+        2,
+        "a dropped handle's reads stay counted"
+    );
+    clock.advance(1_000 * MS); // the lease runs out
+    assert_eq!(a.try_read(|| 3), Err(ReadError::LeaseNotHeld));
+    assert_eq!(node.counters().lease_refusals, 1);
+}

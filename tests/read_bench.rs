@@ -33,6 +33,20 @@ fn quick_json_carries_every_mode_and_cell() {
         "raftrs_read_index",
         "raftrs_lease_based",
     ];
+    let (scaled, cells): (Vec<_>, Vec<_>) = cells.into_iter().partition(|c| c["scaling"] == true);
+    let mut threads_seen = BTreeSet::new();
+    for c in &scaled {
+        let (mode, _, threads) = check_cell(c, &modes[..2]);
+        assert!(
+            threads_seen.insert((mode, threads)),
+            "duplicate scaling cell"
+        );
+    }
+    assert_eq!(
+        threads_seen.len(),
+        8,
+        "local and lease_handle on 1, 2, 4, 8 threads"
+    );
     let mut seen = BTreeSet::new();
     for c in &cells {
         let key = check_cell(c, &modes);

@@ -175,6 +175,7 @@ pub struct NodeArgs {
     /// the log, a leader's message from a node that does not lead) reach raft-rs unchecked.
     #[arg(long, hide = true)]
     pub no_admission_checks: bool,
+    /// The HTTP front end's limits.
     #[command(flatten)]
     pub http_limits: HttpLimits,
 }

@@ -48,7 +48,8 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     }
 }
 
-/// `POST /lock/<name>?session=S` takes the lock; `DELETE` releases it.
+/// `POST /lock/<name>?session=S` takes the lock; `DELETE /lock/<name>?session=S[&token=T]`
+/// releases it (with its token, safe to retry).
 async fn lock(c: &Ctx<'_>, raw_name: &str) -> Result<Reply, Reply> {
     let name = name(raw_name, "bad_lock")?;
     let usage = "use POST or DELETE /lock/<name>?session=<id>";
@@ -61,7 +62,18 @@ async fn lock(c: &Ctx<'_>, raw_name: &str) -> Result<Reply, Reply> {
             session,
             now_ns: 0,
         },
-        Method::DELETE => Command::Unlock { name, session },
+        Method::DELETE => {
+            let token = match param(&c.query, "token").map(str::parse::<u64>) {
+                None => None,
+                Some(Ok(t)) => Some(t),
+                Some(Err(_)) => return Err(error(400, "bad_lock", "token must be a number")),
+            };
+            Command::Unlock {
+                name,
+                session,
+                token,
+            }
+        }
         _ => {
             return Err(method_not_allowed(
                 &c.parts.method,

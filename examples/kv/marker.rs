@@ -35,20 +35,28 @@ pub struct Marker {
 /// Why a data dir was refused. The node exits with code 3.
 #[derive(Debug, Error)]
 pub enum DirError {
+    /// Another node's dir.
     #[error(
         "{dir}: this data dir belongs to node {found}, not node {expected}; refusing to start"
     )]
     OtherNode {
+        /// The dir.
         dir: String,
+        /// The node it belongs to.
         found: u64,
+        /// This node.
         expected: u64,
     },
+    /// Another cluster's dir.
     #[error(
         "{dir}: this data dir belongs to cluster {found:?}, not {expected:?}; refusing to start"
     )]
     OtherCluster {
+        /// The dir.
         dir: String,
+        /// The cluster it belongs to.
         found: String,
+        /// This node's cluster.
         expected: String,
     },
     #[error(
@@ -56,23 +64,50 @@ pub enum DirError {
          empty, which would forget this node's term and vote. Restore raft.redb from a backup, or \
          remove the node from the cluster and start it on a new, empty dir"
     )]
-    Store { dir: String, what: String },
+    /// A marked dir whose store is missing, empty, corrupt or another node's.
+    Store {
+        /// The dir.
+        dir: String,
+        /// What is wrong with the store.
+        what: String,
+    },
     #[error(
         "{dir}: holds raft state but no {MARKER_FILE} (another version, or tampered with); \
          refusing to start"
     )]
-    NoMarker { dir: String },
+    /// Raft state without a marker.
+    NoMarker {
+        /// The dir.
+        dir: String,
+    },
     #[error(
         "{dir}: its raft store is {what} (and the dir has no {MARKER_FILE}); refusing to start"
     )]
-    Unusable { dir: String, what: String },
+    /// An unmarked dir whose store cannot be used.
+    Unusable {
+        /// The dir.
+        dir: String,
+        /// What is wrong with the store.
+        what: String,
+    },
     #[error("{path}: unreadable marker: {why}")]
-    BadMarker { path: String, why: String },
+    /// A marker that cannot be read.
+    BadMarker {
+        /// The marker's path.
+        path: String,
+        /// Why.
+        why: String,
+    },
     #[error(
         "{dir}: another process is using this data dir (a node already running on it?); refusing \
          to start. Stop that process first; the dir itself is fine"
     )]
-    InUse { dir: String },
+    /// Another process has the dir's store open.
+    InUse {
+        /// The dir.
+        dir: String,
+    },
+    /// The dir could not be read or written.
     #[error("{0}")]
     Io(String),
 }

@@ -71,12 +71,16 @@ pub enum Command {
         /// The proposing leader's clock.
         now_ns: u64,
     },
-    /// Release a lock a session holds.
+    /// Release a lock a session holds: under `token` if given (safe to retry: a later lock of
+    /// the same name has a larger token), else under whatever token it holds now.
     Unlock {
         /// The lock.
         name: String,
         /// The session that holds it.
         session: u64,
+        /// The token it holds the lock under.
+        #[serde(default)]
+        token: Option<u64>,
     },
     /// A new leader re-bases every session on its clock (a full TTL from `now_ns`).
     Takeover {
@@ -299,8 +303,14 @@ impl KvState {
                 session,
                 now_ns,
             } => self.lock(&name, session, now_ns),
-            Command::Unlock { name, session } => {
-                if self.sessions.unlock(&name, SessionId(session)) {
+            Command::Unlock {
+                name,
+                session,
+                token,
+            } => {
+                let held = self.sessions.lock_holder(&name).map(|(_, t)| t);
+                let token = token.or(held).unwrap_or(0);
+                if self.sessions.unlock(&name, SessionId(session), token) {
                     Outcome::Unlocked
                 } else {
                     Outcome::Refused(Refusal::LockNotHeld { lock: name })

@@ -50,14 +50,19 @@ fn other(e: impl std::error::Error + Send + Sync + 'static) -> raft::Error {
 /// Why an existing store could not be opened as this node's.
 #[derive(Debug, Error)]
 pub enum StoreError {
+    /// No store file.
     #[error("missing")]
     Missing,
+    /// A store file of 0 bytes.
     #[error("empty (0 bytes)")]
     Empty,
+    /// A store without a configuration or node id.
     #[error("not initialized (it holds no configuration)")]
     Uninitialized,
+    /// Another node's store.
     #[error("node {0}'s")]
     OtherNode(u64),
+    /// A store that cannot be read.
     #[error("corrupt or unreadable ({0})")]
     Corrupt(String),
     /// Another process has the store open (a node already running on this dir).

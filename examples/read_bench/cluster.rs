@@ -9,7 +9,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, unbounded, Receiver, Sender};
-use parking_lot::RwLock;
 use protobuf::Message as _;
 use raft::eraftpb::{Entry, EntryType, Message};
 use raft::storage::MemStorage;
@@ -18,7 +17,20 @@ use raft_lease::{
     LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, Safeties,
 };
 
-pub type State = Arc<RwLock<HashMap<u64, u64>>>;
+/// The replicated state: a register per key, `KEYS` keys. Reads are plain atomic loads, so the
+/// `local` baseline and the lease reads pay the same for the state itself and readers on many
+/// threads share nothing but read-only cache lines.
+pub type State = Arc<Vec<AtomicU64>>;
+
+/// Keys in the state.
+pub const KEYS: u64 = 1_024;
+
+/// The value of `key`.
+pub fn get(state: &State, key: u64) -> u64 {
+    state[(key % KEYS) as usize].load(Ordering::Acquire)
+}
+/// Every node's inbox and liveness, for sending without the network thread.
+type Direct = (Vec<Sender<Vec<u8>>>, Vec<Arc<AtomicBool>>);
 /// A node's inbox of encoded raft messages.
 type Inbox = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
 type Node = LeaseNode<MemStorage, Arc<MonotonicClock>>;
@@ -78,6 +90,7 @@ pub struct Cluster {
     pub nodes: Vec<NodeSlot>,
     net: Net,
     inboxes: Vec<Inbox>,
+    alive: Vec<Arc<AtomicBool>>,
     clock: Arc<MonotonicClock>,
     mode: Safeties,
     delay: Duration,
@@ -98,6 +111,7 @@ impl Cluster {
             nodes: Vec::new(),
             net,
             inboxes,
+            alive: alive.clone(),
             clock,
             mode,
             delay,
@@ -139,12 +153,16 @@ impl Cluster {
         )
         .expect("bench node config");
         let (cmd_tx, cmd_rx) = unbounded();
-        let state: State = Arc::default();
+        let state: State = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
         let is_leader = Arc::new(AtomicBool::new(false));
         alive.store(true, Ordering::Release);
         let io = BenchIo {
             state: state.clone(),
             net: self.net.tx.clone(),
+            direct: self.delay.is_zero().then(|| {
+                let inboxes = self.inboxes.iter().map(|(tx, _)| tx.clone()).collect();
+                (inboxes, self.alive.clone())
+            }),
             sent: self.net.sent.clone(),
             delay: self.delay,
             writes: HashMap::new(),
@@ -290,26 +308,30 @@ struct Worker {
 struct BenchIo {
     state: State,
     net: Sender<(Instant, u64, Vec<u8>)>,
+    /// With no delay, messages go straight to the receiver's inbox (if it is alive), not
+    /// through the network thread.
+    direct: Option<Direct>,
     sent: Arc<AtomicU64>,
     delay: Duration,
     writes: HashMap<u64, (Instant, Sender<Done>)>,
 }
 
+/// How long a node thread spins for new work before it parks: a read or a message that arrives
+/// meanwhile is picked up in microseconds, with no futex wake-up. At idle it costs one spin per
+/// tick (see the bench's idle CPU line).
+const SPIN: Duration = Duration::from_micros(50);
+
+/// The thread should stop.
+struct Stopped;
+
 impl Worker {
     fn run(mut self) {
         let mut next_tick = Instant::now() + TICK;
+        let mut busy = false;
         loop {
-            let timeout = next_tick.saturating_duration_since(Instant::now());
-            select! {
-                recv(self.inbox) -> m => if let Ok(bytes) = m { self.step(&bytes) },
-                recv(self.cmds) -> c => match c {
-                    Ok(Cmd::Stop) | Err(_) => return,
-                    Ok(cmd) => self.command(cmd),
-                },
-                default(timeout) => {}
-            }
-            while let Ok(bytes) = self.inbox.try_recv() {
-                self.step(&bytes);
+            match self.wait_for_work(next_tick, busy) {
+                Ok(worked) => busy = worked,
+                Err(Stopped) => return,
             }
             if Instant::now() >= next_tick {
                 self.node.tick();
@@ -319,6 +341,53 @@ impl Worker {
             self.answer_reads();
             self.is_leader
                 .store(self.node.is_leader(), Ordering::Release);
+        }
+    }
+
+    /// Take every message and command waiting. After work (`busy`), spin up to [`SPIN`] for
+    /// more before parking until some arrives or the next tick is due. Returns whether any came.
+    fn wait_for_work(&mut self, next_tick: Instant, busy: bool) -> Result<bool, Stopped> {
+        let spin = if busy { SPIN } else { Duration::ZERO };
+        let spin_until = (Instant::now() + spin).min(next_tick);
+        loop {
+            if self.drain()? {
+                return Ok(true);
+            }
+            if Instant::now() >= spin_until {
+                break;
+            }
+            // Yield rather than burn the core: with more busy threads than cores, the thread
+            // this one waits for may need it.
+            std::thread::yield_now();
+        }
+        let timeout = next_tick.saturating_duration_since(Instant::now());
+        let got = select! {
+            recv(self.inbox) -> m => m.map(|bytes| self.step(&bytes)).is_ok(),
+            recv(self.cmds) -> c => match c {
+                Ok(Cmd::Stop) | Err(_) => return Err(Stopped),
+                Ok(cmd) => { self.command(cmd); true }
+            },
+            default(timeout) => false,
+        };
+        Ok(self.drain()? || got)
+    }
+
+    /// Step every waiting message and run every waiting command, so that one `Ready` (and one
+    /// ReadIndex round) covers them all. Returns whether there was any.
+    fn drain(&mut self) -> Result<bool, Stopped> {
+        let mut any = false;
+        while let Ok(bytes) = self.inbox.try_recv() {
+            self.step(&bytes);
+            any = true;
+        }
+        loop {
+            match self.cmds.try_recv() {
+                Ok(Cmd::Stop) => return Err(Stopped),
+                Ok(cmd) => self.command(cmd),
+                Err(crossbeam_channel::TryRecvError::Empty) => return Ok(any),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => return Err(Stopped),
+            }
+            any = true;
         }
     }
 
@@ -381,9 +450,8 @@ impl Worker {
     }
 
     fn answer_reads(&mut self) {
-        let state = self.io.state.read();
-        let served = self.node.serve_reads(|_| state.get(&1).copied());
-        drop(state);
+        let state = &self.io.state;
+        let served = self.node.serve_reads(|_| get(state, 1));
         for s in served {
             if let Some((started, reply)) = self.reads.remove(&s.id) {
                 let _ = reply.send(Done {
@@ -398,12 +466,12 @@ impl Worker {
             }
         }
         let applied = self.node.raw().raft.raft_log.applied;
-        let state = self.io.state.read();
+        let state = &self.io.state;
         self.raw_ready.retain(|(index, started, reply)| {
             if *index > applied {
                 return true;
             }
-            let _ = state.get(&1);
+            std::hint::black_box(get(state, 1));
             let _ = reply.send(Done {
                 started: *started,
                 kind: Some(ReadKind::Index),
@@ -418,19 +486,25 @@ impl MemApp<Arc<MonotonicClock>> for BenchIo {
         for m in msgs {
             self.sent.fetch_add(1, Ordering::Relaxed);
             let bytes = m.write_to_bytes().expect("encode");
+            if let Some((inboxes, alive)) = &self.direct {
+                let to = m.to as usize - 1;
+                if alive[to].load(Ordering::Acquire) {
+                    let _ = inboxes[to].send(bytes);
+                }
+                continue;
+            }
             let _ = self.net.send((Instant::now() + self.delay, m.to, bytes));
         }
     }
 
     fn apply(&mut self, _: &mut Node, entries: Vec<Entry>) {
-        let mut state = self.state.write();
         let writes = entries
             .iter()
             .filter(|e| e.get_entry_type() == EntryType::EntryNormal && e.data.len() == 16);
         for e in writes {
             let key = u64::from_be_bytes(e.data[..8].try_into().expect("8 bytes"));
             let value = u64::from_be_bytes(e.data[8..].try_into().expect("8 bytes"));
-            state.insert(key, value);
+            self.state[(key % KEYS) as usize].store(value, Ordering::Release);
             if let Some((started, reply)) = self.writes.remove(&(key ^ value)) {
                 let _ = reply.send(Done {
                     started,

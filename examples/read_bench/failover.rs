@@ -23,7 +23,8 @@ fn first_read(
             .enumerate()
             .filter(|(i, _)| *i != killed)
         {
-            if mode == ReadMode::Auto && n.handle.read(|| n.state.read().get(&1).copied()).is_ok() {
+            if mode == ReadMode::Auto && n.handle.read(|| crate::cluster::get(&n.state, 1)).is_ok()
+            {
                 return Some(killed_at.elapsed());
             }
             let _ = i;

@@ -5,11 +5,13 @@
 //! ```sh
 //! cargo run --release --example read_bench -- [--quick] [--json PATH] [--svg PATH]
 //! cargo run --release --example read_bench -- failover [--trials 20]
+//! cargo run --release --example read_bench -- pending
 //! ```
 
 mod cluster;
 mod failover;
 mod measure;
+mod pending;
 mod svg;
 
 use std::time::Duration;
@@ -18,7 +20,7 @@ use clap::{Parser, Subcommand};
 use raft_lease::Safeties;
 
 use crate::cluster::Cluster;
-use crate::measure::{idle_rate, measure, mixed, Cell, Mode};
+use crate::measure::{idle_rate, measure, mixed, scaling, Cell, Mode};
 
 #[derive(Parser)]
 #[command(about = "Lease reads vs ReadIndex vs raft-rs, side by side")]
@@ -48,6 +50,8 @@ enum Sub {
         #[arg(long, default_value_t = 100)]
         delay_us: u64,
     },
+    /// Time and memory per read with up to 100,000 ReadIndex reads outstanding.
+    Pending,
 }
 
 const DELAYS_US: [u64; 4] = [0, 100, 1_000, 5_000];
@@ -55,17 +59,22 @@ const OUTSTANDING: [usize; 2] = [1, 64];
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Sub::Failover { trials, delay_us }) = cli.cmd {
-        failover::run(trials, Duration::from_micros(delay_us));
-        return;
+    match cli.cmd {
+        Some(Sub::Failover { trials, delay_us }) => {
+            return failover::run(trials, Duration::from_micros(delay_us));
+        }
+        Some(Sub::Pending) => return pending::run(),
+        None => {}
     }
     let window = Duration::from_millis(cli.cell_ms.unwrap_or(if cli.quick { 250 } else { 2_000 }));
     let cells = sweep(window);
     print_table(&cells);
     print_ratios(&cells);
+    let scaled = thread_scaling(window);
+    idle_cpu();
     mixed_writes(window);
     if let Some(path) = &cli.json {
-        let json = serde_json::Value::Array(cells.iter().map(Cell::json).collect());
+        let json = serde_json::Value::Array(cells.iter().chain(&scaled).map(Cell::json).collect());
         if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")) {
             eprintln!("error: cannot write {}: {e}", path.display());
             std::process::exit(1);
@@ -178,6 +187,66 @@ fn print_ratios(cells: &[Cell]) {
             );
         }
     }
+}
+
+/// CPU time the process spends per second with an idle 3-node cluster (ticks and heartbeats
+/// only): what the node threads' spinning before they park costs.
+fn idle_cpu() {
+    let cluster = Cluster::start(3, Duration::from_micros(100), Safeties::default());
+    if cluster.leader(Duration::from_secs(10)).is_none() {
+        eprintln!("error: no leader for the idle CPU run");
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (cpu0, t0) = (process_cpu(), std::time::Instant::now());
+    std::thread::sleep(Duration::from_secs(2));
+    let ms_per_s = (process_cpu() - cpu0).as_secs_f64() * 1e3 / t0.elapsed().as_secs_f64();
+    println!(
+        "\nidle CPU, 3 nodes, ticks every 10 ms, heartbeats every 30 ms: {ms_per_s:.1} ms/s of CPU"
+    );
+}
+
+/// User plus system CPU time of this process.
+fn process_cpu() -> Duration {
+    // SAFETY: `usage` is a valid, writable rusage, and RUSAGE_SELF is a valid target.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(
+            libc::getrusage(libc::RUSAGE_SELF, &mut usage),
+            0,
+            "getrusage"
+        );
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+/// Lease reads on 1, 2, 4 and 8 reader threads against `local` on as many, at 0 delay.
+fn thread_scaling(window: Duration) -> Vec<Cell> {
+    let cluster = Cluster::start(3, Duration::ZERO, Safeties::default());
+    let Some(leader) = cluster.leader(Duration::from_secs(10)) else {
+        eprintln!("error: no leader for the thread-scaling cells");
+        std::process::exit(1);
+    };
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("\nthread scaling ({cores} cores on this machine): reads/s, lease_handle vs local");
+    let mut cells = Vec::new();
+    for threads in [1, 2, 4, 8] {
+        let local = scaling(&cluster, leader, Mode::Local, threads, window);
+        let handle = scaling(&cluster, leader, Mode::LeaseHandle, threads, window);
+        println!(
+            "  {threads} threads: local {:>12.0}/s p50 {:>7}   lease_handle {:>12.0}/s p50 {:>7}   throughput {:>4.0}%  p50 x{:.2}",
+            local.reads_per_sec,
+            fmt_ns(local.p50_ns),
+            handle.reads_per_sec,
+            fmt_ns(handle.p50_ns),
+            100.0 * handle.reads_per_sec / local.reads_per_sec.max(1.0),
+            handle.p50_ns as f64 / local.p50_ns.max(1) as f64,
+        );
+        cells.extend([local, handle]);
+    }
+    cells
 }
 
 /// Reads with 10% writes mixed in, at 1 ms one-way delay: lease reads wait for apply too.

@@ -1,6 +1,5 @@
 //! Measuring one cell: a mode, a one-way delay and a number of outstanding reads.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
@@ -60,6 +59,8 @@ pub struct Cell {
     pub p999_ns: u64,
     pub reads_per_sec: f64,
     pub msgs_per_read: f64,
+    /// A thread-scaling cell: `client_threads` reader threads, each with its own handle.
+    pub scaling: bool,
 }
 
 impl Cell {
@@ -69,6 +70,7 @@ impl Cell {
             "client_threads": self.client_threads, "reads": self.reads, "failed": self.failed,
             "p50_ns": self.p50_ns, "p99_ns": self.p99_ns, "p999_ns": self.p999_ns,
             "reads_per_sec": self.reads_per_sec, "msgs_per_read": self.msgs_per_read,
+            "scaling": self.scaling,
         })
     }
 }
@@ -110,7 +112,24 @@ pub fn run_reads(
 ) -> (Samples, usize) {
     if mode.synchronous() {
         let threads = outstanding.min(std::thread::available_parallelism().map_or(2, |n| n.get()));
-        let samples = std::thread::scope(|s| {
+        return (
+            sync_threads(cluster, leader, mode, threads, window),
+            threads,
+        );
+    }
+    (async_loop(cluster, leader, mode, outstanding, window), 1)
+}
+
+/// `threads` reader threads, each with its own handle, for `window`.
+fn sync_threads(
+    cluster: &Cluster,
+    leader: usize,
+    mode: Mode,
+    threads: usize,
+    window: Duration,
+) -> Samples {
+    {
+        std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
                 .map(|_| s.spawn(|| sync_loop(cluster, leader, mode, window)))
                 .collect();
@@ -119,15 +138,47 @@ pub fn run_reads(
                 all.merge(h.join().expect("client thread"));
             }
             all
-        });
-        return (samples, threads);
+        })
     }
-    (async_loop(cluster, leader, mode, outstanding, window), 1)
+}
+
+/// A synchronous mode with `threads` reader threads (a thread-scaling cell).
+pub fn scaling(
+    cluster: &Cluster,
+    leader: usize,
+    mode: Mode,
+    threads: usize,
+    window: Duration,
+) -> Cell {
+    assert!(
+        mode.synchronous(),
+        "scaling cells are for local and lease_handle"
+    );
+    let _ = sync_threads(cluster, leader, mode, threads, window / 5); // warm-up
+    let t0 = Instant::now();
+    let mut samples = sync_threads(cluster, leader, mode, threads, window);
+    let secs = t0.elapsed().as_secs_f64();
+    let (p50_ns, p99_ns, p999_ns) = samples.percentiles();
+    let reads = samples.latencies_ns.len() as u64;
+    Cell {
+        mode,
+        one_way_delay_us: 0,
+        outstanding: threads,
+        client_threads: threads,
+        reads,
+        failed: samples.failed,
+        p50_ns,
+        p99_ns,
+        p999_ns,
+        reads_per_sec: reads as f64 / secs,
+        msgs_per_read: 0.0,
+        scaling: true,
+    }
 }
 
 fn sync_loop(cluster: &Cluster, leader: usize, mode: Mode, window: Duration) -> Samples {
     let node = &cluster.nodes[leader];
-    let local: HashMap<u64, u64> = node.state.read().clone();
+    let handle = node.handle.clone(); // a reader thread's own handle
     let clock = MonotonicClock::new();
     let mut s = Samples {
         latencies_ns: Vec::with_capacity(1 << 20),
@@ -142,13 +193,10 @@ fn sync_loop(cluster: &Cluster, leader: usize, mode: Mode, window: Duration) -> 
             let ok = match mode {
                 Mode::Local => {
                     std::hint::black_box(clock.now_ns());
-                    std::hint::black_box(local.get(&k).copied());
+                    std::hint::black_box(crate::cluster::get(&node.state, k));
                     true
                 }
-                _ => node
-                    .handle
-                    .read(|| node.state.read().get(&k).copied())
-                    .is_ok(),
+                _ => handle.read(|| crate::cluster::get(&node.state, k)).is_ok(),
             };
             let dt = t0.elapsed().as_nanos() as u64;
             if ok {
@@ -195,7 +243,7 @@ fn async_loop(
     let end = Instant::now() + window;
     let mut in_flight = outstanding;
     while in_flight > 0 {
-        let Ok(done) = rx.recv_timeout(Duration::from_secs(2)) else {
+        let Some(done) = recv_spinning(&rx, Duration::from_secs(2)) else {
             s.failed += in_flight as u64; // dropped by raft: give up on them
             break;
         };
@@ -212,6 +260,19 @@ fn async_loop(
         }
     }
     s
+}
+
+/// Receive, spinning briefly before blocking: a client waiting on an answer that comes within
+/// microseconds should not pay for a futex wake-up.
+fn recv_spinning<T>(rx: &Receiver<T>, timeout: Duration) -> Option<T> {
+    let spin_until = Instant::now() + Duration::from_micros(50);
+    while Instant::now() < spin_until {
+        if let Ok(v) = rx.try_recv() {
+            return Some(v);
+        }
+        std::thread::yield_now();
+    }
+    rx.recv_timeout(timeout).ok()
 }
 
 /// A cell measured against raft messages: `idle_msgs_per_sec` is subtracted.
@@ -248,6 +309,7 @@ pub fn measure(
         } else {
             (msgs / reads as f64).max(0.0)
         },
+        scaling: false,
     }
 }
 

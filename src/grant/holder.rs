@@ -17,6 +17,12 @@ struct Held {
 ///
 /// The request's `sent_at` is read **before** the request goes out; measuring from the response's
 /// arrival would let network delay stretch the lease past the grantor's expiry.
+///
+/// **Clock.** Feed it readings of a clock that keeps counting while the machine is suspended
+/// ([`BootClock`](crate::BootClock), `CLOCK_BOOTTIME`). `CLOCK_MONOTONIC` ([`MonotonicClock`](crate::MonotonicClock))
+/// stops during suspend, so a holder that was suspended for longer than its lease wakes up still
+/// believing in it while the grantor has given it to another. Check [`LeaseHolder::token`]
+/// right before each protected action, and fence the action with it.
 #[derive(Debug, Clone)]
 pub struct LeaseHolder {
     config: GrantConfig,
@@ -25,15 +31,22 @@ pub struct LeaseHolder {
 
 impl LeaseHolder {
     /// A holder with no lease.
+    ///
+    /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn new(config: GrantConfig) -> Self {
+        config.assert_valid();
         LeaseHolder { config, held: None }
     }
 
     /// The grantor granted `grant` in answer to a request sent at local instant `sent_at_ns`.
     ///
+    /// A term above the configuration's `max_term_ms` (no grantor of this configuration gives
+    /// one: a garbled or forged answer) is believed only for `max_term_ms`.
+    ///
     /// Returns `false` (and drops the lease) if the token changed: someone else held it between.
     pub fn on_grant(&mut self, sent_at_ns: u64, grant: Grant) -> bool {
-        let valid_until_ns = sent_at_ns.saturating_add(self.config.holder_valid_ns(grant.term_ms));
+        let term_ms = grant.term_ms.min(self.config.max_term_ms);
+        let valid_until_ns = sent_at_ns.saturating_add(self.config.holder_valid_ns(term_ms));
         let same_owner = self.held.is_none_or(|h| h.token == grant.token);
         let valid_until_ns = match self.held {
             // A late answer to an older request never moves the view backwards.
@@ -43,7 +56,7 @@ impl LeaseHolder {
         self.held = Some(Held {
             token: grant.token,
             valid_until_ns,
-            term_ns: grant.term_ms * 1_000_000,
+            term_ns: term_ms.saturating_mul(1_000_000),
         });
         same_owner
     }
@@ -70,6 +83,12 @@ impl LeaseHolder {
     /// When the holder's view ends (exclusive), if it holds anything.
     pub fn valid_until_ns(&self) -> Option<u64> {
         self.held.map(|h| h.valid_until_ns)
+    }
+
+    /// The token of the lease held, whether or not the view still runs (to name it in a renewal
+    /// or a release); `None` once dropped. Act on the lease only under [`LeaseHolder::token`].
+    pub fn held_token(&self) -> Option<u64> {
+        self.held.map(|h| h.token)
     }
 
     /// The fencing token, while the lease holds at `now_ns`.

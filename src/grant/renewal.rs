@@ -12,10 +12,11 @@
 //!
 //! let mut holder = LeaseHolder::new(GrantConfig::default());
 //! holder.on_grant(0, Grant { token: 1, term_ms: 3_000 });
-//! let mut renewal = Renewal::new(holder, 3_000);
+//! let mut renewal = Renewal::new(holder, 3_000).expect("long enough to renew");
 //! // Nothing to do until a third of the view is left (ρ = 500 ppm, ε = 10 ms: view 2988.5 ms).
 //! assert_eq!(renewal.poll(0), RenewStep::Wait { until_ns: 1_988_500_000 });
-//! let RenewStep::Send { deadline_ns, .. } = renewal.poll(1_988_500_000) else { panic!() };
+//! let RenewStep::Send { token, deadline_ns, .. } = renewal.poll(1_988_500_000) else { panic!() };
+//! assert_eq!(token, 1, "the renewal names the holding it renews");
 //! assert_eq!(deadline_ns, 1_988_500_000 + 250_000_000);
 //! // The transport never answers: the loss timer fires 250 ms before the view ends.
 //! assert!(matches!(renewal.poll(2_238_500_000), RenewStep::Event(LeaseEvent::RenewFailed { .. })));
@@ -24,20 +25,37 @@
 //! assert_eq!(renewal.token(2_738_500_000), None);
 //! ```
 
+use thiserror::Error;
+
 use crate::grant::holder::LeaseHolder;
-use crate::grant::renewer::{LeaseEvent, LossReason};
+use crate::grant::renewer::{LeaseEvent, LossReason, TransportError};
 use crate::grant::server::Grant;
 
 /// The retry interval and the loss timer's lead are both `term / 12`: at `d/3` left there is room
 /// for about three attempts before the loss timer fires `d/12` before the view ends.
 pub const RETRY_DIVISOR: u64 = 12;
 
+/// Why a renewal cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RenewalError {
+    /// The term is too short to schedule retries (`d/12` would be under 1 ms).
+    #[error("lease term {term_ms} ms is too short to renew: at least {min_ms} ms")]
+    TermTooShort {
+        /// The term asked for.
+        term_ms: u64,
+        /// The shortest term a renewal accepts.
+        min_ms: u64,
+    },
+}
+
 /// What the driver should do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RenewStep {
-    /// Send a renewal for `term_ms` now (`sent_at` is the instant passed to
-    /// [`Renewal::poll`]). The transport should give up by `deadline_ns`, on the holder's clock.
+    /// Send a renewal of the holding `token` for `term_ms` now (`sent_at` is the instant passed
+    /// to [`Renewal::poll`]). The transport should give up by `deadline_ns`, on the holder's clock.
     Send {
+        /// The fencing token of the holding to renew (the grantor renews only that holding).
+        token: u64,
         /// The term to ask for, in ms.
         term_ms: u64,
         /// When the transport should give up on this attempt (holder's clock, ns).
@@ -82,24 +100,25 @@ pub struct Renewal {
 }
 
 impl Renewal {
-    /// Renew `holder` (which should hold the lease) for `term_ms` at a time.
-    ///
-    /// Panics if `term_ms` is below 12 (too short to schedule retries): a programmer error.
-    pub fn new(holder: LeaseHolder, term_ms: u64) -> Self {
-        assert!(
-            term_ms >= RETRY_DIVISOR,
-            "lease term {term_ms} ms is too short to renew"
-        );
-        Renewal {
+    /// Renew `holder` (which should hold the lease) for `term_ms` at a time. Refused if `term_ms`
+    /// is below 12 ms, too short to schedule retries.
+    pub fn new(holder: LeaseHolder, term_ms: u64) -> Result<Self, RenewalError> {
+        if term_ms < RETRY_DIVISOR {
+            return Err(RenewalError::TermTooShort {
+                term_ms,
+                min_ms: RETRY_DIVISOR,
+            });
+        }
+        Ok(Renewal {
             holder,
             term_ms,
-            retry_ns: term_ms * 1_000_000 / RETRY_DIVISOR,
+            retry_ns: term_ms.saturating_mul(1_000_000) / RETRY_DIVISOR,
             failures: 0,
             in_flight: None,
             retry_at_ns: None,
             finished: false,
             loss_from_transport_only: false,
-        }
+        })
     }
 
     /// NEGATIVE CONTROL, for tests only: no loss timer and no deadline; the loss is decided only
@@ -117,7 +136,9 @@ impl Renewal {
         if self.finished {
             return RenewStep::Wait { until_ns: u64::MAX };
         }
-        let Some(valid_until_ns) = self.holder.valid_until_ns() else {
+        let (Some(valid_until_ns), Some(token)) =
+            (self.holder.valid_until_ns(), self.holder.held_token())
+        else {
             return self.lose(LossReason::NotHeld, now_ns);
         };
         let control = self.loss_from_transport_only;
@@ -137,7 +158,7 @@ impl Renewal {
                 attempt.missed = true;
                 self.failures += 1;
                 return RenewStep::Event(LeaseEvent::RenewFailed {
-                    error: "no answer by the deadline".into(),
+                    error: TransportError::DeadlineMissed,
                     attempt: self.failures,
                     at_ns: now_ns,
                 });
@@ -161,7 +182,7 @@ impl Renewal {
         let deadline_ns = if control {
             u64::MAX
         } else {
-            (now_ns + self.retry_ns).min(lost_at_ns)
+            now_ns.saturating_add(self.retry_ns).min(lost_at_ns)
         };
         self.in_flight = Some(Attempt {
             sent_at_ns: now_ns,
@@ -169,6 +190,7 @@ impl Renewal {
             missed: false,
         });
         RenewStep::Send {
+            token,
             term_ms: self.term_ms,
             deadline_ns,
         }
@@ -176,9 +198,12 @@ impl Renewal {
 
     /// The transport answered the attempt in flight, at `now_ns`. Returns what to tell the owner.
     ///
+    /// A refusal from the grantor ([`TransportError::Refused`]: the holding is gone, or cannot
+    /// be renewed) loses the lease at once; any other error is retried while time is left.
+    ///
     /// Panics if no attempt is in flight or the renewal is over: the driver must drop answers
     /// once it has seen [`LeaseEvent::Lost`].
-    pub fn on_answer(&mut self, answer: Result<Grant, String>, now_ns: u64) -> LeaseEvent {
+    pub fn on_answer(&mut self, answer: Result<Grant, TransportError>, now_ns: u64) -> LeaseEvent {
         assert!(!self.finished, "an answer after the lease was lost");
         let attempt = self
             .in_flight
@@ -188,14 +213,8 @@ impl Renewal {
             Ok(grant) => {
                 let old = self.holder.token(attempt.sent_at_ns);
                 if !self.holder.on_grant(attempt.sent_at_ns, grant) {
-                    let reason = LossReason::TokenChanged {
-                        old,
-                        new: grant.token,
-                    };
-                    let RenewStep::Event(lost) = self.lose(reason, now_ns) else {
-                        unreachable!("lose returns an event")
-                    };
-                    return lost;
+                    let new = grant.token;
+                    return self.lost(LossReason::TokenChanged { old, new }, now_ns);
                 }
                 self.failures = 0;
                 self.retry_at_ns = None;
@@ -205,11 +224,12 @@ impl Renewal {
                     at_ns: now_ns,
                 }
             }
+            Err(TransportError::Refused(why)) => self.lost(LossReason::Refused(why), now_ns),
             Err(error) => {
                 if !attempt.missed {
                     self.failures += 1;
                 }
-                self.retry_at_ns = Some(now_ns + self.retry_ns);
+                self.retry_at_ns = Some(now_ns.saturating_add(self.retry_ns));
                 LeaseEvent::RenewFailed {
                     error,
                     attempt: self.failures,
@@ -217,6 +237,13 @@ impl Renewal {
                 }
             }
         }
+    }
+
+    fn lost(&mut self, reason: LossReason, now_ns: u64) -> LeaseEvent {
+        let RenewStep::Event(lost) = self.lose(reason, now_ns) else {
+            unreachable!("lose returns an event")
+        };
+        lost
     }
 
     fn lose(&mut self, reason: LossReason, now_ns: u64) -> RenewStep {
@@ -259,7 +286,7 @@ impl Renewal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grant::GrantConfig;
+    use crate::grant::{AcquireError, GrantConfig};
 
     const MS: u64 = 1_000_000;
 
@@ -272,10 +299,10 @@ mod tests {
                 term_ms: 3_000,
             },
         );
-        Renewal::new(holder, 3_000)
+        Renewal::new(holder, 3_000).expect("a 3 s term")
     }
 
-    fn grant() -> Result<Grant, String> {
+    fn grant() -> Result<Grant, TransportError> {
         Ok(Grant {
             token: 1,
             term_ms: 3_000,
@@ -310,7 +337,8 @@ mod tests {
             match r.poll(t) {
                 RenewStep::Send { .. } => {
                     failures += 1;
-                    r.on_answer(Err("refused".into()), t);
+                    let io = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+                    r.on_answer(Err(io.into()), t);
                 }
                 RenewStep::Wait { until_ns } => t = until_ns,
                 RenewStep::Event(LeaseEvent::Lost { at_ns, .. }) => {
@@ -352,11 +380,39 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_is_lost_at_once_and_a_short_term_is_a_typed_error() {
+        let mut r = renewal();
+        r.poll(1_988_500_000);
+        let refused = AcquireError::NotHolder {
+            client: 7,
+            token: 1,
+        };
+        let e = r.on_answer(Err(refused.clone().into()), 1_989_000_000);
+        assert_eq!(
+            e,
+            LeaseEvent::Lost {
+                reason: LossReason::Refused(refused),
+                at_ns: 1_989_000_000
+            }
+        );
+        let holder = LeaseHolder::new(GrantConfig::default());
+        assert_eq!(
+            Renewal::new(holder.clone(), 11).err(),
+            Some(RenewalError::TermTooShort {
+                term_ms: 11,
+                min_ms: 12
+            })
+        );
+        assert!(Renewal::new(holder, 12).is_ok());
+    }
+
+    #[test]
     fn the_control_waits_for_the_transport_forever() {
         let mut r = renewal().control_loss_only_when_the_transport_returns();
         assert_eq!(
             r.poll(1_988_500_000),
             RenewStep::Send {
+                token: 1,
                 term_ms: 3_000,
                 deadline_ns: u64::MAX
             }

@@ -1,11 +1,24 @@
 //! A renewer thread: keeps a [`LeaseHolder`]'s lease alive through a transport you supply, and
-//! tells the owner when the lease is lost, **no later than `d/12` before the holder's view ends,
-//! whatever the transport does**.
+//! tells the owner when the lease is lost, `d/12` before the holder's view ends, whatever the
+//! transport does.
 //!
 //! Two threads: the renewer thread runs the [`Renewal`] core and its loss timer; an I/O thread
 //! calls the transport, one attempt at a time, with a deadline. The renewer thread never waits on
 //! the transport beyond the loss timer, so a transport that blocks or never returns cannot delay
 //! [`LeaseEvent::Lost`].
+//!
+//! **What the timing claim means.** In simulated time ([`SimSleeper`]) `Lost` comes exactly at
+//! `valid_until − d/12`. With real threads it comes when the renewer thread next runs after that
+//! instant: usually within a millisecond, but a loaded machine, a paused process or a suspended
+//! host can delay it past the end of the view (a reviewer's run on a loaded 2-core machine, 120 ms
+//! term: `Lost` came 1.8 ms and 40.7 ms after the view had ended in 2 of 6 runs). The event
+//! channel is a prompt, not a guarantee. So an owner:
+//! - checks [`Renewer::token`]`(now)` **right before each protected action** (it reads the clock,
+//!   with no thread in between) and acts only if it returns the token;
+//! - fences every write to shared storage with that token ([`FencedStore`](crate::grant::FencedStore)),
+//!   so that an action that starts in time but lands late is refused;
+//! - picks a term whose `d/12` is well above the scheduling delays it expects;
+//! - reads its clock from one that counts through suspend ([`BootClock`](crate::BootClock)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,10 +28,12 @@ use std::time::Duration;
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 
+use thiserror::Error;
+
 use crate::clock::Clock;
 use crate::grant::holder::LeaseHolder;
-use crate::grant::renewal::{RenewStep, Renewal};
-use crate::grant::server::Grant;
+use crate::grant::renewal::{RenewStep, Renewal, RenewalError};
+use crate::grant::server::{AcquireError, Grant};
 
 pub use crate::grant::sim_time::{SimSleeper, SimTransportTime};
 
@@ -38,7 +53,7 @@ pub enum LeaseEvent {
     /// lease lasts.
     RenewFailed {
         /// The transport's error.
-        error: String,
+        error: TransportError,
         /// Failed attempts in a row.
         attempt: u32,
         /// Local time of the failure.
@@ -70,8 +85,60 @@ pub enum LossReason {
         /// The token granted now.
         new: u64,
     },
+    /// The grantor refused the renewal: the holding is gone (released, run out, taken over) or
+    /// cannot be renewed (a grantor that restarted with a holdback forgot it).
+    Refused(AcquireError),
     /// The lease was never held when the renewer started.
     NotHeld,
+}
+
+/// Why one renewal attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum TransportError {
+    /// No answer by the attempt's deadline.
+    #[error("no answer by the deadline")]
+    DeadlineMissed,
+    /// The grantor answered with a refusal. The renewal core treats it as a loss: the holding
+    /// cannot be renewed.
+    #[error("the grantor refused: {0}")]
+    Refused(#[from] AcquireError),
+    /// The request could not be sent or its answer not read.
+    #[error("transport I/O failed ({kind:?}): {message}")]
+    Io {
+        /// The kind of the I/O error.
+        kind: std::io::ErrorKind,
+        /// Its message.
+        message: String,
+    },
+    /// The answer could not be understood (a garbled or foreign reply).
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+    /// The transport's thread is gone (it panicked); only the loss timer is left.
+    #[error("the transport thread is gone")]
+    Gone,
+}
+
+impl From<std::io::Error> for TransportError {
+    fn from(e: std::io::Error) -> Self {
+        TransportError::Io {
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// One renewal attempt, as the [`Transport`] receives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenewRequest {
+    /// The fencing token of the holding to renew: send it, the grantor renews only that holding.
+    pub token: u64,
+    /// The term to ask for, in ms.
+    pub term_ms: u64,
+    /// Give up by this instant on the renewer's clock.
+    pub deadline_ns: u64,
+    /// The same deadline as a duration: the time left until it when the call starts, measured on
+    /// the renewer's clock just before the call. Use it for socket timeouts.
+    pub timeout: Duration,
 }
 
 /// How the renewer thread waits. Production uses [`ClockSleeper`]; tests use [`SimSleeper`].
@@ -133,19 +200,21 @@ impl<C: Clock> Sleeper for ClockSleeper<C> {
     }
 }
 
-/// A renewal transport: asks the grantor for `term_ms` and returns its answer or an error.
+/// A renewal transport: asks the grantor to renew the holding `request.token` for
+/// `request.term_ms` and returns its answer or a typed error.
 ///
-/// `deadline_ns` is on the renewer's clock: give up by then (an answer after it may be ignored).
-/// Ignoring the deadline is safe, since the renewer declares the loss on its own timer, but it keeps
-/// the I/O thread, and so the next attempt, waiting.
+/// Give up within `request.timeout` (an answer after the deadline may be ignored). Ignoring it
+/// is safe, since the renewer declares the loss on its own timer, but it keeps the I/O thread, and
+/// so the next attempt, waiting. Return a grantor's refusal as [`TransportError::Refused`]: the
+/// owner is told at once that the lease is lost.
 pub trait Transport: Send {
-    /// Ask for a renewal of `term_ms`, giving up by `deadline_ns`.
-    fn renew(&mut self, term_ms: u64, deadline_ns: u64) -> Result<Grant, String>;
+    /// Ask for one renewal.
+    fn renew(&mut self, request: RenewRequest) -> Result<Grant, TransportError>;
 }
 
-impl<T: FnMut(u64, u64) -> Result<Grant, String> + Send> Transport for T {
-    fn renew(&mut self, term_ms: u64, deadline_ns: u64) -> Result<Grant, String> {
-        self(term_ms, deadline_ns)
+impl<T: FnMut(RenewRequest) -> Result<Grant, TransportError> + Send> Transport for T {
+    fn renew(&mut self, request: RenewRequest) -> Result<Grant, TransportError> {
+        self(request)
     }
 }
 
@@ -160,15 +229,16 @@ pub struct Renewer {
     thread: Option<JoinHandle<()>>,
 }
 
-/// One attempt for the I/O thread: (term_ms, deadline_ns).
-type Request = (u64, u64);
+/// One attempt for the I/O thread: (token, term_ms, deadline_ns).
+type Request = (u64, u64, u64);
+type Answer = Result<Grant, TransportError>;
 
 struct Loop<C: Clock, S: Sleeper> {
     clock: Arc<C>,
     sleeper: S,
     core: Arc<Mutex<Renewal>>,
     requests: Sender<Request>,
-    answers: Receiver<Result<Grant, String>>,
+    answers: Receiver<Answer>,
     events: Sender<LeaseEvent>,
     stop: Arc<AtomicBool>,
 }
@@ -180,11 +250,12 @@ impl<C: Clock, S: Sleeper> Loop<C, S> {
             let step = self.core.lock().poll(now_ns);
             match step {
                 RenewStep::Send {
+                    token,
                     term_ms,
                     deadline_ns,
                 } => {
-                    if self.requests.send((term_ms, deadline_ns)).is_err() {
-                        self.answer(Err("the transport thread is gone".into()));
+                    if self.requests.send((token, term_ms, deadline_ns)).is_err() {
+                        self.answer(Err(TransportError::Gone));
                     }
                 }
                 RenewStep::Event(e) => {
@@ -206,7 +277,7 @@ impl<C: Clock, S: Sleeper> Loop<C, S> {
     }
 
     /// Feed an answer to the core; false once the lease is lost.
-    fn answer(&mut self, answer: Result<Grant, String>) -> bool {
+    fn answer(&mut self, answer: Answer) -> bool {
         let now_ns = self.clock.now_ns();
         let event = self.core.lock().on_answer(answer, now_ns);
         self.emit(event)
@@ -221,13 +292,21 @@ impl<C: Clock, S: Sleeper> Loop<C, S> {
 }
 
 /// The I/O thread: one transport call per request, until the renewer thread hangs up.
-fn serve<T: Transport>(
+fn serve<C: Clock, T: Transport>(
+    clock: Arc<C>,
     mut transport: T,
     requests: Receiver<Request>,
-    answers: Sender<Result<Grant, String>>,
+    answers: Sender<Answer>,
 ) {
-    for (term_ms, deadline_ns) in requests {
-        if answers.send(transport.renew(term_ms, deadline_ns)).is_err() {
+    for (token, term_ms, deadline_ns) in requests {
+        let timeout = Duration::from_nanos(deadline_ns.saturating_sub(clock.now_ns()));
+        let request = RenewRequest {
+            token,
+            term_ms,
+            deadline_ns,
+            timeout,
+        };
+        if answers.send(transport.renew(request)).is_err() {
             return;
         }
     }
@@ -235,22 +314,22 @@ fn serve<T: Transport>(
 
 impl Renewer {
     /// Start renewing `holder` (which should already hold the lease) for `term_ms` at a time,
-    /// through `transport`, on a renewer thread and an I/O thread.
-    ///
-    /// Panics if `term_ms` is below 12 ms.
+    /// through `transport`, on a renewer thread and an I/O thread. Refused (no thread started) if
+    /// `term_ms` is below 12 ms.
     pub fn spawn<C, S, T>(
         clock: Arc<C>,
         holder: LeaseHolder,
         term_ms: u64,
         transport: T,
         sleeper: S,
-    ) -> Renewer
+    ) -> Result<Renewer, RenewalError>
     where
         C: Clock + 'static,
         S: Sleeper + 'static,
         T: Transport + 'static,
     {
-        Self::spawn_core(clock, Renewal::new(holder, term_ms), transport, sleeper)
+        let core = Renewal::new(holder, term_ms)?;
+        Ok(Self::spawn_core(clock, core, transport, sleeper))
     }
 
     /// [`Renewer::spawn`] around a [`Renewal`] you built (for tests: its negative control).
@@ -266,9 +345,10 @@ impl Renewer {
         let (events_tx, events) = unbounded();
         let (requests_tx, requests_rx) = bounded(1);
         let (answers_tx, answers_rx) = bounded(1);
+        let io_clock = clock.clone();
         std::thread::Builder::new()
             .name("lease-renewer-io".into())
-            .spawn(move || serve(transport, requests_rx, answers_tx))
+            .spawn(move || serve(io_clock, transport, requests_rx, answers_tx))
             .expect("spawn the renewer's I/O thread");
         let lp = Loop {
             clock,
@@ -291,13 +371,16 @@ impl Renewer {
         }
     }
 
-    /// Events for the owner. A [`LeaseEvent::Lost`] means stop using the lease at once; it comes
-    /// no later than `d/12` before the holder's view ends, whatever the transport does.
+    /// Events for the owner. A [`LeaseEvent::Lost`] means stop using the lease at once; it is due
+    /// `d/12` before the holder's view ends, whatever the transport does, but real threads deliver
+    /// it when they are scheduled (see the module docs): act only under [`Renewer::token`].
     pub fn events(&self) -> &Receiver<LeaseEvent> {
         &self.events
     }
 
-    /// The fencing token, while the lease holds at `now_ns`.
+    /// The fencing token, while the holder's view holds at `now_ns`. Read the renewer's clock and
+    /// call this **right before each protected action**, and fence the action with the token: it
+    /// depends on no thread being scheduled in time.
     pub fn token(&self, now_ns: u64) -> Option<u64> {
         self.core.lock().token(now_ns)
     }

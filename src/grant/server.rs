@@ -1,22 +1,39 @@
-//! The grantor: grants and renews one lease, and counts fencing tokens.
+//! The grantor: grants, renews and releases one lease, and counts fencing tokens.
+//!
+//! Every holding has its own token. [`LeaseServer::acquire`] starts a holding under the next
+//! token; [`LeaseServer::renew`] and [`LeaseServer::release`] name the holding by `(client,
+//! token)`, so a late, retried or duplicated copy of either can never act on a later holding.
+//! A [`ClientId`] is unique per client incarnation (see there).
 //!
 //! A grantor that restarts must not forget a lease it granted. Start it one of two ways:
 //! - [`LeaseServer::boot`] (the default): it refuses every grant until the longest term it may have
 //!   granted has run out on its own clock, `max_term·(1+ρ) + ε` after boot
-//!   ([`AcquireError::BootHoldback`] says how long is left). Nothing but the last token needs persisting.
+//!   ([`AcquireError::BootHoldback`] says how long is left). It needs the last token persisted:
+//!   **write [`LeaseServer::last_token`] durably before the answer of every grant that raised it
+//!   leaves** (renewals never raise it). A stale last token makes the restarted grantor hand out
+//!   a token again, and [`FencedStore`](crate::grant::FencedStore) accepts equal tokens.
 //! - [`LeaseServer::restore`]: the caller persisted a [`GrantorRecord`] (see there for what and
 //!   when). The restored holder keeps the lease for a full term from the restart, measured on the
 //!   new clock; everyone else may be granted at once if nobody held it.
 //!
 //! No instant is ever persisted or sent: a monotonic clock's readings mean nothing to another
-//! process or machine, so a restart re-bases every expiry on the grantor's new clock.
+//! process or machine, so a restart re-bases every expiry on the grantor's new clock. Run the
+//! grantor, like the holders, on a clock that counts through suspend
+//! ([`BootClock`](crate::BootClock)).
 
 use thiserror::Error;
 
 use crate::clock::Clock;
 use crate::grant::GrantConfig;
 
-/// Who asks for a lease. Any stable identifier of the client.
+/// Who asks for a lease.
+///
+/// **Unique per client incarnation.** A process that restarts, or a second copy started by a
+/// supervisor while the first is paused or partitioned, must use a fresh id (for example a
+/// random 64-bit number drawn at start, or a persisted counter bumped at every start), never
+/// a "stable" name of the client. The grantor cannot tell two incarnations of one id apart.
+/// It never hands a live holding's token out again ([`AcquireError::AlreadyHolder`]), so a
+/// reused id costs the new incarnation a wait, never two holders with one token.
 pub type ClientId = u64;
 
 /// A granted lease.
@@ -53,15 +70,33 @@ pub enum AcquireError {
         /// Time left on the grantor's clock until it grants again.
         remaining_ns: u64,
     },
+    /// [`LeaseServer::acquire`] by a client that already holds the lease. A holder renews with
+    /// its token ([`LeaseServer::renew`]); anyone else using this id (a retry whose first answer
+    /// was lost, or a new incarnation reusing the id) waits for the holding to run out.
+    #[error("this client id already holds the lease for {remaining_ns} ns more: renew it with its token")]
+    AlreadyHolder {
+        /// Time left on the grantor's clock.
+        remaining_ns: u64,
+    },
+    /// [`LeaseServer::renew`] of a holding that is not live: released, run out, taken over, or
+    /// not this client's under this token. Stop using the lease; acquire it again if needed.
+    #[error("client {client} holds no live lease under token {token}")]
+    NotHolder {
+        /// The client that asked.
+        client: ClientId,
+        /// The token it named.
+        token: u64,
+    },
 }
 
 /// What a grantor persists so that a restart needs no holdback ([`LeaseServer::restore`]).
 ///
 /// It holds no instant, only who holds the lease and for how long a term. **When:** write
-/// [`LeaseServer::record`] durably after every successful [`LeaseServer::acquire`] whose record
-/// differs from the one last written (a new holder, a longer term, a new token) and **before the
-/// answer leaves the grantor**. A renewal with the same term does not change it, so it costs no write.
-/// A release need not be written: the stale record only makes the restarted grantor wait longer.
+/// [`LeaseServer::record`] durably after every successful [`LeaseServer::acquire`] or
+/// [`LeaseServer::renew`] whose record differs from the one last written (a new holder and token,
+/// a longer term) and **before the answer leaves the grantor**. A renewal with the same or a
+/// shorter term does not change it, so it costs no write. A release need not be written: the stale
+/// record only makes the restarted grantor hold the lease for the released holder a while longer.
 /// The record of a grantor that booted with a holdback and has granted nothing since says so
 /// (`holding_back`), and restoring it holds back again: that grantor never knew the holder it was
 /// waiting out. A record from any moment is therefore safe to write.
@@ -80,6 +115,8 @@ pub struct GrantorRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Holding {
     client: ClientId,
+    /// The fencing token of this holding: the grantor's last token when it began.
+    token: u64,
     /// On the grantor's clock, exclusive: the latest `granted_at + d·(1+ρ) + ε` of this holding.
     /// A renewal never moves it earlier.
     expiry_ns: u64,
@@ -106,10 +143,15 @@ impl<C: Clock> LeaseServer<C> {
     /// grant for the boot holdback, `max_term·(1+ρ) + ε` ([`GrantConfig::boot_holdback_ns`]) on its
     /// own clock from now, so that any lease it granted before the restart has run out first.
     ///
-    /// Tokens continue above `last_token`; pass the last one persisted (0 if none, in which case a
-    /// paused ex-holder's late write may carry the same token as a new holder's). The holdback must
-    /// cover the longest term the *previous* run could grant: do not lower `max_term_ms` across a restart.
+    /// Tokens continue above `last_token`: pass [`LeaseServer::last_token`] as the previous run
+    /// persisted it **before the answer of each grant that raised it left**. 0 only if nothing was
+    /// ever granted: with an older value, the restarted grantor hands out a token a paused
+    /// ex-holder still writes with, and fencing accepts both. The holdback must cover the longest
+    /// term the *previous* run could grant: do not lower `max_term_ms` across a restart.
+    ///
+    /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn boot(clock: C, config: GrantConfig, last_token: u64) -> Self {
+        config.assert_valid();
         let holdback_until_ns = clock.now_ns().saturating_add(config.boot_holdback_ns());
         LeaseServer {
             clock,
@@ -128,14 +170,18 @@ impl<C: Clock> LeaseServer<C> {
     /// A first start, with nothing ever granted, is `restore(clock, config, GrantorRecord::default())`.
     /// A record written while holding back ([`GrantorRecord::holding_back`]) boots with a holdback.
     /// Restoring a record older than the last grant answered can give the lease to two clients.
+    ///
+    /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn restore(clock: C, config: GrantConfig, record: GrantorRecord) -> Self {
+        config.assert_valid();
         if record.holding_back {
             return Self::boot(clock, config, record.last_token);
         }
         let now_ns = clock.now_ns();
         let holding = record.holder.map(|(client, term_ms)| Holding {
             client,
-            expiry_ns: now_ns + config.grantor_hold_ns(term_ms),
+            token: record.last_token,
+            expiry_ns: now_ns.saturating_add(config.grantor_hold_ns(term_ms)),
             term_ms,
         });
         LeaseServer {
@@ -171,14 +217,94 @@ impl<C: Clock> LeaseServer<C> {
         Self::restore(clock, config, forgot)
     }
 
-    /// Grant or renew for `term_ms` at grantor time `now_ns`. A renewal by the current holder
-    /// keeps its token and never shortens the grantor's hold; a new holder gets the next token.
+    /// Grant the lease for `term_ms` at grantor time `now_ns` to a client that does not hold it:
+    /// the grant carries the next fencing token. Renew a holding with [`LeaseServer::renew`].
+    ///
+    /// Refused with [`AcquireError::AlreadyHolder`] while `client` itself holds the lease: the
+    /// grantor cannot tell a retry from a second incarnation reusing the id, so it never hands the
+    /// holding's token out again. A client whose acquisition went unanswered therefore waits for
+    /// that holding to run out (or asks under a new [`ClientId`]).
     pub fn acquire(
         &mut self,
         client: ClientId,
         term_ms: u64,
         now_ns: u64,
     ) -> Result<Grant, AcquireError> {
+        self.check_request(term_ms, now_ns)?;
+        match self.live_holding(now_ns) {
+            Some(h) if h.client == client => Err(AcquireError::AlreadyHolder {
+                remaining_ns: h.expiry_ns - now_ns,
+            }),
+            Some(h) => Err(AcquireError::Held {
+                holder: h.client,
+                remaining_ns: h.expiry_ns - now_ns,
+            }),
+            None => Ok(self.grant_new(client, term_ms, now_ns)),
+        }
+    }
+
+    /// Renew the holding that `client` holds under `token` for `term_ms` at grantor time `now_ns`.
+    /// The token stays the same, and the grantor's hold never gets shorter.
+    ///
+    /// Refused with [`AcquireError::NotHolder`] unless that holding is live: released, run out,
+    /// taken by another client, or another holding of the same client (a later token). A renewal
+    /// never turns into a new grant; the client acquires again.
+    pub fn renew(
+        &mut self,
+        client: ClientId,
+        token: u64,
+        term_ms: u64,
+        now_ns: u64,
+    ) -> Result<Grant, AcquireError> {
+        // The holder's view of the earlier grant may still run, so keep the later end.
+        self.renew_to(client, token, term_ms, now_ns, |old_ns, hold_ns| {
+            old_ns.max(now_ns.saturating_add(hold_ns))
+        })
+    }
+
+    /// NEGATIVE CONTROL, for tests only: a renewal that adds the term to the old expiry instead
+    /// of to now. Frequent renewals then stretch the grantor's hold far past a full term.
+    #[doc(hidden)]
+    pub fn control_renew_adding_to_the_old_expiry(
+        &mut self,
+        client: ClientId,
+        token: u64,
+        term_ms: u64,
+        now_ns: u64,
+    ) -> Result<Grant, AcquireError> {
+        self.renew_to(client, token, term_ms, now_ns, |old_ns, hold_ns| {
+            old_ns.saturating_add(hold_ns)
+        })
+    }
+
+    /// Renew the live holding `(client, token)`, its expiry set by `expiry(old_expiry, hold)`.
+    fn renew_to(
+        &mut self,
+        client: ClientId,
+        token: u64,
+        term_ms: u64,
+        now_ns: u64,
+        expiry: impl Fn(u64, u64) -> u64,
+    ) -> Result<Grant, AcquireError> {
+        self.check_request(term_ms, now_ns)?;
+        let Some(h) = self
+            .live_holding(now_ns)
+            .filter(|h| h.client == client && h.token == token)
+        else {
+            return Err(AcquireError::NotHolder { client, token });
+        };
+        let renewed = Holding {
+            expiry_ns: expiry(h.expiry_ns, self.config.grantor_hold_ns(term_ms)),
+            term_ms: term_ms.max(h.term_ms),
+            ..h
+        };
+        debug_assert!(renewed.expiry_ns > now_ns && renewed.expiry_ns >= h.expiry_ns);
+        self.holding = Some(renewed);
+        Ok(Grant { token, term_ms })
+    }
+
+    /// Refuse a bad term or a request during the boot holdback.
+    fn check_request(&self, term_ms: u64, now_ns: u64) -> Result<(), AcquireError> {
         let max_term_ms = self.config.max_term_ms;
         if term_ms == 0 || term_ms > max_term_ms {
             return Err(AcquireError::BadTerm {
@@ -191,37 +317,30 @@ impl<C: Clock> LeaseServer<C> {
                 remaining_ns: self.holdback_until_ns - now_ns,
             });
         }
-        let expiry_ns = now_ns + self.config.grantor_hold_ns(term_ms);
-        let holding = match self.holding {
-            Some(h) if now_ns < h.expiry_ns && h.client != client => {
-                return Err(AcquireError::Held {
-                    holder: h.client,
-                    remaining_ns: h.expiry_ns - now_ns,
-                });
-            }
-            // A renewal: the holder's view of the earlier grant may still run, so keep the later end.
-            Some(h) if now_ns < h.expiry_ns => Holding {
-                client,
-                expiry_ns: expiry_ns.max(h.expiry_ns),
-                term_ms: term_ms.max(h.term_ms),
-            },
-            // A new owner (or the same one after its lease expired).
-            _ => {
-                self.token += 1;
-                Holding {
-                    client,
-                    expiry_ns,
-                    term_ms,
-                }
-            }
-        };
-        debug_assert!(holding.expiry_ns > now_ns && holding.expiry_ns >= expiry_ns);
-        self.holding = Some(holding);
+        Ok(())
+    }
+
+    fn live_holding(&self, now_ns: u64) -> Option<Holding> {
+        self.holding.filter(|h| now_ns < h.expiry_ns)
+    }
+
+    /// A new holding for `client` under the next token.
+    fn grant_new(&mut self, client: ClientId, term_ms: u64, now_ns: u64) -> Grant {
+        debug_assert!(self.live_holding(now_ns).is_none(), "the lease is free");
+        self.token += 1;
+        let expiry_ns = now_ns.saturating_add(self.config.grantor_hold_ns(term_ms));
+        debug_assert!(expiry_ns > now_ns);
+        self.holding = Some(Holding {
+            client,
+            token: self.token,
+            expiry_ns,
+            term_ms,
+        });
         self.holding_back = false; // the holdback is over: whoever it waited out is gone
-        Ok(Grant {
+        Grant {
             token: self.token,
             term_ms,
-        })
+        }
     }
 
     /// [`LeaseServer::acquire`] at the grantor's clock.
@@ -230,19 +349,54 @@ impl<C: Clock> LeaseServer<C> {
         self.acquire(client, term_ms, now_ns)
     }
 
-    /// Free the lease if `client` holds it. Returns whether it did. The client must stop using the
-    /// lease *before* it asks.
+    /// [`LeaseServer::renew`] at the grantor's clock.
+    pub fn renew_now(
+        &mut self,
+        client: ClientId,
+        token: u64,
+        term_ms: u64,
+    ) -> Result<Grant, AcquireError> {
+        let now_ns = self.clock.now_ns();
+        self.renew(client, token, term_ms, now_ns)
+    }
+
+    /// NEGATIVE CONTROL, for tests only: the first `acquire`, which renewed whenever the same
+    /// [`ClientId`] asked. A second incarnation reusing the id gets the first one's token.
+    #[doc(hidden)]
+    pub fn control_acquire_renewing_by_client_id(
+        &mut self,
+        client: ClientId,
+        term_ms: u64,
+        now_ns: u64,
+    ) -> Result<Grant, AcquireError> {
+        match self.live_holding(now_ns) {
+            Some(h) if h.client == client => self.renew(client, h.token, term_ms, now_ns),
+            _ => self.acquire(client, term_ms, now_ns),
+        }
+    }
+
+    /// Free the holding that `client` holds under `token`. Returns whether it did. The client
+    /// must stop using the lease *before* it asks.
     ///
-    /// A release is not ordered against the same client's later requests: over a transport that
-    /// reorders or delivers late, a release that arrives after the client has acquired again frees
-    /// that new holding while the client believes in it (the grant simulator found this). So a client
-    /// asks again only once its release is answered; if it never is, it asks under a new [`ClientId`].
-    pub fn release(&mut self, client: ClientId) -> bool {
+    /// Naming the token makes a release safe to retry and to deliver late or twice: every new
+    /// holding, even the same client's next one, has a larger token, so an old release matches
+    /// nothing.
+    pub fn release(&mut self, client: ClientId, token: u64) -> bool {
         match self.holding {
-            Some(h) if h.client == client => {
+            Some(h) if h.client == client && h.token == token => {
                 self.holding = None;
                 true
             }
+            _ => false,
+        }
+    }
+
+    /// NEGATIVE CONTROL, for tests only: the first `release`, which named only the client. A late
+    /// or duplicated copy frees the same client's next holding while it believes in it.
+    #[doc(hidden)]
+    pub fn control_release_naming_only_the_client(&mut self, client: ClientId) -> bool {
+        match self.holding {
+            Some(h) if h.client == client => self.release(client, h.token),
             _ => false,
         }
     }
@@ -259,7 +413,8 @@ impl<C: Clock> LeaseServer<C> {
         self.holdback_until_ns.saturating_sub(now_ns)
     }
 
-    /// The last token handed out (persist it, at least, to restart with [`LeaseServer::boot`]).
+    /// The last token handed out. To restart with [`LeaseServer::boot`], persist it durably
+    /// before the answer of each grant that raised it leaves (renewals never raise it).
     pub fn last_token(&self) -> u64 {
         self.token
     }
@@ -304,7 +459,7 @@ mod tests {
                 term_ms: 1_000
             }
         );
-        assert_eq!(s.acquire(1, 1_000, 500 * MS).unwrap().token, 1);
+        assert_eq!(s.renew(1, 1, 1_000, 500 * MS).unwrap().token, 1);
         // Expiry: 500 ms + 1000·1.01 ms + 5 ms = 1515 ms.
         let err = s.acquire(2, 1_000, 1_515 * MS - 1).unwrap_err();
         assert_eq!(
@@ -315,9 +470,48 @@ mod tests {
             }
         );
         assert_eq!(s.acquire(2, 1_000, 1_515 * MS).unwrap().token, 2);
-        assert!(s.release(2));
-        assert!(!s.release(2));
+        assert!(!s.release(2, 1), "not its token");
+        assert!(s.release(2, 2));
+        assert!(!s.release(2, 2));
         assert_eq!(s.acquire(1, 1_000, 1_600 * MS).unwrap().token, 3);
+    }
+
+    #[test]
+    fn a_renewal_names_its_holding_and_an_acquire_never_renews() {
+        let mut s = server();
+        assert_eq!(s.acquire(1, 1_000, 0).unwrap().token, 1);
+        // The same id asking again (a retry, or another incarnation) is not handed token 1.
+        assert_eq!(
+            s.acquire(1, 1_000, 10 * MS),
+            Err(AcquireError::AlreadyHolder {
+                remaining_ns: 1_005 * MS
+            })
+        );
+        let not = |client, token| Err(AcquireError::NotHolder { client, token });
+        assert_eq!(s.renew(1, 2, 1_000, 10 * MS), not(1, 2), "a wrong token");
+        assert_eq!(s.renew(2, 1, 1_000, 10 * MS), not(2, 1), "another client");
+        assert_eq!(s.renew(1, 1, 1_000, 1_015 * MS), not(1, 1), "run out");
+        assert_eq!(s.acquire(1, 1_000, 1_015 * MS).unwrap().token, 2);
+        assert_eq!(
+            s.renew(1, 1, 1_000, 1_020 * MS),
+            not(1, 1),
+            "an earlier holding"
+        );
+        assert!(!s.release(1, 1), "an earlier holding");
+        assert_eq!(s.holder(1_020 * MS).map(|h| h.0), Some(1));
+        assert!(matches!(
+            s.renew(1, 2, 0, 1_020 * MS),
+            Err(AcquireError::BadTerm { .. })
+        ));
+        // The controls: the first acquire renewed by id, the first release ignored the token.
+        assert_eq!(
+            s.control_acquire_renewing_by_client_id(1, 1_000, 1_030 * MS),
+            Ok(Grant {
+                token: 2,
+                term_ms: 1_000
+            })
+        );
+        assert!(s.control_release_naming_only_the_client(1));
     }
 
     #[test]
@@ -338,7 +532,7 @@ mod tests {
     fn a_shorter_renewal_never_shortens_the_grantors_hold() {
         let mut s = server();
         s.acquire(1, 3_000, 0).unwrap(); // held to 3035 ms
-        s.acquire(1, 100, 10 * MS).unwrap(); // alone this would end at 116 ms
+        s.renew(1, 1, 100, 10 * MS).unwrap(); // alone this would end at 116 ms
         assert_eq!(s.holder(116 * MS), Some((1, 3_035 * MS)));
         assert!(matches!(
             s.acquire(2, 100, 3_035 * MS - 1),
@@ -400,7 +594,7 @@ mod tests {
             s.acquire(2, 1_000, end_ns - 1),
             Err(AcquireError::Held { holder: 1, .. })
         ));
-        assert_eq!(s.acquire(1, 1_000, 6 * MS).unwrap().token, 1, "renews");
+        assert_eq!(s.renew(1, 1, 1_000, 6 * MS).unwrap().token, 1, "renews");
         assert_eq!(s.acquire(2, 1_000, end_ns).unwrap().token, 2);
         let empty = LeaseServer::restore(SimClock::new(0, 0), config(), GrantorRecord::default());
         assert_eq!(empty.holder(0), None);
@@ -430,12 +624,12 @@ mod tests {
         let mut s = server();
         s.acquire(1, 1_000, 0).unwrap();
         let r = s.record();
-        s.acquire(1, 1_000, 100 * MS).unwrap();
-        s.acquire(1, 500, 200 * MS).unwrap();
+        s.renew(1, 1, 1_000, 100 * MS).unwrap();
+        s.renew(1, 1, 500, 200 * MS).unwrap();
         assert_eq!(s.record(), r, "renewals with no longer term cost no write");
-        s.acquire(1, 2_000, 300 * MS).unwrap();
+        s.renew(1, 1, 2_000, 300 * MS).unwrap();
         assert_eq!(s.record().holder, Some((1, 2_000)));
-        assert!(s.release(1));
+        assert!(s.release(1, 1));
         assert_eq!(s.record().holder, None);
     }
 }

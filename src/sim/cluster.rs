@@ -13,7 +13,7 @@ use crate::config::LeaseConfig;
 use crate::node::LeaseNode;
 use crate::read::{ReadId, ReadMode};
 use crate::sim::history::{CheckReport, History, OpId, OpKind, OpResult};
-use crate::sim::kv::{decode_state, encode_put, encode_state, KvState, SimIo};
+use crate::sim::kv::{encode_put, KvState, SimIo, SimStateMachine};
 use crate::sim::monitor::{ElectionStats, LeaseMonitor, NodeView};
 use crate::sim::net::{NetConfig, SimNet};
 use crate::sim::storage::SimStorage;
@@ -52,6 +52,9 @@ pub struct SimConfig {
     /// Each node snapshots its state and compacts its log once this many entries were applied
     /// since its last snapshot (0: never). A node that falls behind then catches up by snapshot.
     pub compact_every: u64,
+    /// Makes each node's state machine (at boot and at every restart): the crate's own
+    /// [`KvState`] by default, or yours.
+    pub state_machine: fn() -> Box<dyn SimStateMachine>,
 }
 
 impl Default for SimConfig {
@@ -77,6 +80,7 @@ impl Default for SimConfig {
             step_us: 100,
             net: NetConfig::default(),
             compact_every: 0,
+            state_machine: || Box::new(KvState::new()),
         }
     }
 }
@@ -87,7 +91,7 @@ struct SimNode {
     node: Option<SimLeaseNode>,
     storage: SimStorage,
     clock: SimClock,
-    kv: KvState,
+    kv: Box<dyn SimStateMachine>,
     paused: bool,
     ticks_stalled: bool,
     /// Local time of the next tick.
@@ -178,8 +182,50 @@ pub struct SimTotals {
 /// assert!(partition.check(7, false).unsafe_found());
 /// ```
 ///
-/// To check a state machine of your own, record its clients' operations in a [`History`] and
-/// call [`History::check`]: the checker does not depend on this cluster (see its example).
+/// To run a state machine of your own here, implement [`SimStateMachine`] for it and set
+/// [`SimConfig::state_machine`]: every node then replicates yours, and the scenarios, the
+/// randomized faults, the checker and the lease monitor apply to it unchanged.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use raft_lease::sim::kv::SimStateMachine;
+/// use raft_lease::sim::{scenarios, SimCluster, SimConfig};
+///
+/// /// Your store's state machine, behind the simulator's register-per-key interface.
+/// #[derive(Default)]
+/// struct MyStore(HashMap<Vec<u8>, (Vec<u8>, u64)>);
+///
+/// impl SimStateMachine for MyStore {
+///     fn put(&mut self, key: &[u8], value: &[u8], revision: u64) {
+///         self.0.insert(key.to_vec(), (value.to_vec(), revision));
+///     }
+///     fn get(&self, key: &[u8]) -> Option<(Vec<u8>, u64)> {
+///         self.0.get(key).cloned()
+///     }
+///     fn snapshot(&self) -> Vec<u8> {
+///         serde_json::to_vec(&self.0.iter().collect::<Vec<_>>()).unwrap()
+///     }
+///     fn restore(&mut self, snapshot: &[u8]) -> Option<()> {
+///         let entries: Vec<(Vec<u8>, (Vec<u8>, u64))> = serde_json::from_slice(snapshot).ok()?;
+///         self.0 = entries.into_iter().collect();
+///         Some(())
+///     }
+/// }
+///
+/// for scenario in scenarios::all() {
+///     let mut config = SimConfig {
+///         seed: 3,
+///         compact_every: 20, // followers catch up by snapshot: `restore` is exercised too
+///         state_machine: || Box::new(MyStore::default()),
+///         ..SimConfig::default()
+///     };
+///     (scenario.configure)(&mut config);
+///     let mut sim = SimCluster::new(config);
+///     (scenario.run)(&mut sim);
+///     let report = sim.check();
+///     assert!(report.violations.is_empty(), "{}: {:?}", scenario.name, report.violations);
+/// }
+/// ```
 pub struct SimCluster {
     config: SimConfig,
     rng: ChaCha8Rng,
@@ -220,7 +266,7 @@ impl SimCluster {
                     node: None,
                     storage,
                     clock: SimClock::new(0, drift),
-                    kv: KvState::new(),
+                    kv: (config.state_machine)(),
                     paused: false,
                     ticks_stalled: false,
                     next_tick_ns: 0,
@@ -254,7 +300,11 @@ impl SimCluster {
         let n = &mut self.nodes[idx];
         // The state machine restarts from the latest snapshot; raft replays the log after it.
         let snapshot = n.storage.latest_snapshot();
-        n.kv = decode_state(&snapshot.data).expect("the sim wrote this snapshot");
+        n.kv = (c.state_machine)();
+        if !snapshot.data.is_empty() {
+            n.kv.restore(&snapshot.data)
+                .expect("the node wrote this snapshot");
+        }
         let rc = raft::Config {
             applied: snapshot.get_metadata().index,
             id: n.id,
@@ -331,12 +381,13 @@ impl SimCluster {
                 Some(node) => node_view(node, &ids, &newest),
                 None => NodeView {
                     id: n.id,
-                    term: 0,
+                    // Its term and vote as persisted: it resumes with them.
+                    term: n.storage.initial_state().map_or(0, |s| s.hard_state.term),
                     leading: false,
                     candidate: false,
                     lease_term: None,
                     campaigning: false,
-                    vote: 0,
+                    vote: n.storage.initial_state().map_or(0, |s| s.hard_state.vote),
                     // A crashed node cannot vote; once up again, its boot promise (or the lack
                     // of one) speaks for it.
                     backs: ids.clone(),
@@ -440,7 +491,7 @@ impl SimCluster {
         let mut io = SimIo {
             id: n.id,
             storage: &n.storage,
-            kv: &mut n.kv,
+            kv: n.kv.as_mut(),
             writes: &mut n.writes,
             history,
             net,
@@ -450,10 +501,9 @@ impl SimCluster {
         };
         node.handle_ready(&mut io)
             .expect("the sim's storage never fails");
-        compact_if_due(node, &n.storage, &n.kv, config.compact_every);
+        compact_if_due(node, &n.storage, n.kv.as_ref(), config.compact_every);
         let (kv, reads) = (&n.kv, &mut n.reads);
-        let served =
-            node.serve_reads(|rid| reads.get(&rid).and_then(|(_, key)| kv.get(key).cloned()));
+        let served = node.serve_reads(|rid| reads.get(&rid).and_then(|(_, key)| kv.get(key)));
         for s in served {
             let Some((op, _)) = reads.remove(&s.id) else {
                 continue;
@@ -542,7 +592,7 @@ impl SimCluster {
             Some(idx) => {
                 let n = &self.nodes[idx];
                 let handle = n.node.as_ref().expect("live").read_handle();
-                match handle.try_read(|| n.kv.get(key).cloned()) {
+                match handle.try_read(|| n.kv.get(key)) {
                     Ok(value) => OpResult::Read {
                         value,
                         served: crate::ReadKind::Lease,
@@ -868,7 +918,7 @@ impl SimCluster {
 /// Snapshot the node's state and compact its log once `every` entries were applied since the
 /// last snapshot, or when raft wanted a fresher snapshot to send. The state is exactly the
 /// applied index here: the ready loop just ran.
-fn compact_if_due(node: &SimLeaseNode, storage: &SimStorage, kv: &KvState, every: u64) {
+fn compact_if_due(node: &SimLeaseNode, storage: &SimStorage, kv: &dyn SimStateMachine, every: u64) {
     let applied = node.raw().raft.raft_log.applied;
     let snap_index = storage.latest_snapshot().get_metadata().index;
     let first = storage.first_index().expect("MemStorage first index");
@@ -877,7 +927,7 @@ fn compact_if_due(node: &SimLeaseNode, storage: &SimStorage, kv: &KvState, every
         return;
     }
     storage
-        .compact(applied, encode_state(kv))
+        .compact(applied, kv.snapshot())
         .unwrap_or_else(|e| panic!("node {} failed to compact at {applied}: {e}", node.id()));
 }
 

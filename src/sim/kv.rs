@@ -15,8 +15,43 @@ use crate::sim::storage::SimStorage;
 
 type SimLeaseNode = LeaseNode<SimStorage, SimClock>;
 
-/// Applied KV state: key → (value, revision).
+/// Applied KV state: key → (value, revision). The simulator's default state machine.
 pub type KvState = BTreeMap<Vec<u8>, (Vec<u8>, u64)>;
+
+/// The state machine a simulated node replicates: a register per key, which is what the
+/// history checker understands. Implement it over your own store's state machine to run it under
+/// the scenarios, the randomized faults, the checker and the lease monitor
+/// ([`SimConfig::state_machine`](crate::sim::SimConfig::state_machine)).
+pub trait SimStateMachine: Send {
+    /// Apply a write of `value` to `key`, committed at log index `revision`.
+    fn put(&mut self, key: &[u8], value: &[u8], revision: u64);
+    /// The value of `key` and the revision that wrote it, if any.
+    fn get(&self, key: &[u8]) -> Option<(Vec<u8>, u64)>;
+    /// The whole state, for a snapshot.
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replace the state with a snapshot made by [`SimStateMachine::snapshot`]. `None` if the
+    /// snapshot is malformed.
+    fn restore(&mut self, snapshot: &[u8]) -> Option<()>;
+}
+
+impl SimStateMachine for KvState {
+    fn put(&mut self, key: &[u8], value: &[u8], revision: u64) {
+        self.insert(key.to_vec(), (value.to_vec(), revision));
+    }
+
+    fn get(&self, key: &[u8]) -> Option<(Vec<u8>, u64)> {
+        BTreeMap::get(self, key).cloned()
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        encode_state(self)
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Option<()> {
+        *self = decode_state(snapshot)?;
+        Some(())
+    }
+}
 
 /// Encode a put as entry data: op id, key length, key, value.
 pub fn encode_put(op: OpId, key: &[u8], value: &[u8]) -> Vec<u8> {
@@ -77,8 +112,8 @@ pub struct SimIo<'a> {
     pub id: u64,
     /// Its raft storage.
     pub storage: &'a SimStorage,
-    /// Its KV state.
-    pub kv: &'a mut KvState,
+    /// Its state machine.
+    pub kv: &'a mut dyn SimStateMachine,
     /// Writes proposed at this node and not yet acknowledged.
     pub writes: &'a mut HashSet<OpId>,
     /// Where acknowledgements are recorded.
@@ -97,7 +132,7 @@ impl SimIo<'_> {
     fn apply_put(&mut self, e: &Entry) {
         let (op, key, value) = decode_put(&e.data)
             .unwrap_or_else(|| panic!("node {} applied a malformed entry at {}", self.id, e.index));
-        self.kv.insert(key.to_vec(), (value.to_vec(), e.index));
+        self.kv.put(key, value, e.index);
         self.history.applied(op, e.index);
         if self.writes.remove(&op) {
             self.history
@@ -116,11 +151,10 @@ impl ReadyIo<SimStorage, SimClock> for SimIo<'_> {
     }
 
     fn install_snapshot(&mut self, _: &mut SimLeaseNode, snapshot: Snapshot) -> raft::Result<()> {
-        let kv = decode_state(&snapshot.data).unwrap_or_else(|| {
+        self.kv.restore(&snapshot.data).unwrap_or_else(|| {
             panic!("node {} got a malformed snapshot", self.id);
         });
         self.storage.install(snapshot)?;
-        *self.kv = kv;
         *self.installs += 1;
         Ok(())
     }

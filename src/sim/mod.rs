@@ -24,6 +24,7 @@ mod cluster;
 pub mod history;
 pub mod kv;
 pub mod monitor;
+pub mod multi;
 pub mod net;
 pub mod random;
 pub mod scenarios;

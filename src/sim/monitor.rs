@@ -20,7 +20,7 @@
 //! The monitor also counts elections, to report split votes (terms in which two or more nodes
 //! stood as candidates and none won).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use crate::sim::history::Violation;
 
@@ -65,6 +65,10 @@ pub struct LeaseMonitor {
     /// Overlaps already reported: (two holders?, holder, its lease term, other node, its term).
     seen: HashSet<(bool, u64, u64, u64, u64)>,
     terms: BTreeMap<u64, Term>,
+    /// For each promise seen backing a lease held, (node, holder, lease term), the node's term
+    /// and vote when it was first seen: a vote cast before the promise (a restarted node's
+    /// persisted vote, under its boot promise) breaks nothing.
+    promised_votes: HashMap<(u64, u64, u64), (u64, u64)>,
 }
 
 /// How elections went: see [`LeaseMonitor::elections`].
@@ -85,6 +89,7 @@ impl LeaseMonitor {
         for n in nodes {
             self.record_election(n);
         }
+        self.forget_ended_promises(nodes);
         for holder in nodes.iter().filter(|n| n.lease_term.is_some()) {
             let lease_term = holder.lease_term.expect("filtered");
             self.check_backed(at_ns, holder, lease_term, nodes);
@@ -154,7 +159,11 @@ impl LeaseMonitor {
             .iter()
             .filter(|n| n.id != holder.id && n.backs.contains(&holder.id));
         for n in promised {
-            let voted_elsewhere = n.term > lease_term && n.vote != 0 && n.vote != holder.id;
+            let key = (n.id, holder.id, lease_term);
+            let first = *self.promised_votes.entry(key).or_insert((n.term, n.vote));
+            let voted_since = (n.term, n.vote) != first;
+            let voted_elsewhere =
+                voted_since && n.term > lease_term && n.vote != 0 && n.vote != holder.id;
             if !(n.campaigning || n.leading || voted_elsewhere) {
                 continue;
             }
@@ -172,6 +181,21 @@ impl LeaseMonitor {
                 });
             }
         }
+    }
+
+    /// Forget the votes of promises no longer backing a lease held, so that a promise made later
+    /// starts from the vote it finds.
+    fn forget_ended_promises(&mut self, nodes: &[NodeView]) {
+        self.promised_votes
+            .retain(|&(node, holder, lease_term), _| {
+                let held = nodes
+                    .iter()
+                    .any(|n| n.id == holder && n.lease_term == Some(lease_term));
+                let backs = nodes
+                    .iter()
+                    .any(|n| n.id == node && n.backs.contains(&holder));
+                held && backs
+            });
     }
 
     fn report(
@@ -367,7 +391,7 @@ mod tests {
             vote: 2,
             ..view(3, 4, false, None)
         };
-        m.observe(2, &[holder, campaigning, voted]);
+        m.observe(2, &[holder.clone(), campaigning, voted]);
         let broken: Vec<u64> = m
             .violations()
             .iter()
@@ -377,6 +401,25 @@ mod tests {
             })
             .collect();
         assert_eq!(broken, vec![2, 3]);
+    }
+
+    #[test]
+    fn a_vote_cast_before_the_promise_breaks_nothing() {
+        // A node restarted with its boot promise (backing anyone) kept the vote it had
+        // persisted in a later term: the vote predates the promise.
+        let mut m = LeaseMonitor::default();
+        let restarted = NodeView {
+            vote: 2,
+            ..view(2, 9, false, None)
+        };
+        let nodes = [
+            view(1, 3, true, Some(3)),
+            restarted,
+            view(3, 3, false, None),
+        ];
+        m.observe(1, &nodes);
+        m.observe(2, &nodes);
+        assert!(m.violations().is_empty(), "{:?}", m.violations());
     }
 
     #[test]

@@ -224,6 +224,42 @@ fn unlock_version_duplicate_peers_host_names_and_prometheus_names() {
         (409, "lock_not_held"),
         "only the holder unlocks"
     );
+    let wrong = format!("/lock/L?session={a}&token={}", token + 1);
+    let (code, body) = http(p, "DELETE", &wrong, b"").unwrap();
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (409, "lock_not_held"),
+        "a token never issued"
+    );
+    let (code, body) = http(
+        p,
+        "DELETE",
+        &format!("/lock/L?session={a}&token={token}"),
+        b"",
+    )
+    .unwrap();
+    assert_eq!(
+        (code, json(&body)["unlocked"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+    let (code, _) = http(
+        p,
+        "DELETE",
+        &format!("/lock/L?session={a}&token={token}"),
+        b"",
+    )
+    .unwrap();
+    assert_eq!(
+        code, 409,
+        "an unlock delivered twice frees nothing the second time"
+    );
+    assert_eq!(
+        http(p, "POST", &format!("/lock/L?session={a}"), b"")
+            .unwrap()
+            .0,
+        200
+    );
     let (code, body) = http(p, "DELETE", &format!("/lock/L?session={a}"), b"").unwrap();
     assert_eq!(
         (code, json(&body)["unlocked"].as_bool()),

@@ -8,14 +8,17 @@ use super::net::{Req, Resp};
 use crate::clock::{Clock, SimClock};
 use crate::grant::holder::LeaseHolder;
 use crate::grant::renewal::{RenewStep, Renewal};
-use crate::grant::renewer::LeaseEvent;
+use crate::grant::renewer::{LeaseEvent, TransportError};
 use crate::grant::server::Grant;
-use crate::grant::session::SessionId;
+use crate::grant::session::{SessionError, SessionId};
 use crate::grant::GrantConfig;
 
 const MS: u64 = 1_000_000;
 /// A client gives up on an acquisition, a session or a lock request unanswered for this long.
 const GIVE_UP_NS: u64 = 500 * MS;
+/// It waits less for the answer to a release or an unlock: it stopped using the lease before
+/// asking, and it may soon want it again.
+const GIVE_UP_RELEASE_NS: u64 = 100 * MS;
 
 /// A held lease or session, renewed by the [`Renewal`] core through the simulated transport.
 struct Renewing {
@@ -35,26 +38,28 @@ impl Renewing {
         now_ns: u64,
         honors_deadlines: bool,
         ids: &mut u64,
-        req: impl Fn(u64) -> Req,
+        req: impl Fn(u64, u64) -> Req,
         out: &mut Vec<(u64, Req)>,
     ) -> bool {
         loop {
             if let Some((_, deadline_ns)) = self.attempt {
                 if honors_deadlines && now_ns >= deadline_ns {
                     self.attempt = None; // the transport gave up at its deadline
-                    if is_lost(&self.renewal.on_answer(Err("deadline".into()), now_ns)) {
+                    let gave_up = Err(TransportError::DeadlineMissed);
+                    if is_lost(&self.renewal.on_answer(gave_up, now_ns)) {
                         return false;
                     }
                 }
             }
             match self.renewal.poll(now_ns) {
                 RenewStep::Send {
+                    token,
                     term_ms,
                     deadline_ns,
                 } => {
                     *ids += 1;
                     self.attempt = Some((*ids, deadline_ns));
-                    out.push((*ids, req(term_ms)));
+                    out.push((*ids, req(token, term_ms)));
                 }
                 RenewStep::Event(e) if is_lost(&e) => return false,
                 RenewStep::Event(_) => {}
@@ -64,7 +69,7 @@ impl Renewing {
     }
 
     /// An answer to request `req_id`; stale answers are dropped. False once the lease is lost.
-    fn answer(&mut self, req_id: u64, result: Result<Grant, String>, now_ns: u64) -> bool {
+    fn answer(&mut self, req_id: u64, result: Result<Grant, TransportError>, now_ns: u64) -> bool {
         if self.attempt.map(|a| a.0) != Some(req_id) {
             return true;
         }
@@ -81,23 +86,30 @@ struct Ask {
     sent_at_ns: u64,
     /// The term or TTL asked for (0 when none).
     term_ms: u64,
+    /// How long the client waits for the answer.
+    give_up_ns: u64,
 }
 
 impl Ask {
     /// Queue `req` under a fresh request id.
     fn send(ids: &mut u64, now_ns: u64, term_ms: u64, req: Req, out: &mut Vec<(u64, Req)>) -> Ask {
+        let give_up_ns = match req {
+            Req::Release { .. } | Req::Unlock { .. } => GIVE_UP_RELEASE_NS,
+            _ => GIVE_UP_NS,
+        };
         *ids += 1;
         out.push((*ids, req));
         Ask {
             req_id: *ids,
             sent_at_ns: now_ns,
             term_ms,
+            give_up_ns,
         }
     }
 
     /// The client stops waiting for the answer.
     fn timed_out(&self, now_ns: u64) -> bool {
-        now_ns >= self.sent_at_ns + GIVE_UP_NS
+        now_ns >= self.sent_at_ns + self.give_up_ns
     }
 
     fn answers(&self, req_id: u64) -> bool {
@@ -111,7 +123,7 @@ enum LeaseSide {
     },
     Acquiring(Ask),
     Held(Renewing),
-    /// A release went out; ask again only once it is answered (it could overtake a later request).
+    /// A release went out (naming the holding's token); wait a while for its answer.
     Releasing(Ask),
 }
 
@@ -120,8 +132,9 @@ enum LockSide {
         next_try_ns: u64,
     },
     Asking(Ask),
-    Held,
-    /// An unlock went out; lock again only once it is answered.
+    /// Held under this token.
+    Held(u64),
+    /// An unlock went out (naming the token); wait a while for its answer.
     Unlocking(Ask),
 }
 
@@ -142,18 +155,23 @@ enum SessionSide {
 pub(super) struct Client {
     /// Its index among the clients.
     index: u64,
-    /// Bumped by a crash, or by a release that went unanswered: a late release or request of an
-    /// earlier incarnation then names another client and cannot free this one's lease.
+    /// Bumped by a crash: each incarnation asks under a [`ClientId`](crate::grant::ClientId) of
+    /// its own. (A release that went unanswered needs none: it names its holding's token.)
     incarnation: u64,
     pub(super) clock: SimClock,
     lease: LeaseSide,
     session: SessionSide,
     /// The last request id used; never reused, even across a crash.
     next_req: u64,
+    /// Requests decided while handling an answer, sent at the next step.
+    outbox: Vec<(u64, Req)>,
     /// Times the owner was told its lease or session was lost.
     pub(super) losses: u64,
     /// Whether its transport gives up at the deadline (otherwise it waits for the answer).
     honors_deadlines: bool,
+    /// It gives back a held lease or lock with a chance of one in this many per ms: short
+    /// critical sections (300) or long ones (5,000).
+    release_one_in: u32,
     config: GrantConfig,
     /// NEGATIVE CONTROL: renewals decide the loss only when the transport returns.
     loss_only_when_the_transport_returns: bool,
@@ -168,6 +186,7 @@ impl Client {
         index: u64,
         clock: SimClock,
         honors_deadlines: bool,
+        release_one_in: u32,
         config: GrantConfig,
         loss_only_when_the_transport_returns: bool,
     ) -> Self {
@@ -178,15 +197,17 @@ impl Client {
             lease: LeaseSide::Idle { next_try_ns: 0 },
             session: SessionSide::Idle { next_try_ns: 0 },
             next_req: 0,
+            outbox: Vec::new(),
             losses: 0,
             honors_deadlines,
+            release_one_in,
             config,
             loss_only_when_the_transport_returns,
         }
     }
 
     fn renewing(&self, holder: LeaseHolder, term_ms: u64) -> Renewing {
-        let mut renewal = Renewal::new(holder, term_ms);
+        let mut renewal = Renewal::new(holder, term_ms).expect("terms of 300 ms or more");
         if self.loss_only_when_the_transport_returns {
             renewal = renewal.control_loss_only_when_the_transport_returns();
         }
@@ -206,12 +227,20 @@ impl Client {
         matches!(self.lease, LeaseSide::Held(_))
     }
 
+    /// The session the owner believes is live now.
+    pub(super) fn believed_session(&self) -> Option<SessionId> {
+        match &self.session {
+            SessionSide::Live { sid, .. } => Some(*sid),
+            _ => None,
+        }
+    }
+
     /// The session under which the owner believes it holds lock `L` now.
     pub(super) fn believed_lock(&self) -> Option<SessionId> {
         match &self.session {
             SessionSide::Live {
                 sid,
-                lock: LockSide::Held,
+                lock: LockSide::Held(_),
                 ..
             } => Some(*sid),
             _ => None,
@@ -222,13 +251,14 @@ impl Client {
     pub(super) fn crash(&mut self, down_ns: u64) {
         let next_try_ns = self.clock.now_ns() + down_ns;
         self.incarnation += 1;
+        self.outbox.clear();
         self.lease = LeaseSide::Idle { next_try_ns };
         self.session = SessionSide::Idle { next_try_ns };
     }
 
     /// One step: renew, give up, or start something. Returns the requests to send.
     pub(super) fn step(&mut self, rng: &mut ChaCha8Rng) -> Vec<(u64, Req)> {
-        let mut out = Vec::new();
+        let mut out = std::mem::take(&mut self.outbox);
         self.step_lease(rng, &mut out);
         self.step_session(rng, &mut out);
         out
@@ -239,7 +269,7 @@ impl Client {
         match &mut self.lease {
             LeaseSide::Idle { next_try_ns } if now_ns >= *next_try_ns => {
                 let term_ms = rng.gen_range(300..=self.config.max_term_ms);
-                let req = Req::Lease { term_ms };
+                let req = Req::Acquire { term_ms };
                 let ask = Ask::send(&mut self.next_req, now_ns, term_ms, req, out);
                 self.lease = LeaseSide::Acquiring(ask);
             }
@@ -248,20 +278,21 @@ impl Client {
                     next_try_ns: backoff(rng, now_ns),
                 };
             }
-            LeaseSide::Held(_) if rng.gen_ratio(1, 3_000) => {
-                // Release: stop believing first, then tell the grantor.
-                let ask = Ask::send(&mut self.next_req, now_ns, 0, Req::Release, out);
+            LeaseSide::Held(r) if rng.gen_ratio(1, self.release_one_in) => {
+                // Release: stop believing first, then tell the grantor which holding.
+                let token = r.renewal.holder().held_token().expect("held");
+                let req = Req::Release { token };
+                let ask = Ask::send(&mut self.next_req, now_ns, 0, req, out);
                 self.lease = LeaseSide::Releasing(ask);
             }
             LeaseSide::Releasing(ask) if ask.timed_out(now_ns) => {
-                // Unanswered: it may still arrive, so never ask again under this id.
-                self.incarnation += 1;
+                // Unanswered: it may still arrive, late or twice, but it names this holding only.
                 self.lease = LeaseSide::Idle {
                     next_try_ns: backoff(rng, now_ns),
                 };
             }
             LeaseSide::Held(r) => {
-                let renew = |term_ms| Req::Lease { term_ms };
+                let renew = |token, term_ms| Req::Renew { token, term_ms };
                 let held = r.drive(
                     now_ns,
                     self.honors_deadlines,
@@ -296,7 +327,7 @@ impl Client {
                 lock,
             } => {
                 let (sid, ttl_ms, honors) = (*sid, *ttl_ms, self.honors_deadlines);
-                let keepalive = |_| Req::KeepAlive { sid, ttl_ms };
+                let keepalive = |_, _| Req::KeepAlive { sid, ttl_ms };
                 if !renewing.drive(now_ns, honors, &mut self.next_req, keepalive, out) {
                     self.losses += 1;
                     self.session = SessionSide::Idle {
@@ -304,12 +335,16 @@ impl Client {
                     };
                     return;
                 }
-                if !step_lock(lock, sid, now_ns, rng, &mut self.next_req, out) {
-                    // An unlock went unanswered: leave this session to expire.
-                    self.session = SessionSide::Idle {
-                        next_try_ns: backoff(rng, now_ns),
-                    };
-                }
+                let release_one_in = self.release_one_in;
+                step_lock(
+                    lock,
+                    sid,
+                    now_ns,
+                    rng,
+                    release_one_in,
+                    &mut self.next_req,
+                    out,
+                );
             }
             _ => {}
         }
@@ -324,33 +359,55 @@ impl Client {
                 self.on_keepalive_answer(req_id, result, now_ns, rng);
             }
             Resp::Session(result) => self.on_session_answer(req_id, result, now_ns, rng),
-            Resp::Lock(result) => {
-                if let SessionSide::Live { lock, .. } = &mut self.session {
-                    if matches!(lock, LockSide::Asking(ask) if ask.answers(req_id)) {
-                        *lock = match result {
-                            Ok(_token) => LockSide::Held,
-                            Err(_) => LockSide::Free {
-                                next_try_ns: backoff(rng, now_ns),
-                            },
-                        };
-                    }
-                }
-            }
+            Resp::Lock(result) => self.on_lock_answer(req_id, result, now_ns, rng),
             Resp::Done => self.on_done(req_id, now_ns, rng),
         }
     }
 
-    fn on_done(&mut self, req_id: u64, now_ns: u64, rng: &mut ChaCha8Rng) {
-        if matches!(&self.lease, LeaseSide::Releasing(ask) if ask.answers(req_id)) {
-            self.lease = LeaseSide::Idle {
+    fn on_lock_answer(
+        &mut self,
+        req_id: u64,
+        result: Result<u64, SessionError>,
+        now_ns: u64,
+        rng: &mut ChaCha8Rng,
+    ) {
+        let SessionSide::Live { sid, lock, .. } = &mut self.session else {
+            return;
+        };
+        if !matches!(lock, LockSide::Asking(ask) if ask.answers(req_id)) {
+            return;
+        }
+        *lock = match result {
+            Ok(token) => LockSide::Held(token),
+            // Our session holds it (a lost answer, or a late copy): not ours to use; unlock it.
+            Err(SessionError::LockHeld {
+                token: Some(token), ..
+            }) => {
+                let req = Req::Unlock { sid: *sid, token };
+                LockSide::Unlocking(Ask::send(
+                    &mut self.next_req,
+                    now_ns,
+                    0,
+                    req,
+                    &mut self.outbox,
+                ))
+            }
+            Err(_) => LockSide::Free {
                 next_try_ns: backoff(rng, now_ns),
-            };
+            },
+        };
+    }
+
+    /// A release or unlock was answered. A client that gave something back often wants it again
+    /// soon (the next job): it asks again within 50 ms, before the others' backoff ends.
+    fn on_done(&mut self, req_id: u64, now_ns: u64, rng: &mut ChaCha8Rng) {
+        let next_try_ns = now_ns + rng.gen_range(0..=50) * MS;
+        if matches!(&self.lease, LeaseSide::Releasing(ask) if ask.answers(req_id)) {
+            self.lease = LeaseSide::Idle { next_try_ns };
         }
         if let SessionSide::Live { lock, .. } = &mut self.session {
             if matches!(lock, LockSide::Unlocking(ask) if ask.answers(req_id)) {
-                *lock = LockSide::Free {
-                    next_try_ns: backoff(rng, now_ns),
-                };
+                *lock = LockSide::Free { next_try_ns };
             }
         }
     }
@@ -358,7 +415,7 @@ impl Client {
     fn on_lease_answer(
         &mut self,
         req_id: u64,
-        result: Result<Grant, String>,
+        result: Result<Grant, TransportError>,
         now_ns: u64,
         rng: &mut ChaCha8Rng,
     ) {
@@ -397,7 +454,7 @@ impl Client {
     fn on_keepalive_answer(
         &mut self,
         req_id: u64,
-        result: Result<Grant, String>,
+        result: Result<Grant, TransportError>,
         now_ns: u64,
         rng: &mut ChaCha8Rng,
     ) {
@@ -414,7 +471,7 @@ impl Client {
     fn on_session_answer(
         &mut self,
         req_id: u64,
-        result: Result<SessionId, String>,
+        result: Result<SessionId, SessionError>,
         now_ns: u64,
         rng: &mut ChaCha8Rng,
     ) {
@@ -449,31 +506,31 @@ impl Client {
     }
 }
 
-/// Lock `L` under a live session: ask, give up, or release at random. False if an unlock went
-/// unanswered (the session must not lock again).
+/// Lock `L` under a live session: ask, give up, or release at random.
 fn step_lock(
     lock: &mut LockSide,
     sid: SessionId,
     now_ns: u64,
     rng: &mut ChaCha8Rng,
+    release_one_in: u32,
     ids: &mut u64,
     out: &mut Vec<(u64, Req)>,
-) -> bool {
+) {
     match lock {
         LockSide::Free { next_try_ns } if now_ns >= *next_try_ns => {
             *lock = LockSide::Asking(Ask::send(ids, now_ns, 0, Req::Lock { sid }, out));
         }
-        LockSide::Asking(ask) if ask.timed_out(now_ns) => {
+        LockSide::Asking(ask) | LockSide::Unlocking(ask) if ask.timed_out(now_ns) => {
+            // An unanswered unlock may still arrive, late or twice: it names this lock's token only.
             *lock = LockSide::Free {
                 next_try_ns: backoff(rng, now_ns),
             };
         }
-        LockSide::Held if rng.gen_ratio(1, 1_500) => {
-            // Unlock: stop believing first, then tell the grantor.
-            *lock = LockSide::Unlocking(Ask::send(ids, now_ns, 0, Req::Unlock { sid }, out));
+        LockSide::Held(token) if rng.gen_ratio(1, release_one_in) => {
+            // Unlock: stop believing first, then tell the grantor which lock.
+            let req = Req::Unlock { sid, token: *token };
+            *lock = LockSide::Unlocking(Ask::send(ids, now_ns, 0, req, out));
         }
-        LockSide::Unlocking(ask) if ask.timed_out(now_ns) => return false,
         _ => {}
     }
-    true
 }

@@ -2,13 +2,20 @@
 //!
 //! One grantor (a [`LeaseServer`](crate::grant::LeaseServer) for one lease and
 //! [`Sessions`](crate::grant::Sessions) for lock `L`), several clients, every clock drifting within
-//! `1 ± ρ` and starting anywhere in 60 days (clocks far apart), and these faults: grantor restarts
-//! on a new clock (lease by boot holdback or restore, at random; sessions from their image and a
-//! takeover), client links that block for up to 8 s (slow or blocked transports; some clients'
-//! transports keep their deadlines, others wait for the answer), lost messages, client crashes
-//! and drift changes. Clients renew through the [`Renewal`](crate::grant::Renewal) core and believe
-//! in a lease or lock until it says lost. The checker ([`Violation`]) runs at every millisecond of
-//! real time.
+//! `1 ± ρ` and starting anywhere in 60 days (clocks far apart), and these faults:
+//! - grantor restarts on a new clock: the lease by boot holdback or restore, at random, from a
+//!   record written only as its contract requires (so often stale: a release not written); the
+//!   sessions from their image, the last checkpoint (every 500 ms) and a takeover;
+//! - client links that block for up to 8 s (some clients' transports keep their deadlines,
+//!   others wait for the answer), client crashes (a new [`ClientId`](crate::grant::ClientId) per
+//!   incarnation) and drift changes;
+//! - messages lost (1%), slow (5%, up to 1.5 s: later ones overtake them), and duplicated
+//!   ([`GrantSimConfig::duplicate_ppm`], copies up to [`GrantSimConfig::duplicate_late_ms`] late).
+//!
+//! Clients acquire, renew and release the lease, and start sessions, keep them alive and lock
+//! and unlock `L` under them, some in short bursts and some for long; they renew through the
+//! [`Renewal`](crate::grant::Renewal) core and believe in a lease, lock or session until it says
+//! lost. The checker ([`ViolationKind`]) runs at every millisecond of real time.
 //!
 //! ```
 //! use raft_lease::grant::sim::{run, GrantSimConfig};
@@ -31,12 +38,15 @@ pub use check::{Violation, ViolationKind};
 use check::Checker;
 use client::Client;
 use grantor::{random_clock, Grantor};
-use net::{Net, Packet, Resp};
+use net::{Net, NetFaults, Packet, Req, Resp};
 
 use crate::clock::SimClock;
 use crate::grant::GrantConfig;
 
 const MS: u64 = 1_000_000;
+
+/// The longest a crashed grantor stays down, in real ns.
+pub(super) const MAX_OUTAGE_NS: u64 = 1_000 * MS;
 
 /// One run's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +57,10 @@ pub struct GrantSimConfig {
     pub clients: usize,
     /// Real simulated time to run, in ms.
     pub duration_ms: u64,
+    /// Chance that a message is delivered twice, in parts per million.
+    pub duplicate_ppm: u32,
+    /// How late a duplicate may arrive, in ms after it was sent (uniform from 0).
+    pub duplicate_late_ms: u64,
     /// Print every delivery and fault to stderr (to study a failing seed).
     pub trace: bool,
     /// Negative controls (tests only).
@@ -55,12 +69,15 @@ pub struct GrantSimConfig {
 }
 
 impl GrantSimConfig {
-    /// Five clients for 20 s of simulated time, no control switched on.
+    /// Five clients for 20 s of simulated time, 10% of messages duplicated up to 2 s late, no
+    /// control switched on.
     pub fn new(seed: u64) -> Self {
         GrantSimConfig {
             seed,
             clients: 5,
             duration_ms: 20_000,
+            duplicate_ppm: 100_000,
+            duplicate_late_ms: 2_000,
             trace: false,
             controls: GrantSimControls::default(),
         }
@@ -77,6 +94,18 @@ pub struct GrantSimControls {
     pub loss_only_when_the_transport_returns: bool,
     /// A takeover keeps the later of the old grantor's expiry and a full TTL.
     pub takeover_keeps_old_expiry: bool,
+    /// A release names only the client, not the holding's token.
+    pub release_naming_only_the_client: bool,
+    /// An unlock names only the session, not the lock's token.
+    pub unlock_naming_only_the_session: bool,
+    /// A lock request from the session that holds the lock is answered with its token, as a grant.
+    pub lock_granting_the_holder_again: bool,
+    /// A renewal adds the term to the old expiry instead of to now.
+    pub renewal_adds_to_the_old_expiry: bool,
+    /// A takeover gives every session a full TTL, whatever the last checkpoint recorded.
+    pub takeover_ignoring_checkpoints: bool,
+    /// A keep-alive leaves the last checkpoint in place (a takeover then gives too little).
+    pub keepalive_keeping_the_checkpoint: bool,
 }
 
 /// What a run did and found.
@@ -92,6 +121,9 @@ pub struct GrantSimReport {
     pub grants: u64,
     /// Grantor restarts.
     pub restarts: u64,
+    /// Restarts from a lease record older than the grantor's state at the crash (a release not
+    /// written, or a record written only on change).
+    pub stale_records: u64,
     /// Client links blocked.
     pub blocks: u64,
     /// Times a client's owner was told its lease or session was lost.
@@ -102,6 +134,8 @@ pub struct GrantSimReport {
     pub violations: u64,
     /// The first failure.
     pub first_violation: Option<Violation>,
+    /// The first failure of each kind, in the order they happened.
+    pub first_of_each_kind: Vec<Violation>,
 }
 
 struct World {
@@ -128,7 +162,8 @@ pub fn run(sim: &GrantSimConfig) -> GrantSimReport {
     report.losses = w.clients.iter().map(|c| c.losses).sum();
     report.checks = w.checker.checks;
     report.violations = w.checker.violations;
-    report.first_violation = w.checker.first;
+    report.first_violation = w.checker.firsts.first().cloned();
+    report.first_of_each_kind = w.checker.firsts;
     report
 }
 
@@ -147,10 +182,19 @@ impl World {
                 let honors =
                     rng.gen_bool(0.5) && !sim.controls.loss_only_when_the_transport_returns;
                 let control = sim.controls.loss_only_when_the_transport_returns;
-                Client::new(i as u64, clock, honors, config, control)
+                let release_one_in = if rng.gen_bool(0.5) { 300 } else { 5_000 };
+                Client::new(i as u64, clock, honors, release_one_in, config, control)
             })
             .collect();
-        let net = Net::new(sim.clients, 20 * MS, 10_000);
+        let faults = NetFaults {
+            max_delay_ns: 20 * MS,
+            loss_ppm: 10_000,
+            dup_ppm: sim.duplicate_ppm,
+            dup_late_ns: sim.duplicate_late_ms * MS,
+            slow_ppm: 50_000,
+            slow_late_ns: 1_500 * MS,
+        };
+        let net = Net::new(sim.clients, faults);
         World {
             rng,
             now_ns: 0,
@@ -183,7 +227,7 @@ impl World {
             self.deliver(p);
         }
         if !self.grantor.down {
-            self.grantor.expire();
+            self.grantor.tick(&mut self.rng);
         }
         for i in 0..self.clients.len() {
             let requests = self.clients[i].step(&mut self.rng);
@@ -216,10 +260,19 @@ impl World {
                 req_id,
                 req,
             } => {
+                let keepalive = match req {
+                    Req::KeepAlive { sid, .. } => Some(sid),
+                    _ => None,
+                };
                 let resp = self.grantor.handle(from, req);
                 self.report.operations += 1;
                 if matches!(resp, Resp::Grant(Ok(_)) | Resp::Lock(Ok(_))) {
                     self.report.grants += 1;
+                }
+                match (&resp, keepalive) {
+                    (Resp::Session(Ok(sid)), _) => self.checker.refreshed(*sid, self.now_ns),
+                    (Resp::Grant(Ok(_)), Some(sid)) => self.checker.refreshed(sid, self.now_ns),
+                    _ => {}
                 }
                 let p = Packet::ToClient {
                     client,
@@ -244,11 +297,14 @@ impl World {
         let rng = &mut self.rng;
         if self.grantor.down && self.now_ns >= self.restart_at_ns {
             let how = self.grantor.restart(rng);
+            self.checker.took_over();
             self.report.restarts += 1;
             log(trace, now_ns, || format!("grantor restarts: {how}"));
         } else if !self.grantor.down && rng.gen_ratio(1, 4_000) {
-            self.grantor.crash();
-            self.restart_at_ns = self.now_ns + rng.gen_range(0..=1_000) * MS;
+            if self.grantor.crash() {
+                self.report.stale_records += 1;
+            }
+            self.restart_at_ns = self.now_ns + rng.gen_range(0..=MAX_OUTAGE_NS);
             log(trace, now_ns, || "grantor crashes".into());
         }
         for i in 0..self.clients.len() {

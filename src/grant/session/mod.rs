@@ -1,5 +1,6 @@
 //! Sessions: one lease shared by many keys and locks (as with Chubby sessions and etcd leases),
-//! kept alive in batches. Pure: time is an argument, on the grantor's clock.
+//! kept alive in batches. Pure: time is an argument, on the grantor's clock. Images for snapshots
+//! are in `image`; takeovers and checkpoints in `takeover`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,7 +9,18 @@ use thiserror::Error;
 use crate::grant::fence::StaleToken;
 use crate::grant::GrantConfig;
 
-/// Identifies a session.
+mod image;
+mod takeover;
+
+pub use image::{SessionImage, SessionsImage};
+pub use takeover::SessionsCheckpoint;
+
+/// Identifies a session. Ids are never reused by one [`Sessions`].
+///
+/// A session belongs to **one client incarnation**, like a [`ClientId`](crate::grant::ClientId):
+/// a lock request under a session that holds the lock answers with the held token (so that a
+/// retry whose answer was lost learns it), so a restarted process must start a new session rather
+/// than reuse a persisted id while its old incarnation may still run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionId(pub u64);
 
@@ -26,13 +38,18 @@ pub enum SessionError {
         /// The largest TTL granted.
         max_ttl_ms: u64,
     },
-    /// Another session holds the lock.
+    /// The lock is held: by another session, or by the asking session itself.
     #[error("lock {name:?} is held by session {holder:?}")]
     LockHeld {
         /// The lock.
         name: String,
         /// Its holder.
         holder: SessionId,
+        /// Only when the asking session itself is the holder: the token it holds the lock under
+        /// (an earlier request's answer was lost, or a late copy of one arrived). **It is not a
+        /// grant**: never act on the lock under it (an unlock of it may still be on its way).
+        /// Unlock with it, then lock again for a new token.
+        token: Option<u64>,
     },
 }
 
@@ -59,6 +76,10 @@ struct Session {
     ttl_ms: u64,
     /// On the grantor's clock, exclusive: last refresh + ttl·(1+ρ) + ε.
     expiry_ns: u64,
+    /// The time the session had left at the last [`Sessions::checkpoint`] since its last grant or
+    /// keep-alive, in ns: a duration, valid on any clock. `None`: a full TTL (no checkpoint since).
+    /// `Some(0)`: found expired (it is dead on every clock).
+    checkpoint_ns: Option<u64>,
     keys: BTreeSet<Vec<u8>>,
     locks: BTreeSet<String>,
 }
@@ -70,14 +91,16 @@ struct Lock {
 }
 
 /// Every session, key attachment and lock of one grantor. Replicate it (e.g. through raft) so that
-/// a new grantor can take over with [`Sessions::takeover`].
+/// a new grantor can take over with [`Sessions::takeover`], and call [`Sessions::checkpoint`]
+/// every checkpoint interval so that takeovers cannot keep a dead client's session for ever.
 ///
 /// Invariant: every instant in it (`now_ns` arguments, expiries) is on **one** clock: the clock of
 /// the grantor that created it or last called [`Sessions::takeover`]. A new or restarted grantor
 /// (another process or machine) must call `takeover` on its own clock before any other call.
 /// A restarted grantor that is not replicated must not start from [`Sessions::new`]: it would
-/// forget the sessions and locks it gave. Rebuild it from a persisted [`Sessions::image`] (written
-/// before each answer leaves) and call `takeover`.
+/// forget the sessions and locks it gave. Rebuild it from a persisted [`Sessions::image`] and
+/// [`Sessions::last_checkpoint`] (written together before each answer leaves), with
+/// [`Sessions::from_image`] and [`Sessions::restore_checkpoint`], and call `takeover`.
 #[derive(Debug, Clone)]
 pub struct Sessions {
     config: GrantConfig,
@@ -93,7 +116,10 @@ pub struct Sessions {
 impl Sessions {
     /// No sessions: a first start, or a replica that will apply the replicated history. TTLs are
     /// bounded by `config.max_term_ms`.
+    ///
+    /// Panics if `config` is invalid ([`GrantConfig::validate`]): a programmer error.
     pub fn new(config: GrantConfig) -> Self {
+        config.assert_valid();
         Sessions {
             config,
             next_id: 0,
@@ -112,10 +138,11 @@ impl Sessions {
         }
         self.next_id += 1;
         let id = SessionId(self.next_id);
-        let expiry_ns = now_ns + self.config.grantor_hold_ns(ttl_ms);
+        let expiry_ns = now_ns.saturating_add(self.config.grantor_hold_ns(ttl_ms));
         let session = Session {
             ttl_ms,
             expiry_ns,
+            checkpoint_ns: None,
             keys: BTreeSet::new(),
             locks: BTreeSet::new(),
         };
@@ -125,14 +152,43 @@ impl Sessions {
     }
 
     /// Refresh many sessions in one call, each to a full TTL from `now_ns`.
+    ///
+    /// A session that has expired but is not yet reaped ([`Sessions::expire`]) is answered as
+    /// unknown, like one that is gone, and marked dead, so that no later takeover revives it.
     pub fn keepalive(&mut self, ids: &[SessionId], now_ns: u64) -> KeepAlive {
         let mut out = KeepAlive::default();
         for &id in ids {
-            if self.is_live(id, now_ns) {
+            if self.live_mut(id, now_ns).is_some() {
                 self.extend(id, now_ns);
                 out.refreshed += 1;
             } else {
                 out.unknown.push(id);
+            }
+        }
+        out
+    }
+
+    /// NEGATIVE CONTROL, for tests only: a keep-alive that leaves the last checkpoint in place. A
+    /// takeover then gives the session only what was left before the keep-alive, and it expires
+    /// while its client still believes in it.
+    #[doc(hidden)]
+    pub fn control_keepalive_keeping_the_checkpoint(
+        &mut self,
+        ids: &[SessionId],
+        now_ns: u64,
+    ) -> KeepAlive {
+        let kept: Vec<_> = ids
+            .iter()
+            .map(|id| self.sessions.get(id).and_then(|s| s.checkpoint_ns))
+            .collect();
+        let out = self.keepalive(ids, now_ns);
+        for (id, checkpoint_ns) in ids.iter().zip(kept) {
+            if let Some(s) = self
+                .sessions
+                .get_mut(id)
+                .filter(|s| s.checkpoint_ns.is_none())
+            {
+                s.checkpoint_ns = checkpoint_ns;
             }
         }
         out
@@ -143,16 +199,24 @@ impl Sessions {
     fn extend(&mut self, id: SessionId, now_ns: u64) {
         let config = self.config;
         let s = self.sessions.get_mut(&id).expect("extend a known session");
+        s.checkpoint_ns = None; // a full TTL from now: what a checkpoint said no longer holds
         let old_ns = s.expiry_ns;
-        s.expiry_ns = old_ns.max(now_ns + config.grantor_hold_ns(s.ttl_ms));
+        s.expiry_ns = old_ns.max(now_ns.saturating_add(config.grantor_hold_ns(s.ttl_ms)));
         let new_ns = s.expiry_ns;
         self.by_expiry.remove(&(old_ns, id));
         self.by_expiry.insert((new_ns, id));
         debug_assert!(new_ns >= old_ns && new_ns > now_ns);
     }
 
+    /// The session, if it is live at `now_ns`. One found expired but not yet reaped is marked
+    /// dead (checkpointed at 0): it was answered as gone, so no takeover may revive it.
     fn live_mut(&mut self, id: SessionId, now_ns: u64) -> Option<&mut Session> {
-        self.sessions.get_mut(&id).filter(|s| now_ns < s.expiry_ns)
+        let s = self.sessions.get_mut(&id)?;
+        if now_ns >= s.expiry_ns {
+            s.checkpoint_ns = Some(0);
+            return None;
+        }
+        Some(s)
     }
 
     /// Tie `key` to session `id`: it is deleted when the session ends.
@@ -167,19 +231,22 @@ impl Sessions {
         Ok(())
     }
 
-    /// Acquire lock `name` for session `id`. Returns its fencing token: the same while the session
-    /// holds it, larger for every new holder.
+    /// Acquire lock `name` for session `id`. Returns its fencing token, larger for every new
+    /// holding, even the same session's next one after an unlock.
+    ///
+    /// A lock is granted only when free: a session that already holds it gets
+    /// [`SessionError::LockHeld`] naming itself and its token, never the same token as a grant
+    /// again. (Otherwise a lock request that overtakes the session's own pending unlock would be
+    /// answered "yours, token t" just before the unlock of t frees it.)
     pub fn lock(&mut self, name: &str, id: SessionId, now_ns: u64) -> Result<u64, SessionError> {
         if self.live_mut(id, now_ns).is_none() {
             return Err(SessionError::Unknown(id));
         }
         if let Some(l) = self.locks.get(name) {
-            if l.holder == id {
-                return Ok(l.token);
-            }
             return Err(SessionError::LockHeld {
                 name: name.to_string(),
                 holder: l.holder,
+                token: (l.holder == id).then_some(l.token),
             });
         }
         let token = self.lock_tokens.get(name).copied().unwrap_or(0) + 1;
@@ -194,13 +261,34 @@ impl Sessions {
         Ok(token)
     }
 
-    /// Release lock `name` if session `id` holds it. Returns whether it did.
+    /// NEGATIVE CONTROL, for tests only: the first `lock`, which answered a session that already
+    /// held the lock with its token, as a grant. Over a network that reorders, a lock request that
+    /// overtakes the session's own unlock is answered "granted" just before that unlock frees it.
+    #[doc(hidden)]
+    pub fn control_lock_granting_the_holder_again(
+        &mut self,
+        name: &str,
+        id: SessionId,
+        now_ns: u64,
+    ) -> Result<u64, SessionError> {
+        match self.lock(name, id, now_ns) {
+            Err(SessionError::LockHeld {
+                token: Some(token), ..
+            }) => Ok(token),
+            other => other,
+        }
+    }
+
+    /// Release lock `name` if session `id` holds it under `token`. Returns whether it did.
     ///
-    /// Not ordered against the session's later requests: an unlock that arrives after the same
-    /// session locked `name` again frees that lock while its holder believes in it. Lock again under
-    /// a session only once its unlock is answered; if it never is, let the session end.
-    pub fn unlock(&mut self, name: &str, id: SessionId) -> bool {
-        if self.locks.get(name).is_none_or(|l| l.holder != id) {
+    /// Naming the token makes an unlock safe to retry and to deliver late or twice: the session's
+    /// next lock of `name` has a larger token, so an old unlock matches nothing.
+    pub fn unlock(&mut self, name: &str, id: SessionId, token: u64) -> bool {
+        if self
+            .locks
+            .get(name)
+            .is_none_or(|l| l.holder != id || l.token != token)
+        {
             return false;
         }
         self.locks.remove(name);
@@ -208,6 +296,16 @@ impl Sessions {
             s.locks.remove(name);
         }
         true
+    }
+
+    /// NEGATIVE CONTROL, for tests only: the first `unlock`, which named only the session. A late
+    /// or duplicated copy frees the session's next lock of `name` while it believes in it.
+    #[doc(hidden)]
+    pub fn control_unlock_naming_only_the_session(&mut self, name: &str, id: SessionId) -> bool {
+        match self.locks.get(name) {
+            Some(l) if l.holder == id => self.unlock(name, id, l.token),
+            _ => false,
+        }
     }
 
     /// Whether a write fenced with `token` for lock `name` is current: not below the highest
@@ -246,39 +344,6 @@ impl Sessions {
             .collect()
     }
 
-    /// A new grantor takes over at `now_ns` on **its own** clock: every outstanding session's expiry
-    /// becomes a full TTL from now, `now + ttl·(1+ρ) + ε`, set from this clock alone.
-    ///
-    /// The expiries in the image were read on the previous grantor's clock, which means nothing
-    /// here (one machine's monotonic clock may read 30 days, the next one's 1 hour), so they are
-    /// never compared with `now_ns`. Safe: every keep-alive the old grantor answered happened before
-    /// the takeover, so a full TTL from now outlasts every holder's view of it. Bounded: no session
-    /// outlives a full TTL from the takeover without a keep-alive.
-    pub fn takeover(&mut self, now_ns: u64) {
-        let config = self.config;
-        self.rebase(now_ns, |s| now_ns + config.grantor_hold_ns(s.ttl_ms));
-    }
-
-    /// NEGATIVE CONTROL, for tests only: the first takeover, which kept the later of the old expiry
-    /// (read on the previous grantor's clock) and a full TTL from now. A dead client's lock then
-    /// outlives its TTL by however far the old clock was ahead.
-    #[doc(hidden)]
-    pub fn control_takeover_keeping_old_expiry(&mut self, now_ns: u64) {
-        let config = self.config;
-        self.rebase(now_ns, |s| {
-            s.expiry_ns.max(now_ns + config.grantor_hold_ns(s.ttl_ms))
-        });
-    }
-
-    fn rebase(&mut self, now_ns: u64, expiry_ns: impl Fn(&Session) -> u64) {
-        self.by_expiry.clear();
-        for (id, s) in self.sessions.iter_mut() {
-            s.expiry_ns = expiry_ns(s);
-            debug_assert!(s.expiry_ns > now_ns);
-            self.by_expiry.insert((s.expiry_ns, *id));
-        }
-    }
-
     /// Every session as `(id, ttl_ms, expiry_ns)`, the expiry on the grantor's clock.
     pub fn expiries(&self) -> impl Iterator<Item = (SessionId, u64, u64)> + '_ {
         self.sessions
@@ -296,6 +361,11 @@ impl Sessions {
         self.locks.get(name).map(|l| (l.holder, l.token))
     }
 
+    /// The earliest expiry among live sessions, to know when to call [`Sessions::expire`].
+    pub fn next_expiry_ns(&self) -> Option<u64> {
+        self.by_expiry.first().map(|(t, _)| *t)
+    }
+
     /// Sessions not yet expired or revoked (expired ones linger until [`Sessions::expire`]).
     pub fn len(&self) -> usize {
         self.sessions.len()
@@ -307,100 +377,14 @@ impl Sessions {
     }
 }
 
-/// A plain copy of one session, for snapshots.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionImage {
-    /// The session.
-    pub id: SessionId,
-    /// Its TTL.
-    pub ttl_ms: u64,
-    /// Its expiry on the clock of the grantor that made the image (meaningless on any other).
-    pub expiry_ns: u64,
-    /// Attached keys.
-    pub keys: Vec<Vec<u8>>,
-    /// Held locks.
-    pub locks: Vec<String>,
-}
-
-/// A plain copy of a [`Sessions`], for snapshots: serialize it however you like.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SessionsImage {
-    /// The last session id handed out.
-    pub next_id: u64,
-    /// Every session.
-    pub sessions: Vec<SessionImage>,
-    /// Held locks: (name, holder, token).
-    pub locks: Vec<(String, SessionId, u64)>,
-    /// Highest token ever issued per lock.
-    pub lock_tokens: Vec<(String, u64)>,
-}
-
-impl Sessions {
-    /// A plain copy of everything, for a snapshot.
-    pub fn image(&self) -> SessionsImage {
-        SessionsImage {
-            next_id: self.next_id,
-            sessions: self
-                .sessions
-                .iter()
-                .map(|(id, s)| SessionImage {
-                    id: *id,
-                    ttl_ms: s.ttl_ms,
-                    expiry_ns: s.expiry_ns,
-                    keys: s.keys.iter().cloned().collect(),
-                    locks: s.locks.iter().cloned().collect(),
-                })
-                .collect(),
-            locks: self
-                .locks
-                .iter()
-                .map(|(n, l)| (n.clone(), l.holder, l.token))
-                .collect(),
-            lock_tokens: self
-                .lock_tokens
-                .iter()
-                .map(|(n, t)| (n.clone(), *t))
-                .collect(),
-        }
-    }
-
-    /// Rebuild from an [`Sessions::image`]. Its expiries are on the clock of the grantor that made
-    /// it: call [`Sessions::takeover`] before using it on another clock.
-    pub fn from_image(config: GrantConfig, image: SessionsImage) -> Self {
-        let mut s = Sessions::new(config);
-        s.next_id = image.next_id;
-        for si in image.sessions {
-            s.by_expiry.insert((si.expiry_ns, si.id));
-            let session = Session {
-                ttl_ms: si.ttl_ms,
-                expiry_ns: si.expiry_ns,
-                keys: si.keys.into_iter().collect(),
-                locks: si.locks.into_iter().collect(),
-            };
-            s.sessions.insert(si.id, session);
-        }
-        s.locks = image
-            .locks
-            .into_iter()
-            .map(|(n, holder, token)| (n, Lock { holder, token }))
-            .collect();
-        s.lock_tokens = image.lock_tokens.into_iter().collect();
-        s
-    }
-
-    /// The earliest expiry among live sessions, to know when to call [`Sessions::expire`].
-    pub fn next_expiry_ns(&self) -> Option<u64> {
-        self.by_expiry.first().map(|(t, _)| *t)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
 
-    fn sessions() -> Sessions {
+    /// Sessions with no drift and no margin: times are exact.
+    pub(super) fn sessions() -> Sessions {
         Sessions::new(GrantConfig {
             drift_ppm: 0,
             margin_ms: 0,
@@ -416,8 +400,12 @@ mod tests {
         assert_eq!(s.lock("L", a, 0), Ok(1));
         assert_eq!(
             s.lock("L", a, 0),
-            Ok(1),
-            "re-locking by the holder keeps the token"
+            Err(SessionError::LockHeld {
+                name: "L".into(),
+                holder: a,
+                token: Some(1)
+            }),
+            "the holder is told its token, not granted it again"
         );
         assert!(s.expire(100 * MS - 1).is_empty());
         let gone = s.expire(100 * MS);
@@ -460,54 +448,15 @@ mod tests {
             s.lock("L", b, 0),
             Err(SessionError::LockHeld {
                 name: "L".into(),
-                holder: a
+                holder: a,
+                token: None
             })
         );
-        assert!(!s.unlock("L", b));
-        assert!(s.unlock("L", a));
+        assert!(!s.unlock("L", b, 1));
+        assert!(!s.unlock("L", a, 2), "not its token");
+        assert!(s.unlock("L", a, 1));
         assert_eq!(s.lock("L", b, 0), Ok(2));
         assert_eq!(s.lock_holder("L"), Some((b, 2)));
         assert!(matches!(s.grant(0, 0), Err(SessionError::BadTtl { .. })));
-    }
-
-    #[test]
-    fn an_image_round_trips() {
-        let mut s = sessions();
-        let a = s.grant(100, 0).unwrap();
-        s.attach_key(a, b"k", 0).unwrap();
-        s.lock("L", a, 0).unwrap();
-        let copy = Sessions::from_image(s.config, s.image());
-        assert_eq!(copy.image(), s.image());
-        assert_eq!(copy.next_expiry_ns(), Some(100 * MS));
-    }
-
-    #[test]
-    fn takeover_sets_each_expiry_from_the_new_clock_only() {
-        let mut s = sessions();
-        let a = s.grant(100, 1_000 * MS).unwrap(); // old clock: expires at 1100 ms
-        let b = s.grant(300, 0).unwrap();
-        s.takeover(10 * MS); // a new clock, far behind
-        assert_eq!(s.next_expiry_ns(), Some(110 * MS));
-        let e: Vec<_> = s.expiries().collect();
-        assert_eq!(e, vec![(a, 100, 110 * MS), (b, 300, 310 * MS)]);
-        assert_eq!(s.expire(110 * MS).len(), 1);
-        let mut control = sessions();
-        let a = control.grant(100, 1_000 * MS).unwrap();
-        control.control_takeover_keeping_old_expiry(10 * MS);
-        assert!(
-            control.is_live(a, 1_099 * MS),
-            "the control keeps the old clock's expiry"
-        );
-    }
-
-    #[test]
-    fn takeover_extends_every_session_to_a_full_ttl() {
-        let mut s = sessions();
-        let a = s.grant(100, 0).unwrap();
-        s.lock("L", a, 0).unwrap();
-        s.takeover(90 * MS); // the new grantor cannot know how long the old one promised
-        assert!(s.expire(150 * MS).is_empty());
-        assert!(s.is_live(a, 189 * MS));
-        assert_eq!(s.expire(190 * MS).len(), 1);
     }
 }

@@ -1,0 +1,619 @@
+//! Shared liveness: one support session per ordered pair of nodes carries the leases of every
+//! raft group the pair shares. A pure state machine: time comes in as arguments, messages and
+//! decisions go out.
+//!
+//! # The argument (MULTI.md, one level above the single-group lease)
+//! - **Support.** A requester `R` sends each peer `S` a heartbeat `(epoch, seq)` every `P/3`,
+//!   reading `t0` before sending. `S`, on receipt, if it never withdrew that epoch, supports it
+//!   until `receipt + P` on its own clock (never earlier than before) and answers with its
+//!   incarnation. `R` then counts on `S` until `t0 + L`, `L = P·(1−ρ)/(1+ρ) − ε`, valid only
+//!   for that `(epoch, incarnation)`. In real time `R`'s belief ends before `S`'s support does.
+//! - **Withdrawal is for good.** When its clock passes the end, `S` withdraws the epoch and never
+//!   supports it again; `R` learns of it from the answer and moves to the next epoch. Support
+//!   never comes back at an epoch, so a fortification made under it can never be counted again
+//!   after the replica that made it was let go.
+//! - **Restart.** A node persists one counter, its incarnation, and bumps it at every boot. Its
+//!   epochs as a requester start from the new incarnation (the high 32 bits of an [`Epoch`]), so
+//!   every fortification naming its old epochs dies. As a supporter it forgets what it withdrew,
+//!   so it refuses every vote and campaign for `P` after boot (the boot promise), and its
+//!   answers carry the new incarnation, so no requester counts a fortification made before.
+//! - **Fortification** (per group, [`Fortification`]): the replica on `S` of a group led by `R`
+//!   at term `T` records `(R, T, epoch, S's incarnation)`. While `S` supports `R` at that epoch,
+//!   that replica neither votes for another candidate nor campaigns. The leader's lease is the
+//!   latest instant a quorum of fortified voters (itself included) is supported until.
+
+use std::collections::BTreeMap;
+
+use crate::config::Derived;
+
+/// A node's id (the same in every group it hosts).
+pub type NodeId = u64;
+
+/// An epoch of support asked by one node of another. The high 32 bits are the requester's
+/// incarnation, so a restarted requester's epochs are above all it used before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Epoch(pub u64);
+
+impl Epoch {
+    /// The first epoch of incarnation `incarnation`.
+    pub fn first(incarnation: u32) -> Epoch {
+        Epoch(u64::from(incarnation) << 32)
+    }
+
+    /// The next epoch (after a withdrawal).
+    pub fn next(self) -> Epoch {
+        Epoch(self.0 + 1)
+    }
+
+    /// The requester incarnation this epoch belongs to.
+    pub fn incarnation(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+}
+
+/// One support message between two nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SupportMsg {
+    /// The requester asks for support at `epoch`; `seq` names this copy.
+    Heartbeat {
+        /// The epoch asked for.
+        epoch: Epoch,
+        /// Numbers the requester's heartbeats to this peer, from 1.
+        seq: u64,
+    },
+    /// The supporter supports `epoch` from its receipt of heartbeat `seq`.
+    Ack {
+        /// The epoch supported.
+        epoch: Epoch,
+        /// The heartbeat acknowledged.
+        seq: u64,
+        /// The supporter's incarnation.
+        incarnation: u32,
+    },
+    /// The supporter withdrew `epoch` for good: the requester moves to the next one.
+    Withdrawn {
+        /// The epoch withdrawn.
+        epoch: Epoch,
+    },
+}
+
+/// Support a requester may count on: from one peer, at one `(epoch, incarnation)`, until a local
+/// instant of the requester's clock (exclusive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Support {
+    /// The epoch supported.
+    pub epoch: Epoch,
+    /// The supporter's incarnation when it answered.
+    pub incarnation: u32,
+    /// The support may be counted on before this local instant.
+    pub until_ns: u64,
+}
+
+/// What one requester asks of one peer.
+#[derive(Debug, Clone)]
+struct Asking {
+    /// The epoch asked for now. Only moves up.
+    epoch: Epoch,
+    /// The last heartbeat sequence number used.
+    last_seq: u64,
+    /// Send time of each heartbeat still worth an answer, by sequence number.
+    sent_ns: BTreeMap<u64, u64>,
+    /// The support counted on, at `epoch`.
+    support: Option<Support>,
+    /// The next heartbeat is due at this local instant.
+    next_ns: u64,
+}
+
+/// The requester half: the support this node asks of each peer.
+#[derive(Debug, Clone)]
+pub struct Requester {
+    incarnation: u32,
+    /// `L`: how long past a heartbeat's send time an answer may be counted on.
+    lease_ns: u64,
+    /// Heartbeat interval: `P/3`.
+    interval_ns: u64,
+    peers: BTreeMap<NodeId, Asking>,
+}
+
+impl Requester {
+    /// A requester of incarnation `incarnation`, asking `peers` for support.
+    pub fn new(
+        incarnation: u32,
+        derived: &Derived,
+        peers: impl IntoIterator<Item = NodeId>,
+    ) -> Self {
+        assert!(incarnation > 0, "incarnations start at 1");
+        let mut r = Requester {
+            incarnation,
+            lease_ns: derived.lease_ns,
+            interval_ns: (derived.promise_ns / 3).max(1),
+            peers: BTreeMap::new(),
+        };
+        peers.into_iter().for_each(|p| r.add_peer(p));
+        r
+    }
+
+    /// Ask `peer` for support too (it joined a group this node hosts).
+    pub fn add_peer(&mut self, peer: NodeId) {
+        let epoch = Epoch::first(self.incarnation);
+        self.peers.entry(peer).or_insert(Asking {
+            epoch,
+            last_seq: 0,
+            sent_ns: BTreeMap::new(),
+            support: None,
+            next_ns: 0,
+        });
+    }
+
+    /// Heartbeats due at `now_ns`, one per peer at most. Each send time is `now_ns`, read before
+    /// the caller sends them.
+    pub fn due(&mut self, now_ns: u64) -> Vec<(NodeId, SupportMsg)> {
+        let (interval_ns, lease_ns) = (self.interval_ns, self.lease_ns);
+        let mut out = Vec::new();
+        for (&peer, a) in self.peers.iter_mut().filter(|(_, a)| a.next_ns <= now_ns) {
+            a.last_seq += 1;
+            a.sent_ns.insert(a.last_seq, now_ns);
+            // A heartbeat sent more than L ago can extend nothing.
+            a.sent_ns
+                .retain(|_, sent| sent.saturating_add(lease_ns) > now_ns);
+            a.next_ns = now_ns.saturating_add(interval_ns);
+            let msg = SupportMsg::Heartbeat {
+                epoch: a.epoch,
+                seq: a.last_seq,
+            };
+            out.push((peer, msg));
+        }
+        out
+    }
+
+    /// An answer from `peer` arrived at `now_ns`. Returns whether the support counted on changed.
+    pub fn on_answer(&mut self, peer: NodeId, msg: SupportMsg, now_ns: u64) -> bool {
+        let Some(a) = self.peers.get_mut(&peer) else {
+            return false;
+        };
+        match msg {
+            SupportMsg::Ack {
+                epoch,
+                seq,
+                incarnation,
+            } if epoch == a.epoch => {
+                let Some(&t0) = a.sent_ns.get(&seq) else {
+                    return false; // too old to count, or never sent
+                };
+                assert!(
+                    t0 <= now_ns,
+                    "an answer before its heartbeat: {t0} > {now_ns}"
+                );
+                let until_ns = t0.saturating_add(self.lease_ns);
+                Self::count(a, epoch, incarnation, until_ns)
+            }
+            SupportMsg::Withdrawn { epoch } if epoch == a.epoch => {
+                a.epoch = epoch.next();
+                a.support = None;
+                a.sent_ns.clear();
+                a.next_ns = now_ns; // ask again at once, at the new epoch
+                true
+            }
+            _ => false, // an answer about an epoch already left behind
+        }
+    }
+
+    fn count(a: &mut Asking, epoch: Epoch, incarnation: u32, until_ns: u64) -> bool {
+        match &mut a.support {
+            Some(s) if s.epoch == epoch && s.incarnation == incarnation => {
+                let later = until_ns > s.until_ns;
+                s.until_ns = s.until_ns.max(until_ns); // never regresses for one (epoch, incarnation)
+                later
+            }
+            _ => {
+                a.support = Some(Support {
+                    epoch,
+                    incarnation,
+                    until_ns,
+                });
+                true
+            }
+        }
+    }
+
+    /// The support `peer` gives now, if any is still in force.
+    pub fn support_from(&self, peer: NodeId, now_ns: u64) -> Option<Support> {
+        let s = self.peers.get(&peer)?.support?;
+        (now_ns < s.until_ns).then_some(s)
+    }
+
+    /// The epoch this node asks `peer` for now.
+    pub fn epoch_for(&self, peer: NodeId) -> Option<Epoch> {
+        self.peers.get(&peer).map(|a| a.epoch)
+    }
+
+    /// This node's incarnation.
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+}
+
+/// What one supporter gives one requester.
+#[derive(Debug, Clone, Copy, Default)]
+struct Giving {
+    /// The epoch supported now, if any.
+    epoch: Option<Epoch>,
+    /// Supported until this local instant (exclusive). Only moves later for one epoch.
+    until_ns: u64,
+    /// Every epoch at or below this one was withdrawn, for good (`None`: none yet).
+    withdrawn_through: Option<Epoch>,
+}
+
+/// The supporter half: the support this node gives each requester.
+#[derive(Debug, Clone)]
+pub struct Supporter {
+    incarnation: u32,
+    /// `P`.
+    promise_ns: u64,
+    /// Every vote and campaign is refused before this local instant: the boot promise.
+    boot_until_ns: u64,
+    requesters: BTreeMap<NodeId, Giving>,
+    /// Epochs ended early by a later epoch from the same requester (it restarted), not yet
+    /// returned by [`Supporter::withdraw_expired`].
+    ended: Vec<(NodeId, Epoch)>,
+    /// Negative control (tests only): withdrawals are not remembered.
+    forget_withdrawals: bool,
+}
+
+impl Supporter {
+    /// A supporter of incarnation `incarnation` that booted at `boot_ns`.
+    pub fn new(incarnation: u32, derived: &Derived, boot_ns: u64) -> Self {
+        assert!(incarnation > 0, "incarnations start at 1");
+        Supporter {
+            incarnation,
+            promise_ns: derived.promise_ns,
+            boot_until_ns: boot_ns.saturating_add(derived.promise_ns),
+            requesters: BTreeMap::new(),
+            ended: Vec::new(),
+            forget_withdrawals: false,
+        }
+    }
+
+    /// Negative control: support may come back at a withdrawn epoch.
+    #[doc(hidden)]
+    pub fn control_forget_withdrawals(mut self) -> Self {
+        self.forget_withdrawals = true;
+        self
+    }
+
+    /// A heartbeat from `from` arrived; `receipt_ns` is read at or after its receipt. Returns the
+    /// answer, or `None` for a stale copy (an epoch below the one supported now).
+    pub fn on_heartbeat(
+        &mut self,
+        from: NodeId,
+        epoch: Epoch,
+        seq: u64,
+        receipt_ns: u64,
+    ) -> Option<SupportMsg> {
+        let g = self.requesters.entry(from).or_default();
+        if g.withdrawn_through.is_some_and(|w| epoch <= w) && !self.forget_withdrawals {
+            return Some(SupportMsg::Withdrawn { epoch });
+        }
+        match g.epoch {
+            Some(current) if epoch < current => return None,
+            // A later epoch while one is supported: the requester restarted (it moves on at
+            // one peer only after that peer withdrew), and its memory of every lease counted on
+            // the earlier epoch went with it. The earlier one ends now, for good, and the
+            // replicas fortified under it are released at once, not left waiting for support
+            // that will never be renewed.
+            Some(current) if epoch > current => {
+                g.withdrawn_through = g.withdrawn_through.max(Some(current));
+                g.until_ns = 0;
+                self.ended.push((from, current));
+            }
+            _ => {}
+        }
+        g.epoch = Some(epoch);
+        g.until_ns = g.until_ns.max(receipt_ns.saturating_add(self.promise_ns));
+        Some(SupportMsg::Ack {
+            epoch,
+            seq,
+            incarnation: self.incarnation,
+        })
+    }
+
+    /// Withdraw, for good, every epoch whose support ran out by `now_ns`; returns them.
+    /// Epochs a later one ended since the last call are returned too.
+    pub fn withdraw_expired(&mut self, now_ns: u64) -> Vec<(NodeId, Epoch)> {
+        let mut out = std::mem::take(&mut self.ended);
+        for (&r, g) in self.requesters.iter_mut() {
+            let Some(epoch) = g.epoch.filter(|_| now_ns >= g.until_ns) else {
+                continue;
+            };
+            g.epoch = None;
+            g.withdrawn_through = g.withdrawn_through.max(Some(epoch));
+            out.push((r, epoch));
+        }
+        out
+    }
+
+    /// Whether this node supports `requester` at `epoch` at `now_ns`.
+    pub fn supports(&self, requester: NodeId, epoch: Epoch, now_ns: u64) -> bool {
+        let g = self.requesters.get(&requester);
+        g.is_some_and(|g| g.epoch == Some(epoch) && now_ns < g.until_ns)
+    }
+
+    /// Whether the boot promise holds at `now_ns`: no vote, no campaign, in any group.
+    pub fn in_boot_promise(&self, now_ns: u64) -> bool {
+        now_ns < self.boot_until_ns
+    }
+
+    /// This node's incarnation.
+    pub fn incarnation(&self) -> u32 {
+        self.incarnation
+    }
+}
+
+/// A follower replica's promise to its group's leader, made under node support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fortification {
+    /// The leader's node.
+    pub leader: NodeId,
+    /// The term it leads.
+    pub term: u64,
+    /// The epoch of support this node gives the leader's node.
+    pub epoch: Epoch,
+}
+
+/// Which fortifications a leader may count: per voter, the `(epoch, incarnation)` it was made
+/// under. It counts while the voter's node supports the leader at exactly that pair.
+pub type Fortified = BTreeMap<NodeId, (Epoch, u32)>;
+
+/// The latest instant a quorum of `voters` (both halves when joint) supports `leader`: `leader`
+/// counts for ever; another voter counts until its node's support ends, if it fortified under
+/// the support counted now. `support(v)` is the requester's [`Requester::support_from`].
+pub fn lease_until_ns(
+    leader: NodeId,
+    voters: (&[NodeId], &[NodeId]),
+    fortified: &Fortified,
+    support: impl Fn(NodeId) -> Option<Support>,
+) -> u64 {
+    let until = |v: NodeId| -> u64 {
+        if v == leader {
+            return u64::MAX;
+        }
+        match (fortified.get(&v), support(v)) {
+            (Some(&(e, i)), Some(s)) if s.epoch == e && s.incarnation == i => s.until_ns,
+            _ => 0,
+        }
+    };
+    let half = |set: &[NodeId]| -> u64 {
+        if set.is_empty() {
+            return u64::MAX;
+        }
+        let mut untils: Vec<u64> = set.iter().map(|&v| until(v)).collect();
+        untils.sort_unstable_by(|a, b| b.cmp(a));
+        untils[set.len() / 2] // the quorum-th largest: a majority is supported until then
+    };
+    half(voters.0).min(half(voters.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = 300;
+    const L: u64 = 280;
+
+    fn derived() -> Derived {
+        Derived {
+            promise_ns: P,
+            lease_ns: L,
+            renew_before_ns: 90,
+            campaign_jitter_ns: 0,
+        }
+    }
+
+    fn heartbeat(r: &mut Requester, now: u64) -> (Epoch, u64) {
+        match r.due(now).as_slice() {
+            [(2, SupportMsg::Heartbeat { epoch, seq })] => (*epoch, *seq),
+            other => panic!("expected one heartbeat to 2, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn support_runs_to_exactly_t0_plus_l_and_never_regresses() {
+        let (mut r, mut s) = (
+            Requester::new(1, &derived(), [2]),
+            Supporter::new(7, &derived(), 0),
+        );
+        let (epoch, seq) = heartbeat(&mut r, 1_000);
+        let ack = s.on_heartbeat(1, epoch, seq, 1_010).unwrap();
+        assert!(r.on_answer(2, ack, 1_020));
+        assert_eq!(
+            r.support_from(2, 1_000 + L - 1).map(|s| s.until_ns),
+            Some(1_000 + L)
+        );
+        assert_eq!(
+            r.support_from(2, 1_000 + L),
+            None,
+            "t0 + L is not in the support"
+        );
+        assert!(s.supports(1, epoch, 1_010 + P - 1) && !s.supports(1, epoch, 1_010 + P));
+        // A late answer to an earlier heartbeat does not pull the support back.
+        let (_, seq2) = heartbeat(&mut r, 1_100);
+        let ack2 = s.on_heartbeat(1, epoch, seq2, 1_110).unwrap();
+        r.on_answer(2, ack2, 1_120);
+        assert!(
+            !r.on_answer(2, ack, 1_130),
+            "an answer from an older seq changes nothing"
+        );
+        assert_eq!(r.support_from(2, 1_200).unwrap().until_ns, 1_100 + L);
+    }
+
+    #[test]
+    fn a_withdrawn_epoch_offered_again_is_refused_for_good() {
+        let (mut r, mut s) = (
+            Requester::new(1, &derived(), [2]),
+            Supporter::new(7, &derived(), 0),
+        );
+        let (epoch, seq) = heartbeat(&mut r, 0);
+        let ack = s.on_heartbeat(1, epoch, seq, 0).unwrap();
+        r.on_answer(2, ack, 1);
+        assert_eq!(s.withdraw_expired(P - 1), vec![], "still in force");
+        assert_eq!(s.withdraw_expired(P), vec![(1, epoch)]);
+        assert!(!s.supports(1, epoch, P));
+        // A delayed heartbeat of the withdrawn epoch: refused, whatever its time.
+        let refused = s.on_heartbeat(1, epoch, seq + 1, P + 1).unwrap();
+        assert_eq!(refused, SupportMsg::Withdrawn { epoch });
+        assert!(r.on_answer(2, refused, P + 2));
+        assert_eq!(r.epoch_for(2), Some(epoch.next()), "the requester moves on");
+        let (next, seq) = heartbeat(&mut r, P + 2);
+        assert!(matches!(
+            s.on_heartbeat(1, next, seq, P + 3),
+            Some(SupportMsg::Ack { .. })
+        ));
+        assert_eq!(
+            s.on_heartbeat(1, epoch, 99, P + 4),
+            Some(SupportMsg::Withdrawn { epoch })
+        );
+    }
+
+    #[test]
+    fn a_restarted_requesters_later_epoch_ends_the_earlier_one_as_a_withdrawal() {
+        let mut s = Supporter::new(7, &derived(), 0);
+        let (old, new) = (Epoch::first(1), Epoch::first(2));
+        s.on_heartbeat(1, old, 1, 0);
+        assert!(s.supports(1, old, 1));
+        assert!(matches!(
+            s.on_heartbeat(1, new, 1, 2),
+            Some(SupportMsg::Ack { .. })
+        ));
+        assert!(!s.supports(1, old, 2), "the earlier epoch ended at once");
+        assert!(s.supports(1, new, 2));
+        assert_eq!(
+            s.withdraw_expired(3),
+            vec![(1, old)],
+            "reported, so that its fortifications are released"
+        );
+        assert_eq!(s.withdraw_expired(4), vec![], "reported once");
+        assert_eq!(
+            s.on_heartbeat(1, old, 2, 5),
+            Some(SupportMsg::Withdrawn { epoch: old }),
+            "and never supported again"
+        );
+    }
+
+    #[test]
+    fn control_forgetting_withdrawals_supports_a_withdrawn_epoch_again() {
+        let mut s = Supporter::new(7, &derived(), 0).control_forget_withdrawals();
+        let epoch = Epoch::first(1);
+        s.on_heartbeat(1, epoch, 1, 0);
+        s.withdraw_expired(P);
+        assert!(matches!(
+            s.on_heartbeat(1, epoch, 2, P + 1),
+            Some(SupportMsg::Ack { .. })
+        ));
+        assert!(
+            s.supports(1, epoch, P + 1),
+            "the bug: support came back at a withdrawn epoch"
+        );
+    }
+
+    #[test]
+    fn a_stale_incarnation_is_not_the_support_counted() {
+        let mut r = Requester::new(1, &derived(), [2]);
+        let (epoch, seq) = heartbeat(&mut r, 0);
+        let ack = |incarnation| SupportMsg::Ack {
+            epoch,
+            seq,
+            incarnation,
+        };
+        r.on_answer(2, ack(7), 1);
+        assert_eq!(r.support_from(2, 1).unwrap().incarnation, 7);
+        // The supporter restarted: support at the same epoch, new incarnation.
+        r.on_answer(2, ack(8), 2);
+        let support = r.support_from(2, 2).unwrap();
+        assert_eq!(support.incarnation, 8);
+        let fortified_before: Fortified = [(2, (epoch, 7))].into();
+        let counted = lease_until_ns(1, (&[1, 2, 3], &[]), &fortified_before, |_| Some(support));
+        assert_eq!(
+            counted, 0,
+            "a fortification made under incarnation 7 is not counted under 8"
+        );
+    }
+
+    #[test]
+    fn a_restarted_requester_starts_above_every_earlier_epoch() {
+        let mut s = Supporter::new(7, &derived(), 0);
+        let old = Epoch::first(1);
+        s.on_heartbeat(1, old, 5, 0);
+        let new = Epoch::first(2);
+        assert!(new > old.next().next());
+        assert!(matches!(
+            s.on_heartbeat(1, new, 1, 10),
+            Some(SupportMsg::Ack { .. })
+        ));
+        assert!(
+            !s.supports(1, old, 11),
+            "the old incarnation's epoch ended at once"
+        );
+        assert_eq!(
+            s.on_heartbeat(1, old, 6, 12),
+            Some(SupportMsg::Withdrawn { epoch: old })
+        );
+        assert_eq!(new.incarnation(), 2);
+    }
+
+    #[test]
+    fn boot_promise_lasts_p_from_boot() {
+        let s = Supporter::new(3, &derived(), 1_000);
+        assert!(s.in_boot_promise(1_000 + P - 1) && !s.in_boot_promise(1_000 + P));
+    }
+
+    #[test]
+    fn the_lease_is_the_quorum_th_latest_support_of_fortified_voters() {
+        let e = Epoch::first(1);
+        let support = |until_ns| {
+            move |_v| {
+                Some(Support {
+                    epoch: e,
+                    incarnation: 9,
+                    until_ns,
+                })
+            }
+        };
+        let all: Fortified = [(2, (e, 9)), (3, (e, 9))].into();
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3], &[]), &all, support(500)),
+            500
+        );
+        let one: Fortified = [(2, (e, 9))].into();
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3], &[]), &one, support(500)),
+            500,
+            "1 and 2 are a quorum"
+        );
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3, 4, 5], &[]), &one, support(500)),
+            0
+        );
+        let per_voter = |v| {
+            Some(Support {
+                epoch: e,
+                incarnation: 9,
+                until_ns: v * 100,
+            })
+        };
+        let five: Fortified = (2..=5).map(|v| (v, (e, 9))).collect();
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3, 4, 5], &[]), &five, per_voter),
+            400
+        );
+        // Joint: both halves; the outgoing one {1, 4, 5} with 4 and 5 unfortified has no quorum.
+        assert_eq!(
+            lease_until_ns(1, (&[1, 2, 3], &[1, 4, 5]), &all, support(500)),
+            0
+        );
+        // The leader alone in a one-voter configuration: for ever.
+        assert_eq!(
+            lease_until_ns(1, (&[1], &[]), &Fortified::new(), |_| None),
+            u64::MAX
+        );
+    }
+}

@@ -1,0 +1,177 @@
+//! One group hosted by a [`super::MultiNode`]: its [`LeaseNode`], and what shared liveness keeps
+//! for it (the fortifications it counts as leader, the one it made as follower, quiescence).
+
+use std::collections::BTreeMap;
+
+use raft::eraftpb::{Message, MessageType};
+use raft::{StateRole, Storage};
+
+use crate::clock::Clock;
+use crate::liveness::{Fortification, Fortified, NodeId, Requester};
+use crate::node::LeaseNode;
+
+/// One hosted group.
+pub(super) struct Group<S: Storage, C: Clock> {
+    pub node: LeaseNode<S, C>,
+    /// As leader: per voter, the `(epoch, incarnation)` its fortification was made under.
+    pub fortified: Fortified,
+    /// The term `fortified` belongs to.
+    fortified_term: u64,
+    /// As leader: when each voter was last asked to fortify.
+    asked_ns: BTreeMap<NodeId, u64>,
+    /// As follower: the fortification this replica made, while its node supports the leader.
+    pub fortification: Option<Fortification>,
+    /// The term this replica led when last seen leading; taken when it no longer leads it.
+    led_term: Option<u64>,
+    /// The last `(leader, term)` whose fortification the leader released: a delayed request for
+    /// it must not fortify this replica again.
+    released: Option<(NodeId, u64)>,
+    /// Ticks since the last message that was not a heartbeat, proposal or non-lease read.
+    pub idle_ticks: u32,
+    /// Not ticked, and its raft sends no heartbeats.
+    pub quiescent: bool,
+}
+
+impl<S: Storage, C: Clock> Group<S, C> {
+    pub fn new(node: LeaseNode<S, C>) -> Self {
+        Group {
+            node,
+            fortified: Fortified::new(),
+            fortified_term: 0,
+            asked_ns: BTreeMap::new(),
+            fortification: None,
+            led_term: None,
+            released: None,
+            idle_ticks: 0,
+            quiescent: false,
+        }
+    }
+
+    /// Whether this replica leads `term`.
+    pub fn leads(&self, term: u64) -> bool {
+        self.node.is_leader() && self.node.raw().raft.term == term
+    }
+
+    /// Fortify this replica to `f.leader`.
+    pub fn fortify(&mut self, f: Fortification) {
+        self.fortification = Some(f);
+        self.node.set_fortified(Some(f.leader));
+    }
+
+    /// Release the fortification: the node no longer supports its leader, or raft moved on.
+    pub fn release(&mut self) {
+        self.fortification = None;
+        self.node.set_fortified(None);
+    }
+
+    /// The term this replica has stopped leading since the last call, if any (it stepped down,
+    /// or raft moved to a later term). Its voters' fortifications are to be released.
+    pub fn take_stepped_down(&mut self) -> Option<u64> {
+        let now = self.node.is_leader().then(|| self.node.raw().raft.term);
+        let was = self.led_term;
+        self.led_term = now;
+        was.filter(|&t| Some(t) != now)
+    }
+
+    /// The leader of `term` released this replica. Returns whether it was fortified to it.
+    pub fn release_by(&mut self, leader: NodeId, term: u64) -> bool {
+        self.released = Some((leader, term));
+        let matches = self
+            .fortification
+            .is_some_and(|f| f.leader == leader && f.term == term);
+        if matches {
+            self.release();
+        }
+        matches
+    }
+
+    /// A vote or pre-vote request for a later term from the leader this replica is fortified
+    /// to: that leader no longer leads the fortified term (it campaigns for a later one), so its
+    /// lease for that term has ended and the fortification is released. Returns whether it was.
+    /// A request for the fortified term itself is the campaign that won it, delayed: it
+    /// releases nothing.
+    pub fn released_by_campaign(&mut self, m: &Message) -> bool {
+        let campaign = matches!(
+            m.get_msg_type(),
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+        );
+        let later = |f: &Fortification| f.leader == m.from && m.term > f.term;
+        let Some(f) = self.fortification.filter(|f| campaign && later(f)) else {
+            return false;
+        };
+        self.release_by(f.leader, f.term)
+    }
+
+    /// Whether `leader` released its fortification of `term` here (a request for it is stale).
+    pub fn was_released_by(&self, leader: NodeId, term: u64) -> bool {
+        self.released == Some((leader, term))
+    }
+
+    /// A fortification belongs to one term and one leader: drop it once raft moved past either.
+    pub fn drop_stale_fortification(&mut self) {
+        let Some(f) = self.fortification else { return };
+        let r = &self.node.raw().raft;
+        let other_leader = r.leader_id != raft::INVALID_ID && r.leader_id != f.leader;
+        if r.term != f.term || other_leader {
+            self.release();
+        }
+    }
+
+    /// As leader, forget fortifications counted for an earlier term.
+    pub fn clear_fortified_if_new_term(&mut self) {
+        let term = self.node.raw().raft.term;
+        if term != self.fortified_term {
+            self.fortified.clear();
+            self.asked_ns.clear();
+            self.fortified_term = term;
+        }
+    }
+
+    /// As leader, the voters to ask (again) to fortify: those whose node supports this one, but
+    /// whose fortification does not match that support, not asked within `interval_ns`.
+    pub fn voters_to_fortify(
+        &mut self,
+        me: NodeId,
+        requester: &Requester,
+        now_ns: u64,
+        interval_ns: u64,
+    ) -> Vec<NodeId> {
+        self.clear_fortified_if_new_term();
+        let cs = self.node.raw().raft.prs().conf().to_conf_state();
+        let voters = cs.voters.iter().chain(&cs.voters_outgoing).copied();
+        let mut ask = Vec::new();
+        for v in voters.filter(|&v| v != me) {
+            let Some(s) = requester.support_from(v, now_ns) else {
+                continue; // its node does not support this one yet: nothing to fortify under
+            };
+            if self.fortified.get(&v) == Some(&(s.epoch, s.incarnation)) {
+                continue;
+            }
+            let asked = self.asked_ns.get(&v).copied();
+            if asked.is_none_or(|t| t.saturating_add(interval_ns) <= now_ns) {
+                self.asked_ns.insert(v, now_ns);
+                ask.push(v);
+            }
+        }
+        ask
+    }
+
+    /// Whether the group may quiesce: idle for `after_ticks`, and as leader holding a lease
+    /// with everything committed and applied and no read waiting, or as follower fortified.
+    pub fn may_quiesce(&self, after_ticks: u32, now_ns: u64) -> bool {
+        if self.quiescent || self.idle_ticks < after_ticks {
+            return false;
+        }
+        let r = &self.node.raw().raft;
+        match r.state {
+            StateRole::Leader => {
+                let log = &r.raft_log;
+                let settled = log.committed == log.last_index() && log.applied == log.committed;
+                let held = self.node.lease_status().remaining_ns > 0;
+                let _ = now_ns;
+                settled && held && self.node.pending_reads() == 0 && r.lead_transferee.is_none()
+            }
+            _ => self.fortification.is_some(),
+        }
+    }
+}

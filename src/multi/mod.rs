@@ -1,0 +1,717 @@
+//! [`MultiNode`]: one node hosting many raft groups, each a [`LeaseNode`], with their leases
+//! on one support session per pair of nodes (shared liveness, [`crate::liveness`]).
+//!
+//! In [`LivenessMode::Shared`] a group's leader asks each voter's node to fortify the group under
+//! the support that node gives it; its lease is the latest instant a quorum of fortified voters is
+//! supported until. A group with nothing to do quiesces: no ticks and no raft heartbeats, on the
+//! leader and on the followers, while the lease lives on the node-level session. Any raft message,
+//! proposal or ReadIndex read wakes it; a supporter that withdraws a leader's epoch wakes every
+//! replica it had fortified for it, and they campaign after seeded jitter. In
+//! [`LivenessMode::PerGroup`] every group renews its own lease with its own heartbeats, as a
+//! single [`LeaseNode`] does (the baseline the multi-group bench compares with).
+//!
+//! The driver is sans-IO: hand it peers' [`NodeBatch`]es, tick it, let it process `Ready`s through
+//! your [`MultiApp`], and send what [`MultiNode::take_outbox`] returns.
+
+mod batch;
+mod group;
+mod mem;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use raft::eraftpb::{ConfChangeV2, Entry, HardState, Message, MessageType, Snapshot};
+use raft::Storage;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use slog::Logger;
+
+pub use batch::{FortifyMsg, GroupId, NodeBatch};
+pub use mem::MultiMemApp;
+
+use crate::clock::Clock;
+use crate::config::{Derived, LeaseConfig};
+use crate::drive::ReadyStep;
+use crate::liveness::{
+    lease_until_ns, Epoch, Fortification, NodeId, Requester, SupportMsg, Supporter,
+};
+use crate::node::{LeaseNode, NodeError};
+use crate::read::{ReadError, ReadId, ReadMode, ServedRead};
+use group::Group;
+
+/// How the groups' leases are kept alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LivenessMode {
+    /// Each group renews its lease with its own raft heartbeats; no group quiesces.
+    PerGroup,
+    /// One support session per pair of nodes; groups fortify and quiesce.
+    Shared,
+}
+
+/// How to build a [`MultiNode`].
+#[derive(Clone)]
+pub struct MultiConfig {
+    /// This node's id: its replica id in every group it hosts.
+    pub node_id: NodeId,
+    /// Bumped and persisted by the caller at every boot, from 1.
+    pub incarnation: u32,
+    /// Shared liveness or per-group heartbeats.
+    pub mode: LivenessMode,
+    /// The raft config of every group (its `id` is set to `node_id`).
+    pub raft: raft::Config,
+    /// The lease config of every group.
+    pub lease: LeaseConfig,
+    /// Real interval between calls to [`MultiNode::tick`].
+    pub tick_ms: u64,
+    /// A group with nothing to do for this many ticks quiesces (shared mode).
+    pub quiesce_after_ticks: u32,
+    /// Seeds the jitter of campaigns after a withdrawal.
+    pub seed: u64,
+}
+
+/// The I/O of every group's `Ready`s, named by group (the messages are the driver's to send).
+pub trait MultiApp<S: Storage, C: Clock> {
+    /// A storage or application failure; it stops processing and is returned.
+    type Error;
+    /// Install a snapshot into group `group`'s storage and state machine.
+    fn install_snapshot(
+        &mut self,
+        group: GroupId,
+        node: &mut LeaseNode<S, C>,
+        snapshot: Snapshot,
+    ) -> Result<(), Self::Error>;
+    /// Apply group `group`'s committed entries (membership changes through
+    /// [`crate::drive::apply_conf_change_entry`]).
+    fn apply(
+        &mut self,
+        group: GroupId,
+        node: &mut LeaseNode<S, C>,
+        entries: Vec<Entry>,
+    ) -> Result<(), Self::Error>;
+    /// Persist group `group`'s new entries and hard state, durably.
+    fn persist(
+        &mut self,
+        group: GroupId,
+        node: &mut LeaseNode<S, C>,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> Result<(), Self::Error>;
+    /// Record group `group`'s newer commit index.
+    fn set_commit(
+        &mut self,
+        group: GroupId,
+        node: &mut LeaseNode<S, C>,
+        commit: u64,
+    ) -> Result<(), Self::Error>;
+}
+
+/// One node hosting many raft groups. See the module docs.
+pub struct MultiNode<S: Storage, C: Clock + Clone> {
+    id: NodeId,
+    mode: LivenessMode,
+    clock: C,
+    derived: Derived,
+    quiesce_after_ticks: u32,
+    groups: BTreeMap<GroupId, Group<S, C>>,
+    requester: Requester,
+    supporter: Supporter,
+    /// What to send, per destination node.
+    outbox: BTreeMap<NodeId, NodeBatch>,
+    /// Groups stepped, ticked or asked something since the last `handle_ready`.
+    dirty: BTreeSet<GroupId>,
+    /// Groups not quiescent: the ones ticked.
+    awake: BTreeSet<GroupId>,
+    /// The peers were last scanned for at this local instant (they change with membership).
+    peers_scanned_ns: Option<u64>,
+    /// Replicas released by a withdrawal, to campaign at a jittered instant: (instant, group).
+    campaigns: Vec<(u64, GroupId)>,
+    /// Terms given up, as `(group, term, until)`: their release is sent again with every round
+    /// of support heartbeats until the local instant `until` (`3P`), in case one was lost.
+    given_up: Vec<(GroupId, u64, u64)>,
+    rng: ChaCha8Rng,
+    config: MultiConfig,
+    logger: Logger,
+}
+
+impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
+    /// A node hosting `groups` (each with its storage), booting now.
+    pub fn new(
+        config: MultiConfig,
+        groups: impl IntoIterator<Item = (GroupId, S)>,
+        clock: C,
+        logger: &Logger,
+    ) -> Result<Self, NodeError> {
+        let mut rc = config.raft.clone();
+        rc.id = config.node_id;
+        let derived = config.lease.validate(&rc, config.tick_ms)?;
+        let logger = logger.new(slog::o!("node" => config.node_id));
+        let now_ns = clock.now_ns();
+        let mut node = MultiNode {
+            id: config.node_id,
+            mode: config.mode,
+            clock,
+            derived,
+            quiesce_after_ticks: config.quiesce_after_ticks,
+            groups: BTreeMap::new(),
+            requester: Requester::new(config.incarnation, &derived, []),
+            supporter: supporter(&config, &derived, now_ns),
+            outbox: BTreeMap::new(),
+            dirty: BTreeSet::new(),
+            awake: BTreeSet::new(),
+            peers_scanned_ns: None,
+            campaigns: Vec::new(),
+            given_up: Vec::new(),
+            rng: ChaCha8Rng::seed_from_u64(config.seed ^ config.node_id.rotate_left(17) ^ now_ns),
+            config,
+            logger,
+        };
+        for (gid, storage) in groups {
+            node.add_group(gid, storage)?;
+        }
+        Ok(node)
+    }
+
+    /// Host one more group.
+    pub fn add_group(&mut self, gid: GroupId, storage: S) -> Result<(), NodeError> {
+        let mut rc = self.config.raft.clone();
+        rc.id = self.id;
+        let mut lease = self.config.lease.clone();
+        lease.seed ^= gid.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let logger = self.logger.new(slog::o!("group" => gid));
+        let node = LeaseNode::new(
+            &rc,
+            storage,
+            lease,
+            self.config.tick_ms,
+            self.clock.clone(),
+            &logger,
+        )?;
+        self.groups.insert(gid, Group::new(node));
+        self.wake(gid);
+        self.peers_scanned_ns = None;
+        Ok(())
+    }
+
+    /// Tick group `gid` again, and count it idle from now.
+    fn wake(&mut self, gid: GroupId) {
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.quiescent = false;
+            g.idle_ticks = 0;
+            self.awake.insert(gid);
+            self.dirty.insert(gid);
+        }
+    }
+
+    // ----- time ------------------------------------------------------------------------------
+
+    /// Called every `tick_ms`: the support session, withdrawals, awake groups' ticks,
+    /// fortification and quiescence.
+    pub fn tick(&mut self) {
+        let now_ns = self.clock.now_ns();
+        if self.mode == LivenessMode::Shared {
+            self.send_support(now_ns);
+            self.withdraw_expired(now_ns);
+            self.start_due_campaigns(now_ns);
+        }
+        for &gid in &self.awake {
+            let g = self.groups.get_mut(&gid).expect("awake groups are hosted");
+            g.node.tick();
+            g.idle_ticks = g.idle_ticks.saturating_add(1);
+            self.dirty.insert(gid);
+        }
+        if self.mode == LivenessMode::Shared {
+            let gids: Vec<GroupId> = self.dirty.iter().copied().collect();
+            for gid in gids {
+                self.fortify_and_quiesce(gid, now_ns);
+            }
+        }
+    }
+
+    fn send_support(&mut self, now_ns: u64) {
+        let interval_ns = self.derived.promise_ns / 3;
+        if self
+            .peers_scanned_ns
+            .is_none_or(|t| t.saturating_add(interval_ns) <= now_ns)
+        {
+            for peer in self.peers() {
+                self.requester.add_peer(peer);
+            }
+            self.peers_scanned_ns = Some(now_ns);
+        }
+        let due = self.requester.due(now_ns);
+        if !due.is_empty() {
+            self.resend_releases(now_ns);
+        }
+        for (peer, msg) in due {
+            self.batch_to(peer).support.push(msg);
+        }
+    }
+
+    /// Send every release given up within `3P` again, one round per heartbeat interval.
+    fn resend_releases(&mut self, now_ns: u64) {
+        self.given_up.retain(|&(_, _, until_ns)| now_ns < until_ns);
+        for (gid, term, _) in self.given_up.clone() {
+            self.send_release(gid, term);
+        }
+    }
+
+    /// Every node hosting a voter or learner of a group hosted here, but this one.
+    fn peers(&self) -> BTreeSet<NodeId> {
+        let mut peers = BTreeSet::new();
+        for g in self.groups.values() {
+            let cs = g.node.raw().raft.prs().conf().to_conf_state();
+            peers.extend(
+                cs.voters
+                    .iter()
+                    .chain(&cs.voters_outgoing)
+                    .chain(&cs.learners),
+            );
+        }
+        peers.remove(&self.id);
+        peers
+    }
+
+    /// Support that ran out is withdrawn for good; every replica fortified under it is released
+    /// and campaigns after seeded jitter.
+    fn withdraw_expired(&mut self, now_ns: u64) {
+        let withdrawn = self.supporter.withdraw_expired(now_ns);
+        if withdrawn.is_empty() {
+            return;
+        }
+        let mut released = Vec::new();
+        for (&gid, g) in self.groups.iter_mut() {
+            let Some(f) = g.fortification else { continue };
+            if withdrawn.contains(&(f.leader, f.epoch)) {
+                g.release();
+                released.push(gid);
+            }
+        }
+        for gid in released {
+            self.campaign_after_jitter(gid, now_ns);
+        }
+        slog::debug!(self.logger, "support withdrawn"; "withdrawn" => ?withdrawn);
+    }
+
+    fn start_due_campaigns(&mut self, now_ns: u64) {
+        let (due, later): (Vec<_>, Vec<_>) =
+            self.campaigns.drain(..).partition(|(at, _)| *at <= now_ns);
+        self.campaigns = later;
+        for (_, gid) in due {
+            let released = self
+                .groups
+                .get(&gid)
+                .is_some_and(|g| g.fortification.is_none());
+            if released {
+                self.wake(gid);
+                let g = self.groups.get_mut(&gid).expect("present");
+                g.node.expire_election_timer();
+            }
+        }
+    }
+
+    // ----- messages ----------------------------------------------------------------------------
+
+    /// A batch from a peer node arrived.
+    pub fn step(&mut self, batch: NodeBatch) {
+        let now_ns = self.clock.now_ns();
+        let from = batch.from;
+        for msg in batch.support {
+            self.on_support(from, msg, now_ns);
+        }
+        for msg in batch.fortify {
+            self.on_fortify(from, msg, now_ns);
+        }
+        for (gid, m) in batch.raft {
+            self.step_raft(gid, m);
+        }
+    }
+
+    fn on_support(&mut self, from: NodeId, msg: SupportMsg, now_ns: u64) {
+        match msg {
+            SupportMsg::Heartbeat { epoch, seq } => {
+                if let Some(answer) =
+                    self.supporter
+                        .on_heartbeat(from, epoch, seq, self.clock.now_ns())
+                {
+                    self.batch_to(from).support.push(answer);
+                }
+            }
+            answer => {
+                let withdrawn = matches!(answer, SupportMsg::Withdrawn { .. });
+                if self.requester.on_answer(from, answer, now_ns) {
+                    self.extend_leases_resting_on(from, withdrawn);
+                }
+            }
+        }
+    }
+
+    fn on_fortify(&mut self, from: NodeId, msg: FortifyMsg, now_ns: u64) {
+        match msg {
+            FortifyMsg::Request { group, term, epoch } => {
+                let answer = self.fortify_replica(from, group, term, epoch, now_ns);
+                self.batch_to(from).fortify.push(answer);
+            }
+            FortifyMsg::Ack {
+                group,
+                term,
+                epoch,
+                incarnation,
+            } => {
+                let Some(g) = self.groups.get_mut(&group) else {
+                    return;
+                };
+                if g.leads(term) && self.requester.epoch_for(from) == Some(epoch) {
+                    g.fortified.insert(from, (epoch, incarnation));
+                    self.extend_lease(group);
+                }
+            }
+            FortifyMsg::Reject { group, term } => {
+                if self.groups.get(&group).is_some_and(|g| g.leads(term)) {
+                    self.wake(group); // raft's own heartbeats bring the replica up to date
+                }
+            }
+            FortifyMsg::Release { group, term } => {
+                let Some(g) = self.groups.get_mut(&group) else {
+                    return;
+                };
+                if g.release_by(from, term) {
+                    self.campaign_after_jitter(group, now_ns);
+                }
+            }
+        }
+    }
+
+    /// A released replica campaigns at a seeded random instant within the jitter.
+    fn campaign_after_jitter(&mut self, gid: GroupId, now_ns: u64) {
+        let at_ns = now_ns + self.rng.gen_range(0..=self.derived.campaign_jitter_ns);
+        self.campaigns.push((at_ns, gid));
+    }
+
+    /// A fortification is made only by a replica in the leader's term that knows that leader,
+    /// while this node supports the leader's node at the epoch named.
+    fn fortify_replica(
+        &mut self,
+        leader: NodeId,
+        gid: GroupId,
+        term: u64,
+        epoch: Epoch,
+        now_ns: u64,
+    ) -> FortifyMsg {
+        let supported = self.supporter.supports(leader, epoch, now_ns);
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return FortifyMsg::Reject { group: gid, term };
+        };
+        let r = &g.node.raw().raft;
+        let stale = g.was_released_by(leader, term);
+        if !supported || stale || r.term != term || r.leader_id != leader {
+            return FortifyMsg::Reject { group: gid, term };
+        }
+        g.fortify(Fortification {
+            leader,
+            term,
+            epoch,
+        });
+        FortifyMsg::Ack {
+            group: gid,
+            term,
+            epoch,
+            incarnation: self.supporter.incarnation(),
+        }
+    }
+
+    /// Any raft message wakes its group; all but heartbeats also count as work.
+    fn step_raft(&mut self, gid: GroupId, m: Message) {
+        let routine = matches!(
+            m.get_msg_type(),
+            MessageType::MsgHeartbeat | MessageType::MsgHeartbeatResponse
+        );
+        let Some(idle_ticks) = self.groups.get(&gid).map(|g| g.idle_ticks) else {
+            return;
+        };
+        self.wake(gid);
+        let g = self.groups.get_mut(&gid).expect("present");
+        if routine {
+            g.idle_ticks = idle_ticks;
+        }
+        if g.released_by_campaign(&m) {
+            // Its release may have been lost; a quiescent replica's raft timer stood still, and
+            // raft-rs would ignore the campaign as inside its own leader's lease.
+            g.node.expire_election_timer();
+        }
+        let _ = g.node.step(m); // a peer's bad message is raft's to refuse
+        g.drop_stale_fortification();
+    }
+
+    fn batch_to(&mut self, to: NodeId) -> &mut NodeBatch {
+        let from = self.id;
+        self.outbox.entry(to).or_insert_with(|| NodeBatch {
+            from,
+            to,
+            ..NodeBatch::default()
+        })
+    }
+
+    /// Every batch to send, one per destination node.
+    pub fn take_outbox(&mut self) -> Vec<NodeBatch> {
+        std::mem::take(&mut self.outbox)
+            .into_values()
+            .filter(|b| !b.is_empty())
+            .collect()
+    }
+
+    // ----- leases ----------------------------------------------------------------------------
+
+    /// As leader of `gid`: ask voters whose fortification does not match the support counted
+    /// now, extend the lease, and quiesce an idle group.
+    fn fortify_and_quiesce(&mut self, gid: GroupId, now_ns: u64) {
+        let interval_ns = self.derived.promise_ns / 3;
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
+        if g.node.is_leader() {
+            let term = g.node.raw().raft.term;
+            for v in g.voters_to_fortify(self.id, &self.requester, now_ns, interval_ns) {
+                let epoch = self
+                    .requester
+                    .epoch_for(v)
+                    .expect("support asked of every voter");
+                let to = self.batch_to(v);
+                to.fortify.push(FortifyMsg::Request {
+                    group: gid,
+                    term,
+                    epoch,
+                });
+            }
+            self.extend_lease(gid);
+        }
+        let g = self.groups.get_mut(&gid).expect("present");
+        if g.may_quiesce(self.quiesce_after_ticks, now_ns) {
+            g.quiescent = true;
+            self.awake.remove(&gid);
+        }
+    }
+
+    /// Recompute and extend the lease of every group led here that counts on `peer`. After a
+    /// withdrawal those groups wake, to fortify again under the next epoch.
+    fn extend_leases_resting_on(&mut self, peer: NodeId, withdrawn: bool) {
+        let led: Vec<GroupId> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.node.is_leader() && g.fortified.contains_key(&peer))
+            .map(|(&gid, _)| gid)
+            .collect();
+        for gid in led {
+            if withdrawn {
+                self.wake(gid);
+            }
+            self.extend_lease(gid);
+        }
+    }
+
+    fn extend_lease(&mut self, gid: GroupId) {
+        let now_ns = self.clock.now_ns();
+        let Some(g) = self.groups.get_mut(&gid).filter(|g| g.node.is_leader()) else {
+            return;
+        };
+        let cs = g.node.raw().raft.prs().conf().to_conf_state();
+        let requester = &self.requester;
+        let support = |v| requester.support_from(v, now_ns);
+        let until_ns = lease_until_ns(
+            self.id,
+            (&cs.voters, &cs.voters_outgoing),
+            &g.fortified,
+            support,
+        );
+        let term = g.node.raw().raft.term;
+        g.node.extend_lease_to(term, until_ns);
+    }
+
+    // ----- clients -----------------------------------------------------------------------------
+
+    /// Process every `Ready` of the groups touched since the last call.
+    pub fn handle_ready<A: MultiApp<S, C>>(&mut self, app: &mut A) -> Result<(), A::Error> {
+        let dirty = std::mem::take(&mut self.dirty);
+        for gid in dirty {
+            let Some(g) = self.groups.get_mut(&gid) else {
+                continue;
+            };
+            let (outbox, from) = (&mut self.outbox, self.id);
+            g.node.drive_ready(|node, step| match step {
+                ReadyStep::Send(msgs) => {
+                    route(outbox, from, gid, msgs);
+                    Ok(())
+                }
+                ReadyStep::InstallSnapshot(snapshot) => app.install_snapshot(gid, node, snapshot),
+                ReadyStep::Apply(entries) => app.apply(gid, node, entries),
+                ReadyStep::Persist(entries, hs) => app.persist(gid, node, entries, hs),
+                ReadyStep::SetCommit(commit) => app.set_commit(gid, node, commit),
+            })?;
+            if g.node.is_leader() {
+                g.clear_fortified_if_new_term();
+            }
+            if let Some(term) = g.take_stepped_down() {
+                self.give_up(gid, term);
+            }
+        }
+        Ok(())
+    }
+
+    /// This replica no longer leads `gid` at `term`, and its lease ended with it: release every
+    /// replica fortified to it, over the node stream. Without this, a group whose raft messages
+    /// do not get through (check-quorum stepped its leader down) would stay fortified to a
+    /// leader that cannot serve, while the node stream keeps the support alive.
+    fn give_up(&mut self, gid: GroupId, term: u64) {
+        let g = &self.groups[&gid];
+        assert!(
+            !g.leads(term),
+            "group {gid}: gives up term {term} it still leads"
+        );
+        assert!(
+            g.node.lease_status().remaining_ns == 0,
+            "group {gid}: gives up term {term} with its lease still held"
+        );
+        if self.mode != LivenessMode::Shared || self.config.lease.safeties.testing.no_give_up {
+            return;
+        }
+        self.send_release(gid, term);
+        let until_ns = self
+            .clock
+            .now_ns()
+            .saturating_add(3 * self.derived.promise_ns);
+        self.given_up.push((gid, term, until_ns));
+        slog::debug!(self.logger, "gave up leadership"; "group" => gid, "term" => term);
+    }
+
+    fn send_release(&mut self, gid: GroupId, term: u64) {
+        let Some(g) = self.groups.get(&gid) else {
+            return;
+        };
+        let cs = g.node.raw().raft.prs().conf().to_conf_state();
+        let peers: BTreeSet<NodeId> = cs
+            .voters
+            .iter()
+            .chain(&cs.voters_outgoing)
+            .copied()
+            .collect();
+        let me = self.id;
+        for peer in peers.into_iter().filter(|&p| p != me) {
+            let to = self.batch_to(peer);
+            to.fortify.push(FortifyMsg::Release { group: gid, term });
+        }
+    }
+
+    /// Propose a normal entry in group `gid` (wakes it).
+    pub fn propose(&mut self, gid: GroupId, data: Vec<u8>) -> raft::Result<()> {
+        self.wake(gid);
+        let g = self
+            .groups
+            .get_mut(&gid)
+            .ok_or(raft::Error::StepPeerNotFound)?;
+        g.node.propose(vec![], data)
+    }
+
+    /// Propose a membership change in group `gid` (wakes it).
+    pub fn propose_conf_change(&mut self, gid: GroupId, cc: ConfChangeV2) -> raft::Result<()> {
+        self.wake(gid);
+        self.peers_scanned_ns = None;
+        let g = self
+            .groups
+            .get_mut(&gid)
+            .ok_or(raft::Error::StepPeerNotFound)?;
+        g.node.propose_conf_change(vec![], cc)
+    }
+
+    /// Transfer leadership of group `gid` (wakes it; fences its lease as a single group does).
+    pub fn transfer_leader(&mut self, gid: GroupId, to: NodeId) {
+        self.wake(gid);
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.node.transfer_leader(to);
+        }
+    }
+
+    /// Start a read in group `gid`. A lease read needs no raft round and leaves a quiescent
+    /// group asleep; any other read wakes it.
+    pub fn read(&mut self, gid: GroupId, mode: ReadMode) -> Result<ReadId, ReadError> {
+        let g = self
+            .groups
+            .get(&gid)
+            .ok_or(ReadError::NotLeader { leader_hint: None })?;
+        let by_lease = mode != ReadMode::ReadIndex && g.node.lease_status().state.is_held();
+        if !by_lease {
+            self.wake(gid);
+        }
+        self.dirty.insert(gid);
+        self.groups.get_mut(&gid).expect("present").node.read(mode)
+    }
+
+    /// Hand back group `gid`'s finished reads (see [`LeaseNode::serve_reads`]).
+    pub fn serve_reads<T>(
+        &mut self,
+        gid: GroupId,
+        read_state: impl FnMut(ReadId) -> T,
+    ) -> Vec<ServedRead<T>> {
+        match self.groups.get_mut(&gid) {
+            Some(g) => g.node.serve_reads(read_state),
+            None => Vec::new(),
+        }
+    }
+
+    // ----- inspection --------------------------------------------------------------------------
+
+    /// Group `gid`'s replica here.
+    pub fn group(&self, gid: GroupId) -> Option<&LeaseNode<S, C>> {
+        self.groups.get(&gid).map(|g| &g.node)
+    }
+
+    /// The groups hosted here.
+    pub fn group_ids(&self) -> Vec<GroupId> {
+        self.groups.keys().copied().collect()
+    }
+
+    /// Whether group `gid` is quiescent here (not ticked).
+    pub fn is_quiescent(&self, gid: GroupId) -> bool {
+        self.groups.get(&gid).is_some_and(|g| g.quiescent)
+    }
+
+    /// Whether this node's replica of `gid` backs `leader`'s lease now: fortified to it while
+    /// this node supports it, or its own clock promise (the boot promise included).
+    pub fn promise_backs(&self, gid: GroupId, leader: NodeId) -> bool {
+        let now_ns = self.clock.now_ns();
+        self.groups.get(&gid).is_some_and(|g| {
+            let fortified = g.fortification.is_some_and(|f| {
+                f.leader == leader && self.supporter.supports(leader, f.epoch, now_ns)
+            });
+            fortified || g.node.promise_backs(leader)
+        })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The node's clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+}
+
+fn supporter(config: &MultiConfig, derived: &Derived, now_ns: u64) -> Supporter {
+    let s = Supporter::new(config.incarnation, derived, now_ns);
+    match config.lease.safeties.testing.forget_withdrawals {
+        true => s.control_forget_withdrawals(),
+        false => s,
+    }
+}
+
+/// Route a group's raft messages into the node's batches.
+fn route(outbox: &mut BTreeMap<NodeId, NodeBatch>, from: NodeId, gid: GroupId, msgs: Vec<Message>) {
+    for m in msgs {
+        let to = m.to;
+        let batch = outbox.entry(to).or_insert_with(|| NodeBatch {
+            from,
+            to,
+            ..NodeBatch::default()
+        });
+        batch.raft.push((gid, m));
+    }
+}

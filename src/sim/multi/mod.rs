@@ -1,0 +1,670 @@
+//! A deterministic multi-group simulator: `N` nodes, each a [`MultiNode`] hosting every one of
+//! `G` groups, on per-node simulated clocks over a simulated network of node batches. Node-level
+//! faults (partitions, one-way cuts, pauses, crashes, restarts, drift) and per-group transfers and
+//! membership changes. The lease monitor checks every group at every step; each group's history
+//! is checked for linearizability.
+
+mod io;
+mod net;
+pub mod random;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use raft::eraftpb::ConfChangeV2;
+use raft::{StateRole, Storage};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use slog::Logger;
+
+pub use net::BatchNet;
+
+use crate::clock::{Clock, SimClock};
+use crate::config::LeaseConfig;
+use crate::multi::{GroupId, LivenessMode, MultiConfig, MultiNode, NodeBatch};
+use crate::read::{ReadId, ReadMode};
+use crate::sim::history::{CheckReport, History, OpId, OpKind, OpResult};
+use crate::sim::kv::{encode_put, KvState, SimStateMachine};
+use crate::sim::monitor::{LeaseMonitor, NodeView};
+use crate::sim::storage::SimStorage;
+use crate::sim::NetConfig;
+use io::MultiIo;
+
+type Node = MultiNode<SimStorage, SimClock>;
+
+/// How to build a multi-group simulation.
+#[derive(Debug, Clone)]
+pub struct MultiSimConfig {
+    /// Nodes, with ids `1..=nodes`; every one hosts every group.
+    pub nodes: u64,
+    /// Groups, with ids `1..=groups`; every node is a voter of every group at first.
+    pub groups: u64,
+    /// Seeds every random choice.
+    pub seed: u64,
+    /// Real-time interval between ticks, on each node's own clock.
+    pub tick_ms: u64,
+    /// raft's `election_tick`.
+    pub election_tick: usize,
+    /// raft's `heartbeat_tick`.
+    pub heartbeat_tick: usize,
+    /// raft's election timeout is drawn from `[election_tick, election_tick + spread]`.
+    pub election_spread_ticks: usize,
+    /// The lease configuration of every group.
+    pub lease: LeaseConfig,
+    /// Shared liveness or per-group heartbeats.
+    pub mode: LivenessMode,
+    /// An idle group quiesces after this many ticks (shared liveness).
+    pub quiesce_after_ticks: u32,
+    /// Clock drift per node in ppm, indexed by `id - 1` (missing: 0).
+    pub drift_ppm: Vec<i64>,
+    /// Simulation quantum in microseconds of real time.
+    pub step_us: u64,
+    /// Network faults.
+    pub net: NetConfig,
+    /// Negative control: a restarted node keeps its incarnation.
+    #[doc(hidden)]
+    pub same_incarnation_on_restart: bool,
+}
+
+impl Default for MultiSimConfig {
+    /// 3 nodes × 6 groups, shared liveness, the single-group simulator's timing (10 ms ticks,
+    /// 100 ms election timeout, 20 ms heartbeats, `P` = 100 ms, ρ = 1%, ε = 2 ms), quiescence
+    /// after 20 idle ticks.
+    fn default() -> Self {
+        let single = crate::sim::SimConfig::default();
+        MultiSimConfig {
+            nodes: 3,
+            groups: 6,
+            seed: 0,
+            tick_ms: single.tick_ms,
+            election_tick: single.election_tick,
+            heartbeat_tick: single.heartbeat_tick,
+            election_spread_ticks: single.election_spread_ticks,
+            lease: single.lease,
+            mode: LivenessMode::Shared,
+            quiesce_after_ticks: 20,
+            drift_ppm: Vec::new(),
+            step_us: 100,
+            net: NetConfig::default(),
+            same_incarnation_on_restart: false,
+        }
+    }
+}
+
+/// One simulated node: its storages survive a crash, its memory does not.
+struct SimNode {
+    id: u64,
+    node: Option<Node>,
+    storages: BTreeMap<GroupId, SimStorage>,
+    kv: BTreeMap<GroupId, KvState>,
+    clock: SimClock,
+    paused: bool,
+    /// Batches that arrived while paused, delivered on resume.
+    held: Vec<NodeBatch>,
+    next_tick_ns: u64,
+    /// Persisted: bumped at every boot.
+    incarnation: u32,
+    writes: HashMap<GroupId, HashSet<OpId>>,
+    reads: HashMap<(GroupId, ReadId), (OpId, Vec<u8>)>,
+}
+
+/// A deterministic multi-group cluster: the same config and calls give the same history.
+pub struct MultiSim {
+    config: MultiSimConfig,
+    rng: ChaCha8Rng,
+    now_ns: u64,
+    nodes: Vec<SimNode>,
+    net: BatchNet,
+    histories: BTreeMap<GroupId, History>,
+    monitors: BTreeMap<GroupId, LeaseMonitor>,
+    /// `(group, node)`: that group's raft messages to and from that node are dropped, while
+    /// the node's support and fortification messages flow (a group stuck on a live node).
+    muted: BTreeSet<(GroupId, u64)>,
+    logger: Logger,
+}
+
+impl MultiSim {
+    /// Build and boot the cluster at real time 0. Panics on an invalid config (a test bug).
+    pub fn new(config: MultiSimConfig) -> Self {
+        let rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let voters: Vec<u64> = (1..=config.nodes).collect();
+        let groups: Vec<GroupId> = (1..=config.groups).collect();
+        let nodes = voters
+            .iter()
+            .map(|&id| SimNode {
+                id,
+                node: None,
+                storages: groups
+                    .iter()
+                    .map(|&g| (g, SimStorage::new(voters.clone())))
+                    .collect(),
+                kv: BTreeMap::new(),
+                clock: SimClock::new(
+                    0,
+                    config.drift_ppm.get(id as usize - 1).copied().unwrap_or(0),
+                ),
+                paused: false,
+                held: Vec::new(),
+                next_tick_ns: 0,
+                incarnation: 0,
+                writes: HashMap::new(),
+                reads: HashMap::new(),
+            })
+            .collect();
+        let mut sim = MultiSim {
+            net: BatchNet::new(config.net.clone()),
+            histories: groups.iter().map(|&g| (g, History::default())).collect(),
+            monitors: groups
+                .iter()
+                .map(|&g| (g, LeaseMonitor::default()))
+                .collect(),
+            config,
+            rng,
+            now_ns: 0,
+            nodes,
+            muted: BTreeSet::new(),
+            logger: Logger::root(slog::Discard, slog::o!()),
+        };
+        for idx in 0..sim.nodes.len() {
+            sim.boot(idx);
+        }
+        sim
+    }
+
+    fn boot(&mut self, idx: usize) {
+        let c = &self.config;
+        let n = &mut self.nodes[idx];
+        if n.incarnation == 0 || !c.same_incarnation_on_restart {
+            n.incarnation += 1;
+        }
+        let raft = raft::Config {
+            election_tick: c.election_tick,
+            heartbeat_tick: c.heartbeat_tick,
+            min_election_tick: c.election_tick,
+            max_election_tick: c.election_tick + c.election_spread_ticks + 1,
+            check_quorum: true,
+            pre_vote: true,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..raft::Config::default()
+        };
+        let config = MultiConfig {
+            node_id: n.id,
+            incarnation: n.incarnation,
+            mode: c.mode,
+            raft,
+            lease: LeaseConfig {
+                seed: c.lease.seed ^ c.seed,
+                ..c.lease.clone()
+            },
+            tick_ms: c.tick_ms,
+            quiesce_after_ticks: c.quiesce_after_ticks,
+            seed: c.seed,
+        };
+        let storages = n.storages.iter().map(|(&g, s)| (g, s.clone()));
+        let node = MultiNode::new(config, storages, n.clock.clone(), &self.logger)
+            .unwrap_or_else(|e| panic!("node {} failed to start: {e}", n.id));
+        n.kv = n
+            .storages
+            .iter()
+            .map(|(&g, s)| (g, state_from(&s.latest_snapshot().data)))
+            .collect();
+        n.next_tick_ns = n.clock.now_ns() + c.tick_ms * 1_000_000;
+        n.node = Some(node);
+    }
+
+    // ----- time ------------------------------------------------------------------------------
+
+    /// Real simulated time, in nanoseconds since the start.
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    /// Advance one quantum: clocks, deliveries, ticks, each node's `Ready`s, the lease monitor.
+    pub fn step(&mut self) {
+        let dt_ns = self.config.step_us * 1_000;
+        self.now_ns += dt_ns;
+        for n in &self.nodes {
+            n.clock.advance(dt_ns);
+        }
+        for b in self.net.due(self.now_ns) {
+            self.deliver(b);
+        }
+        for idx in 0..self.nodes.len() {
+            self.tick_node(idx);
+            self.process(idx);
+        }
+        self.observe_leases();
+    }
+
+    /// Run for `ms` of real time.
+    pub fn run_for_ms(&mut self, ms: u64) {
+        let end_ns = self.now_ns + ms * 1_000_000;
+        while self.now_ns < end_ns {
+            self.step();
+        }
+    }
+
+    /// Run until `done` holds or `max_ms` pass. Returns whether it held.
+    pub fn run_until(&mut self, max_ms: u64, mut done: impl FnMut(&MultiSim) -> bool) -> bool {
+        let end_ns = self.now_ns + max_ms * 1_000_000;
+        while self.now_ns < end_ns {
+            if done(self) {
+                return true;
+            }
+            self.step();
+        }
+        done(self)
+    }
+
+    fn deliver(&mut self, mut b: NodeBatch) {
+        let muted = &self.muted;
+        b.raft
+            .retain(|(g, _)| !muted.contains(&(*g, b.from)) && !muted.contains(&(*g, b.to)));
+        let idx = b.to as usize - 1;
+        let n = &mut self.nodes[idx];
+        let Some(node) = n.node.as_mut() else { return };
+        if n.paused {
+            n.held.push(b);
+            return;
+        }
+        node.step(b);
+        self.process(idx);
+    }
+
+    fn tick_node(&mut self, idx: usize) {
+        let tick_ns = self.config.tick_ms * 1_000_000;
+        let n = &mut self.nodes[idx];
+        let (Some(node), false) = (n.node.as_mut(), n.paused) else {
+            return;
+        };
+        let now_ns = n.clock.now_ns();
+        while now_ns >= n.next_tick_ns {
+            node.tick();
+            n.next_tick_ns += tick_ns;
+        }
+    }
+
+    /// Run the node's `Ready`s, send its batches, and hand back finished reads.
+    fn process(&mut self, idx: usize) {
+        let now_ns = self.now_ns;
+        let n = &mut self.nodes[idx];
+        let (Some(node), false) = (n.node.as_mut(), n.paused) else {
+            return;
+        };
+        let mut io = MultiIo {
+            id: n.id,
+            storages: &n.storages,
+            kv: &mut n.kv,
+            writes: &mut n.writes,
+            histories: &mut self.histories,
+            now_ns,
+        };
+        node.handle_ready(&mut io)
+            .expect("the sim's storage never fails");
+        for b in node.take_outbox() {
+            self.net.send(b, now_ns, &mut self.rng);
+        }
+        serve_reads(n, &mut self.histories, now_ns);
+    }
+
+    // ----- clients ----------------------------------------------------------------------------
+
+    /// Write a unique value to `key` in group `gid` through `node`.
+    pub fn put(&mut self, gid: GroupId, node: u64, key: &[u8]) -> OpId {
+        let h = self.histories.get_mut(&gid).expect("known group");
+        let value = format!("v{}", h.ops().len()).into_bytes();
+        let kind = OpKind::Put {
+            key: key.to_vec(),
+            value: value.clone(),
+        };
+        let op = h.invoke(node, kind, self.now_ns);
+        let idx = node as usize - 1;
+        let result = match self.live(idx) {
+            None => Err("unavailable".to_string()),
+            Some(m) if !m.group(gid).is_some_and(|g| g.is_leader()) => Err("not leader".into()),
+            Some(m) => m
+                .propose(gid, encode_put(op, key, &value))
+                .map_err(|e| e.to_string()),
+        };
+        match result {
+            Ok(()) => {
+                self.nodes[idx].writes.entry(gid).or_default().insert(op);
+            }
+            Err(e) => self.histories.get_mut(&gid).expect("known").complete(
+                op,
+                OpResult::Failed(e),
+                self.now_ns,
+            ),
+        }
+        self.process(idx);
+        op
+    }
+
+    /// Read `key` in group `gid` through `node` in `mode`.
+    pub fn get(&mut self, gid: GroupId, node: u64, key: &[u8], mode: ReadMode) -> OpId {
+        let h = self.histories.get_mut(&gid).expect("known group");
+        let op = h.invoke(node, OpKind::Get { key: key.to_vec() }, self.now_ns);
+        let idx = node as usize - 1;
+        let result = match self.live(idx) {
+            None => Err("unavailable".to_string()),
+            Some(m) => m.read(gid, mode).map_err(|e| e.to_string()),
+        };
+        match result {
+            Ok(rid) => {
+                self.nodes[idx].reads.insert((gid, rid), (op, key.to_vec()));
+            }
+            Err(e) => self.histories.get_mut(&gid).expect("known").complete(
+                op,
+                OpResult::Failed(e),
+                self.now_ns,
+            ),
+        }
+        self.process(idx);
+        op
+    }
+
+    fn live(&mut self, idx: usize) -> Option<&mut Node> {
+        let n = &mut self.nodes[idx];
+        n.node.as_mut().filter(|_| !n.paused)
+    }
+
+    /// Every `read_every_us`, read a random key in every group at each node that believes it
+    /// leads it; every `write_every_us`, write one in a random group at its leader. For `ms`.
+    pub fn run_with_load(
+        &mut self,
+        ms: u64,
+        mode: ReadMode,
+        read_every_us: u64,
+        write_every_us: u64,
+    ) {
+        let end_ns = self.now_ns + ms * 1_000_000;
+        let (mut next_read, mut next_write) = (self.now_ns, self.now_ns);
+        while self.now_ns < end_ns {
+            let key = format!("k{}", self.rng.gen_range(0..3)).into_bytes();
+            if write_every_us > 0 && self.now_ns >= next_write {
+                next_write += write_every_us * 1_000;
+                let gid = self.rng.gen_range(1..=self.config.groups);
+                if let Some(leader) = self.leader(gid) {
+                    self.put(gid, leader, &key);
+                }
+            }
+            if self.now_ns >= next_read {
+                next_read += read_every_us * 1_000;
+                for gid in 1..=self.config.groups {
+                    for node in self.believed_leaders(gid) {
+                        self.get(gid, node, &key, mode);
+                    }
+                }
+            }
+            self.step();
+        }
+    }
+
+    // ----- faults -----------------------------------------------------------------------------
+
+    /// Cut every link between the groups of nodes `a` and `b`, both ways.
+    pub fn partition(&mut self, a: &[u64], b: &[u64]) {
+        for &x in a {
+            for &y in b {
+                self.net.block(x, y);
+                self.net.block(y, x);
+            }
+        }
+    }
+
+    /// Cut the link `from → to` only.
+    pub fn block(&mut self, from: u64, to: u64) {
+        self.net.block(from, to);
+    }
+
+    /// Restore every link.
+    pub fn heal(&mut self) {
+        self.net.heal();
+    }
+
+    /// Drop group `gid`'s raft messages to and from `node` until [`MultiSim::unmute_group`],
+    /// while everything else flows: the group is stuck on a live node. [`MultiSim::heal`]
+    /// leaves it.
+    pub fn mute_group(&mut self, gid: GroupId, node: u64) {
+        self.muted.insert((gid, node));
+    }
+
+    /// Let group `gid`'s raft messages to and from `node` through again.
+    pub fn unmute_group(&mut self, gid: GroupId, node: u64) {
+        self.muted.remove(&(gid, node));
+    }
+
+    /// Restore the links between `a` and `b`, both ways.
+    pub fn reconnect(&mut self, a: u64, b: u64) {
+        self.net.unblock(a, b);
+        self.net.unblock(b, a);
+    }
+
+    /// Pause a node: its clock runs on, it processes nothing, batches to it wait.
+    pub fn pause(&mut self, node: u64) {
+        self.nodes[node as usize - 1].paused = true;
+    }
+
+    /// Resume a paused node; it gets the batches that waited.
+    pub fn resume(&mut self, node: u64) {
+        let idx = node as usize - 1;
+        self.nodes[idx].paused = false;
+        for b in std::mem::take(&mut self.nodes[idx].held) {
+            self.deliver(b);
+        }
+    }
+
+    /// Crash a node: memory and batches in flight to it are lost; its storages stay.
+    pub fn crash(&mut self, node: u64) {
+        let n = &mut self.nodes[node as usize - 1];
+        n.node = None;
+        n.paused = false;
+        n.held.clear();
+        n.reads.clear();
+        n.writes.clear(); // their outcome is unknown to their clients
+        self.net.drop_to(node);
+    }
+
+    /// Restart a crashed node from its storages, with a new incarnation (unless the control).
+    pub fn restart(&mut self, node: u64) {
+        let idx = node as usize - 1;
+        assert!(self.nodes[idx].node.is_none(), "node {node} is running");
+        self.boot(idx);
+    }
+
+    /// The node's clock (to change its drift).
+    pub fn clock(&self, node: u64) -> &SimClock {
+        &self.nodes[node as usize - 1].clock
+    }
+
+    /// The network's fault settings.
+    pub fn net_mut(&mut self) -> &mut BatchNet {
+        &mut self.net
+    }
+
+    /// Ask `from`, leading group `gid`, to transfer its leadership to `to`.
+    pub fn transfer_leader(&mut self, gid: GroupId, from: u64, to: u64) {
+        let idx = from as usize - 1;
+        if let Some(m) = self.live(idx) {
+            m.transfer_leader(gid, to);
+        }
+        self.process(idx);
+    }
+
+    /// Propose a membership change of group `gid` through `node`.
+    pub fn propose_conf_change(
+        &mut self,
+        gid: GroupId,
+        node: u64,
+        cc: ConfChangeV2,
+    ) -> raft::Result<()> {
+        let idx = node as usize - 1;
+        let r = match self.live(idx) {
+            Some(m) => m.propose_conf_change(gid, cc),
+            None => Err(raft::Error::StepPeerNotFound),
+        };
+        self.process(idx);
+        r
+    }
+
+    // ----- inspection -------------------------------------------------------------------------
+
+    /// The running node `id`, if up.
+    pub fn node(&self, id: u64) -> Option<&Node> {
+        self.nodes.get(id as usize - 1)?.node.as_ref()
+    }
+
+    /// The live, unpaused leader of group `gid` with the highest term.
+    pub fn leader(&self, gid: GroupId) -> Option<u64> {
+        let up = self
+            .nodes
+            .iter()
+            .filter(|n| !n.paused)
+            .filter_map(|n| n.node.as_ref());
+        let leaders = up.filter_map(|m| m.group(gid)).filter(|g| g.is_leader());
+        leaders.max_by_key(|g| g.raw().raft.term).map(|g| g.id())
+    }
+
+    /// Every up, unpaused node that believes it leads group `gid`.
+    pub fn believed_leaders(&self, gid: GroupId) -> Vec<u64> {
+        let up = self
+            .nodes
+            .iter()
+            .filter(|n| !n.paused)
+            .filter_map(|n| n.node.as_ref());
+        up.filter(|m| m.group(gid).is_some_and(|g| g.is_leader()))
+            .map(|m| m.id())
+            .collect()
+    }
+
+    /// Every group's history.
+    pub fn histories(&self) -> &BTreeMap<GroupId, History> {
+        &self.histories
+    }
+
+    /// Check every group's history, with every lease overlap the monitors saw, in one report.
+    pub fn check(&self) -> CheckReport {
+        let mut total = CheckReport::default();
+        for (gid, h) in &self.histories {
+            let r = h.check();
+            total.violations.extend(r.violations);
+            total.reads_checked += r.reads_checked;
+            total.lease_reads_checked += r.lease_reads_checked;
+            total.writes_acked += r.writes_acked;
+            let m = &self.monitors[gid];
+            total.violations.extend_from_slice(m.violations());
+            total.lease_checks += m.checks();
+        }
+        total
+    }
+
+    /// Messages sent over the network so far (batches, and the messages inside them).
+    pub fn sent(&self) -> (u64, u64) {
+        (self.net.batches_sent, self.net.messages_sent)
+    }
+
+    /// The configuration the cluster was built with.
+    pub fn config(&self) -> &MultiSimConfig {
+        &self.config
+    }
+
+    /// Whether `node` is up.
+    pub fn is_up(&self, node: u64) -> bool {
+        self.node(node).is_some()
+    }
+
+    /// Whether `node` is paused.
+    pub fn is_paused(&self, node: u64) -> bool {
+        self.nodes[node as usize - 1].paused
+    }
+
+    /// Show each group's monitor every replica of it at this instant.
+    fn observe_leases(&mut self) {
+        let ids: Vec<u64> = self.nodes.iter().map(|n| n.id).collect();
+        for gid in 1..=self.config.groups {
+            let views: Vec<NodeView> = self.nodes.iter().map(|n| view(n, gid, &ids)).collect();
+            self.monitors
+                .get_mut(&gid)
+                .expect("known")
+                .observe(self.now_ns, &views);
+        }
+    }
+}
+
+/// The monitor's view of node `n`'s replica of `gid`.
+fn view(n: &SimNode, gid: GroupId, ids: &[u64]) -> NodeView {
+    let Some(g) = n.node.as_ref().and_then(|m| m.group(gid)) else {
+        let hs = n.storages[&gid]
+            .initial_state()
+            .map(|s| s.hard_state)
+            .unwrap_or_default();
+        return NodeView {
+            id: n.id,
+            term: hs.term,
+            leading: false,
+            candidate: false,
+            lease_term: None,
+            campaigning: false,
+            vote: hs.vote,
+            backs: ids.to_vec(), // a crashed node cannot vote; its boot promise speaks for it
+            voters: (Vec::new(), Vec::new()),
+        };
+    };
+    let m = n.node.as_ref().expect("up");
+    let status = g.lease_status();
+    let r = &g.raw().raft;
+    let cs = r.prs().conf().to_conf_state();
+    NodeView {
+        id: n.id,
+        term: r.term,
+        leading: r.state == StateRole::Leader,
+        candidate: r.state == StateRole::Candidate,
+        lease_term: status.term.filter(|_| status.state.is_held()),
+        campaigning: matches!(r.state, StateRole::Candidate | StateRole::PreCandidate),
+        vote: r.vote,
+        backs: ids
+            .iter()
+            .copied()
+            .filter(|&l| m.promise_backs(gid, l))
+            .collect(),
+        voters: (cs.voters, cs.voters_outgoing),
+    }
+}
+
+fn state_from(snapshot: &[u8]) -> KvState {
+    let mut kv = KvState::new();
+    if !snapshot.is_empty() {
+        kv.restore(snapshot)
+            .expect("the simulator wrote this snapshot");
+    }
+    kv
+}
+
+/// Hand finished reads of every group back to their clients.
+fn serve_reads(n: &mut SimNode, histories: &mut BTreeMap<GroupId, History>, now_ns: u64) {
+    let SimNode {
+        node, kv, reads, ..
+    } = n;
+    let Some(node) = node.as_mut() else { return };
+    for gid in node.group_ids() {
+        let state = kv.entry(gid).or_default();
+        let served = node.serve_reads(gid, |rid| {
+            reads
+                .get(&(gid, rid))
+                .and_then(|(_, key)| SimStateMachine::get(&*state, key))
+        });
+        for s in served {
+            let Some((op, _)) = reads.remove(&(gid, s.id)) else {
+                continue;
+            };
+            let result = match s.result {
+                Ok((value, served)) => OpResult::Read { value, served },
+                Err(e) => OpResult::Failed(e.to_string()),
+            };
+            histories
+                .get_mut(&gid)
+                .expect("known")
+                .complete(op, result, now_ns);
+        }
+    }
+}

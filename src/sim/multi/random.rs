@@ -1,0 +1,363 @@
+//! The seeded randomized multi-group simulation: node-level faults and per-group transfers and
+//! membership changes under load (safety phase), then every fault healed (liveness phase: every
+//! group is led again and serves a write and a read). Every group's history and lease monitor
+//! must find nothing.
+
+use raft::eraftpb::ConfChangeType;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::{MultiSim, MultiSimConfig};
+use crate::config::Safeties;
+use crate::multi::LivenessMode;
+use crate::read::ReadMode;
+use crate::sim::history::{CheckReport, OpResult};
+use crate::sim::scenarios::conf_change;
+use crate::sim::NetConfig;
+
+/// A negative control of shared liveness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MultiControl {
+    /// A supporter forgets the epochs it withdrew: support comes back at one of them.
+    ForgetWithdrawals,
+    /// A restarted node keeps its incarnation.
+    SameIncarnation,
+    /// A restarted node votes at once: no boot promise.
+    NoBootPromise,
+    /// Clocks drift up to 30% against a bound of 1%.
+    DriftBeyondBound,
+    /// A leader that steps down leaves its followers fortified (a liveness failure when the
+    /// group is stuck on a live node).
+    NoGiveUp,
+}
+
+/// What one run found.
+#[derive(Debug)]
+pub struct MultiOutcome {
+    /// Every group's linearizability and lease-monitor findings.
+    pub report: CheckReport,
+    /// The faults injected, with their times.
+    pub faults: Vec<String>,
+    /// Whether every group served again after healing, or what did not.
+    pub liveness: Result<(), String>,
+}
+
+/// The config for `seed`: 3 to 5 nodes, 4 to 8 groups, shared liveness, the control applied.
+pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x006d_756c_7469);
+    let nodes = rng.gen_range(3..=5);
+    let mut c = MultiSimConfig {
+        nodes,
+        groups: rng.gen_range(4..=8),
+        seed,
+        mode: LivenessMode::Shared,
+        quiesce_after_ticks: rng.gen_range(5..=30),
+        ..MultiSimConfig::default()
+    };
+    let drift = match control {
+        Some(MultiControl::DriftBeyondBound) => 300_000,
+        _ => c.lease.drift_ppm as i64,
+    };
+    c.drift_ppm = (0..nodes).map(|_| rng.gen_range(-drift..=drift)).collect();
+    let knobs = &mut c.lease.safeties.testing;
+    knobs.forget_withdrawals = control == Some(MultiControl::ForgetWithdrawals);
+    knobs.no_boot_promise = control == Some(MultiControl::NoBootPromise);
+    knobs.no_give_up = control == Some(MultiControl::NoGiveUp);
+    c.same_incarnation_on_restart = control == Some(MultiControl::SameIncarnation);
+    c
+}
+
+/// Run one seed for `safety_ms` of faults, then the liveness phase.
+pub fn run(seed: u64, control: Option<MultiControl>, safety_ms: u64) -> MultiOutcome {
+    run_keeping_sim(seed, control, safety_ms).0
+}
+
+/// [`run`], and the simulation as it ended, to inspect a failure.
+pub fn run_keeping_sim(
+    seed: u64,
+    control: Option<MultiControl>,
+    safety_ms: u64,
+) -> (MultiOutcome, MultiSim) {
+    let mut sim = MultiSim::new(config(seed, control));
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
+    let mut faults = Vec::new();
+    let mut later: Vec<(u64, u64, Undo)> = Vec::new(); // (ms, node, what)
+    while sim.now_ns() / 1_000_000 < safety_ms {
+        let now_ms = sim.now_ns() / 1_000_000;
+        undo_due(&mut sim, &mut later, now_ms);
+        if rng.gen_bool(0.4) {
+            let fault = inject(&mut sim, &mut rng, &mut later);
+            if !fault.is_empty() {
+                faults.push(format!("{now_ms}ms {fault}"));
+            }
+        }
+        let mode = [ReadMode::Lease, ReadMode::Auto, ReadMode::ReadIndex][rng.gen_range(0..3)];
+        sim.run_with_load(20, mode, 2_000, 5_000);
+    }
+    heal(&mut sim, &later);
+    if let Some(stuck) = stick_one_group(&mut sim, &mut rng) {
+        faults.push(stuck);
+    }
+    let liveness = liveness_phase(&mut sim);
+    let outcome = MultiOutcome {
+        report: sim.check(),
+        faults,
+        liveness,
+    };
+    (outcome, sim)
+}
+
+/// A fault that ends by itself later.
+#[derive(Debug, Clone, Copy)]
+enum Undo {
+    Resume,
+    Restart,
+    /// Reconnect the node with this peer.
+    Reconnect(u64),
+    /// Let this group's raft messages through to the node again.
+    Unmute(u64),
+}
+
+fn undo_due(sim: &mut MultiSim, later: &mut Vec<(u64, u64, Undo)>, now_ms: u64) {
+    let (due, rest): (Vec<_>, Vec<_>) = later.drain(..).partition(|(at, _, _)| *at <= now_ms);
+    *later = rest;
+    for (_, node, undo) in due {
+        match undo {
+            Undo::Restart if !sim.is_up(node) => sim.restart(node),
+            Undo::Resume if sim.is_paused(node) => sim.resume(node),
+            Undo::Reconnect(peer) => sim.reconnect(node, peer),
+            Undo::Unmute(gid) => sim.unmute_group(gid, node),
+            _ => {}
+        }
+    }
+}
+
+fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, Undo)>) -> String {
+    let n = sim.config().nodes;
+    let node = rng.gen_range(1..=n);
+    let gid = rng.gen_range(1..=sim.config().groups);
+    let now_ms = sim.now_ns() / 1_000_000;
+    match rng.gen_range(0..12) {
+        0 => {
+            let rest: Vec<u64> = (1..=n).filter(|&i| i != node).collect();
+            sim.partition(&[node], &rest);
+            format!("isolate {node}")
+        }
+        1 => {
+            let to = rng.gen_range(1..=n);
+            sim.block(node, to);
+            format!("block {node}->{to}")
+        }
+        2 => {
+            sim.heal();
+            "heal".into()
+        }
+        3 if sim.is_up(node) && !sim.is_paused(node) => {
+            sim.pause(node);
+            let until = now_ms + rng.gen_range(50..400);
+            later.push((until, node, Undo::Resume));
+            format!("pause {node} until {until}ms")
+        }
+        4 if sim.is_up(node) => {
+            sim.crash(node);
+            let at = now_ms + rng.gen_range(0..300);
+            later.push((at, node, Undo::Restart));
+            format!("crash {node}, restart at {at}ms")
+        }
+        5 => {
+            let rho = sim
+                .config()
+                .drift_ppm
+                .iter()
+                .map(|d| d.abs())
+                .max()
+                .unwrap_or(0)
+                .max(10_000);
+            let ppm = rng.gen_range(-rho..=rho);
+            sim.clock(node).set_drift_ppm(ppm);
+            format!("drift {node} {ppm}ppm")
+        }
+        6 => match sim.leader(gid) {
+            Some(leader) if leader != node => {
+                sim.transfer_leader(gid, leader, node);
+                format!("group {gid}: transfer {leader}->{node}")
+            }
+            _ => String::new(),
+        },
+        7 => membership(sim, gid, node),
+        8 => {
+            let max_delay_us = rng.gen_range(100..5_000);
+            sim.net_mut().config = NetConfig {
+                min_delay_us: rng.gen_range(50..=max_delay_us),
+                max_delay_us,
+                loss: rng.gen_range(0.0..0.05),
+                duplicate: rng.gen_range(0.0..0.05),
+            };
+            "net changed".into()
+        }
+        9 => restart_during_partial_partition(sim, rng, gid, later),
+        10 => match sim.leader(gid) {
+            Some(leader) => {
+                sim.mute_group(gid, leader);
+                let until = now_ms + rng.gen_range(100..1_500);
+                later.push((until, leader, Undo::Unmute(gid)));
+                format!("group {gid}: stuck on its leader {leader} until {until}ms")
+            }
+            None => String::new(),
+        },
+        _ => isolate_then_reconnect_one(sim, rng, gid, later),
+    }
+}
+
+/// A group's leader is cut off for longer than `P`, then its links to one follower come back
+/// while the others stay cut.
+fn isolate_then_reconnect_one(
+    sim: &mut MultiSim,
+    rng: &mut ChaCha8Rng,
+    gid: u64,
+    later: &mut Vec<(u64, u64, Undo)>,
+) -> String {
+    let Some(leader) = sim.leader(gid) else {
+        return String::new();
+    };
+    let others: Vec<u64> = (1..=sim.config().nodes).filter(|&n| n != leader).collect();
+    sim.partition(&[leader], &others);
+    let peer = others[rng.gen_range(0..others.len())];
+    let p_ms = sim.config().lease.promise_ms;
+    let at = sim.now_ns() / 1_000_000 + rng.gen_range(p_ms..=3 * p_ms);
+    later.push((at, leader, Undo::Reconnect(peer)));
+    format!("group {gid}: leader {leader} isolated, reconnected with {peer} at {at}ms")
+}
+
+/// A rolling restart during a partial partition: a follower of group `gid` restarts at once,
+/// while the leader is cut off from another follower (which stops supporting it and campaigns).
+fn restart_during_partial_partition(
+    sim: &mut MultiSim,
+    rng: &mut ChaCha8Rng,
+    gid: u64,
+    later: &mut Vec<(u64, u64, Undo)>,
+) -> String {
+    let Some(leader) = sim.leader(gid) else {
+        return String::new();
+    };
+    let others: Vec<u64> = (1..=sim.config().nodes)
+        .filter(|&n| n != leader && sim.is_up(n))
+        .collect();
+    if others.len() < 2 {
+        return String::new();
+    }
+    let restarted = others[rng.gen_range(0..others.len())];
+    let cut = *others
+        .iter()
+        .find(|&&n| n != restarted)
+        .expect("two others");
+    sim.crash(restarted);
+    let at = sim.now_ns() / 1_000_000 + rng.gen_range(0..50);
+    later.push((at, restarted, Undo::Restart));
+    sim.block(leader, cut);
+    format!("group {gid}: {restarted} restarts at {at}ms while {leader}->{cut} is cut")
+}
+
+/// Remove `node` from group `gid` (unless it leads it, or too few voters remain), or add it back.
+fn membership(sim: &mut MultiSim, gid: u64, node: u64) -> String {
+    let Some(leader) = sim.leader(gid) else {
+        return String::new();
+    };
+    let Some(cs) = sim
+        .node(leader)
+        .and_then(|m| m.group(gid))
+        .map(|g| g.raw().raft.prs().conf().to_conf_state())
+    else {
+        return String::new();
+    };
+    let cc = if cs.voters.contains(&node) {
+        if node == leader || cs.voters.len() <= 3 {
+            return String::new();
+        }
+        conf_change(ConfChangeType::RemoveNode, node)
+    } else {
+        conf_change(ConfChangeType::AddNode, node)
+    };
+    let desc = format!("group {gid} at {leader}: {:?}", cc.get_changes());
+    match sim.propose_conf_change(gid, leader, cc) {
+        Ok(()) => desc,
+        Err(e) => format!("{desc} refused: {e}"),
+    }
+}
+
+fn heal(sim: &mut MultiSim, later: &[(u64, u64, Undo)]) {
+    sim.heal();
+    for &(_, node, undo) in later {
+        if let Undo::Unmute(gid) = undo {
+            sim.unmute_group(gid, node);
+        }
+    }
+    sim.net_mut().config = NetConfig::default();
+    for &(_, node, _) in later {
+        if sim.is_paused(node) {
+            sim.resume(node);
+        }
+    }
+    for node in 1..=sim.config().nodes {
+        if sim.is_paused(node) {
+            sim.resume(node);
+        }
+        if !sim.is_up(node) {
+            sim.restart(node);
+        }
+    }
+}
+
+/// After healing, one group's leader settles and then gets stuck: its raft messages stop while
+/// its node's support flows on. The liveness phase needs the group led elsewhere.
+fn stick_one_group(sim: &mut MultiSim, rng: &mut ChaCha8Rng) -> Option<String> {
+    let gid = rng.gen_range(1..=sim.config().groups);
+    sim.run_until(3_000, |s| s.leader(gid).is_some());
+    sim.run_for_ms(500); // its followers fortify
+    let leader = sim.leader(gid)?;
+    sim.mute_group(gid, leader);
+    Some(format!(
+        "after healing, group {gid} stuck on its leader {leader}"
+    ))
+}
+
+/// Every group is led again and serves a write and a read within 10 s of healing.
+fn liveness_phase(sim: &mut MultiSim) -> Result<(), String> {
+    let groups = sim.config().groups;
+    for gid in 1..=groups {
+        let start_ns = sim.now_ns();
+        let mut last = String::from("no leader");
+        loop {
+            if sim.now_ns() - start_ns > 10_000_000_000 {
+                return Err(format!(
+                    "group {gid} not serving 10 s after healing: {last}"
+                ));
+            }
+            if !sim.run_until(1_000, |s| s.leader(gid).is_some()) {
+                continue;
+            }
+            let leader = sim.leader(gid).expect("checked");
+            let write = sim.put(gid, leader, b"liveness");
+            sim.run_for_ms(200);
+            let read = sim.get(gid, leader, b"liveness", ReadMode::Auto);
+            sim.run_for_ms(200);
+            let ops = sim.histories()[&gid].ops();
+            match (&ops[write as usize].done, &ops[read as usize].done) {
+                (
+                    Some((_, OpResult::Written { .. })),
+                    Some((_, OpResult::Read { value: Some(_), .. })),
+                ) => break,
+                (w, r) => last = format!("write {w:?}, read {r:?}"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The safeties a control switches off, for a report line.
+pub fn describe(control: Option<MultiControl>) -> String {
+    match control {
+        None => format!("{:?}", Safeties::default().all_on()),
+        Some(c) => format!("{c:?}"),
+    }
+}

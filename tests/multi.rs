@@ -1,0 +1,401 @@
+//! Many raft groups per node (`raft_lease::multi`, `raft_lease::sim::multi`): shared liveness
+//! against per-group heartbeats in simulated time, failover after a node dies, a group stuck on
+//! a live node, and the seeded randomized multi-group simulation with a negative control for
+//! every hazard in MULTI.md.
+//!
+//! - `RAFT_LEASE_SEED=N` runs one seed of the randomized tests (a failure prints it).
+//! - `RAFT_LEASE_MULTI_SEEDS=N` runs seeds `0..N` (default 16, the CI seeds).
+
+use raft_lease::multi::LivenessMode;
+use raft_lease::sim::multi::random::{self, MultiControl, MultiOutcome};
+use raft_lease::sim::multi::{MultiSim, MultiSimConfig};
+
+fn sim(mode: LivenessMode, groups: u64) -> MultiSim {
+    MultiSim::new(MultiSimConfig {
+        groups,
+        mode,
+        ..MultiSimConfig::default()
+    })
+}
+
+/// Every group has a leader holding a valid lease.
+fn all_leased(s: &MultiSim) -> bool {
+    (1..=s.config().groups).all(|g| leased(s, g))
+}
+
+fn leased(s: &MultiSim, gid: u64) -> bool {
+    let Some(leader) = s.leader(gid) else {
+        return false;
+    };
+    let node = s.node(leader).expect("a leader is up");
+    node.group(gid)
+        .is_some_and(|g| g.lease_status().state.is_held())
+}
+
+/// Messages sent over `ms` of idle simulated time, after the cluster settled.
+fn idle_messages(s: &mut MultiSim, ms: u64) -> u64 {
+    let (_, before) = s.sent();
+    s.run_for_ms(ms);
+    s.sent().1 - before
+}
+
+#[test]
+fn shared_liveness_quiesces_idle_groups_and_keeps_every_lease() {
+    let groups = 24;
+    let mut shared = sim(LivenessMode::Shared, groups);
+    let mut per_group = sim(LivenessMode::PerGroup, groups);
+    for s in [&mut shared, &mut per_group] {
+        assert!(s.run_until(5_000, all_leased), "the cluster never settled");
+        s.run_for_ms(1_000);
+    }
+    let shared_msgs = idle_messages(&mut shared, 2_000);
+    let per_group_msgs = idle_messages(&mut per_group, 2_000);
+    eprintln!(
+        "{groups} idle groups over 2 s: shared liveness {shared_msgs} messages, per-group heartbeats {per_group_msgs}"
+    );
+    assert!(all_leased(&shared), "an idle group lost its lease");
+    for node in 1..=3 {
+        let m = shared.node(node).expect("up");
+        for gid in 1..=groups {
+            assert!(
+                m.is_quiescent(gid),
+                "group {gid} on node {node} still ticks"
+            );
+        }
+    }
+    // The node stream costs the same at any number of groups; heartbeats grow with them
+    // (here 24 groups: 16 times fewer messages).
+    assert!(
+        shared_msgs * 10 < per_group_msgs,
+        "shared liveness sent {shared_msgs} idle messages against {per_group_msgs}"
+    );
+    assert!(shared.check().violations.is_empty());
+    let mut few = sim(LivenessMode::Shared, 3);
+    assert!(
+        few.run_until(5_000, all_leased),
+        "the cluster never settled"
+    );
+    few.run_for_ms(1_000);
+    let few_msgs = idle_messages(&mut few, 2_000);
+    assert!(
+        shared_msgs <= few_msgs + few_msgs / 10,
+        "idle shared liveness grew with the groups: {few_msgs} messages at 3, {shared_msgs} at {groups}"
+    );
+}
+
+#[test]
+fn killed_node_groups_are_led_again_within_promise_and_an_election_timeout() {
+    let mut s = sim(LivenessMode::Shared, 12);
+    assert!(s.run_until(5_000, all_leased), "the cluster never settled");
+    s.run_for_ms(1_000); // quiescent
+    let led: Vec<u64> = (1..=12).filter(|&g| s.leader(g) == Some(1)).collect();
+    assert!(!led.is_empty(), "node 1 leads nothing: pick another seed");
+    let killed_at_ns = s.now_ns();
+    s.crash(1);
+    let bound_ms = s.config().lease.promise_ms
+        + s.config().tick_ms * (s.config().election_tick + s.config().election_spread_ticks) as u64
+        + 1_000;
+    let ok = s.run_until(bound_ms, |s| led.iter().all(|&g| leased(s, g)));
+    let took_ms = (s.now_ns() - killed_at_ns) / 1_000_000;
+    eprintln!(
+        "node 1 killed: its {} groups were led again with a lease in {took_ms} ms (bound {bound_ms} ms)",
+        led.len()
+    );
+    assert!(
+        ok,
+        "after {bound_ms} ms some of {led:?} had no leased leader"
+    );
+    let r = s.check();
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+/// One group's raft messages stop at its leader's node, while that node's support flows.
+fn stuck_group(no_give_up: bool) -> bool {
+    let mut config = MultiSimConfig::default();
+    config.lease.safeties.testing.no_give_up = no_give_up;
+    let mut s = MultiSim::new(config);
+    assert!(s.run_until(5_000, all_leased), "the cluster never settled");
+    s.run_for_ms(1_000); // followers fortified, the group quiescent
+    let stuck_at = s.leader(1).expect("leased");
+    s.mute_group(1, stuck_at);
+    // A client's write wakes the stuck leader; check-quorum steps it down.
+    s.put(1, stuck_at, b"k");
+    let moved = s.run_until(5_000, |s| {
+        s.leader(1).is_some_and(|l| l != stuck_at) && leased(s, 1)
+    });
+    assert!(s.check().violations.is_empty());
+    moved
+}
+
+#[test]
+fn group_stuck_on_a_live_node_is_led_elsewhere() {
+    assert!(
+        stuck_group(false),
+        "the stuck group was never led elsewhere"
+    );
+}
+
+#[test]
+fn control_no_give_up_leaves_a_stuck_group_unavailable() {
+    assert!(
+        !stuck_group(true),
+        "the group moved although its followers stayed fortified"
+    );
+}
+
+// ----- randomized -----------------------------------------------------------------------------
+
+fn seeds() -> Vec<u64> {
+    if let Ok(seed) = std::env::var("RAFT_LEASE_SEED") {
+        return vec![seed.parse().expect("RAFT_LEASE_SEED must be a number")];
+    }
+    let n = std::env::var("RAFT_LEASE_MULTI_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    (0..n.unwrap_or(16)).collect()
+}
+
+fn run(seed: u64, control: Option<MultiControl>) -> MultiOutcome {
+    random::run(seed, control, 2_500)
+}
+
+#[test]
+fn randomized_multi_group_faults_never_break_a_lease() {
+    let (mut lease_reads, mut checks, mut faults) = (0, 0, 0);
+    for seed in seeds() {
+        let out = run(seed, None);
+        let r = &out.report;
+        assert!(
+            r.violations.is_empty(),
+            "seed {seed}: {} violations, first {:?}\nreproduce: RAFT_LEASE_SEED={seed} cargo test --all-features --test multi\nfaults: {:#?}",
+            r.violations.len(),
+            r.violations[0],
+            out.faults
+        );
+        if let Err(e) = &out.liveness {
+            panic!(
+                "seed {seed}: liveness failed: {e}\nfaults: {:#?}",
+                out.faults
+            );
+        }
+        lease_reads += r.lease_reads_checked;
+        checks += r.lease_checks;
+        faults += out.faults.len();
+    }
+    eprintln!(
+        "randomized multi-group ({} seeds): {faults} faults, {lease_reads} lease reads and {checks} \
+         lease-monitor instants checked, 0 violations, every group led again after healing",
+        seeds().len()
+    );
+    assert!(lease_reads > 0 && checks > 0, "nothing was checked");
+}
+
+/// The first CI seed on which the control is caught: by the safety checks, or for a liveness
+/// hazard by the liveness phase.
+fn assert_caught(control: MultiControl, by_liveness: bool) {
+    let caught = seeds().into_iter().find(|&seed| {
+        let out = run(seed, Some(control));
+        match by_liveness {
+            true => out.liveness.is_err(),
+            false => out.report.unsafe_found(),
+        }
+    });
+    eprintln!("multi-group control {control:?}: caught by seed {caught:?}");
+    if std::env::var("RAFT_LEASE_SEED").is_err() {
+        assert!(caught.is_some(), "the CI seeds never caught {control:?}");
+    }
+}
+
+#[test]
+fn control_support_resumed_at_a_withdrawn_epoch_is_caught() {
+    assert_caught(MultiControl::ForgetWithdrawals, false);
+}
+
+#[test]
+fn control_restart_without_a_new_incarnation_is_caught() {
+    assert_caught(MultiControl::SameIncarnation, false);
+}
+
+#[test]
+fn control_no_boot_promise_is_caught() {
+    assert_caught(MultiControl::NoBootPromise, false);
+}
+
+#[test]
+fn control_drift_beyond_the_bound_is_caught() {
+    assert_caught(MultiControl::DriftBeyondBound, false);
+}
+
+#[test]
+fn control_no_give_up_is_caught_by_the_liveness_phase() {
+    assert_caught(MultiControl::NoGiveUp, true);
+}
+
+// ----- fortification and the leader's own campaigns -----------------------------------------
+
+mod manual {
+    //! Three `MultiNode`s on one simulated clock, delivering every batch at once, recording
+    //! every raft message sent: to replay one later, as a delayed duplicate.
+
+    use raft::eraftpb::{Entry, Message};
+    use raft::storage::MemStorage;
+    use raft_lease::multi::{LivenessMode, MultiConfig, MultiMemApp, MultiNode, NodeBatch};
+    use raft_lease::{LeaseConfig, LeaseNode, SimClock};
+
+    pub type Node = MultiNode<MemStorage, SimClock>;
+
+    struct NoState;
+
+    impl MultiMemApp<SimClock> for NoState {
+        fn apply(&mut self, _: u64, _: &mut LeaseNode<MemStorage, SimClock>, _: Vec<Entry>) {}
+    }
+
+    pub struct Cluster {
+        pub clock: SimClock,
+        pub nodes: Vec<Node>,
+        /// Every raft message sent so far, with its group.
+        pub sent: Vec<(u64, Message)>,
+    }
+
+    impl Cluster {
+        pub fn new(groups: u64) -> Self {
+            let clock = SimClock::new(0, 0);
+            let logger = slog::Logger::root(slog::Discard, slog::o!());
+            let nodes = (1..=3)
+                .map(|node_id| {
+                    let config = MultiConfig {
+                        node_id,
+                        incarnation: 1,
+                        mode: LivenessMode::Shared,
+                        raft: raft::Config {
+                            election_tick: 10,
+                            heartbeat_tick: 2,
+                            check_quorum: true,
+                            pre_vote: true,
+                            ..Default::default()
+                        },
+                        lease: LeaseConfig {
+                            promise_ms: 100,
+                            drift_ppm: 1_000,
+                            margin_ms: 2,
+                            ..Default::default()
+                        },
+                        tick_ms: 10,
+                        quiesce_after_ticks: 20,
+                        seed: 3,
+                    };
+                    let storage = || MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+                    let storages = (1..=groups).map(|g| (g, storage()));
+                    MultiNode::new(config, storages, clock.clone(), &logger).expect("valid")
+                })
+                .collect();
+            Cluster {
+                clock,
+                nodes,
+                sent: Vec::new(),
+            }
+        }
+
+        pub fn run_ms(&mut self, ms: u64) {
+            for _ in 0..ms / 10 {
+                self.clock.advance(10_000_000);
+                self.nodes.iter_mut().for_each(|n| n.tick());
+                self.settle();
+            }
+        }
+
+        /// Process and deliver until nothing more is sent.
+        pub fn settle(&mut self) {
+            loop {
+                let mut batches = Vec::new();
+                for node in self.nodes.iter_mut() {
+                    node.handle_ready(&mut NoState).expect("memory storage");
+                    batches.extend(node.take_outbox());
+                }
+                if batches.is_empty() {
+                    return;
+                }
+                for b in batches {
+                    self.sent.extend(b.raft.iter().cloned());
+                    self.deliver(b);
+                }
+            }
+        }
+
+        pub fn deliver(&mut self, b: NodeBatch) {
+            let to = b.to as usize - 1;
+            self.nodes[to].step(b);
+        }
+
+        pub fn leader(&self, gid: u64) -> Option<u64> {
+            let g = |n: &Node| n.group(gid).is_some_and(|g| g.is_leader());
+            self.nodes.iter().find(|n| g(n)).map(|n| n.id())
+        }
+    }
+}
+
+/// Hand `msg` (group 1) to node `to` alone, as if the network delivered it just now.
+fn replay(c: &mut manual::Cluster, to: u64, msg: raft::eraftpb::Message) {
+    let batch = raft_lease::multi::NodeBatch {
+        from: msg.from,
+        to,
+        raft: vec![(1, msg)],
+        ..Default::default()
+    };
+    c.deliver(batch);
+    c.settle();
+}
+
+#[test]
+fn delayed_copy_of_the_winning_vote_request_never_releases_a_fortification() {
+    use raft::eraftpb::MessageType;
+    let mut c = manual::Cluster::new(1);
+    c.run_ms(1_000);
+    let leader = c.leader(1).expect("led");
+    let follower = (1..=3).find(|&n| n != leader).expect("two followers");
+    let fortified = |c: &manual::Cluster| {
+        c.nodes[follower as usize - 1]
+            .group(1)
+            .unwrap()
+            .fortified_to()
+    };
+    assert_eq!(fortified(&c), Some(leader));
+    let term = c.nodes[leader as usize - 1]
+        .group(1)
+        .unwrap()
+        .raw()
+        .raft
+        .term;
+    let won = c
+        .sent
+        .iter()
+        .map(|(_, m)| m)
+        .find(|m| {
+            m.from == leader
+                && m.to == follower
+                && m.get_msg_type() == MessageType::MsgRequestVote
+                && m.term == term
+        })
+        .expect("the campaign that won the term")
+        .clone();
+    // The request that won the term arrives again, late: the leader still leads it.
+    replay(&mut c, follower, won.clone());
+    assert_eq!(
+        fortified(&c),
+        Some(leader),
+        "a late copy released the fortification"
+    );
+    assert!(c.nodes[leader as usize - 1]
+        .group(1)
+        .unwrap()
+        .lease_status()
+        .state
+        .is_held());
+    // The check can fail: a pre-vote for a later term from the same leader does release it,
+    // since a candidate no longer leads its old term.
+    let mut later = won;
+    later.set_msg_type(MessageType::MsgRequestPreVote);
+    later.term = term + 1;
+    replay(&mut c, follower, later);
+    assert_eq!(fortified(&c), None, "a campaign for a later term releases");
+}
