@@ -141,6 +141,10 @@ pub struct Metrics {
     pub peer_inadmissible: Counter,
     /// Peer connections that failed while sending (messages reported lost to raft).
     pub peer_write_failures: Counter,
+    /// Snapshots flushed to a peer (reported delivered).
+    pub snapshots_delivered: Counter,
+    /// Snapshots lost on the way to a peer (reported failed).
+    pub snapshots_lost: Counter,
     /// Lease reads, from the request's start to its answer.
     pub lease_read_seconds: Histogram,
     /// ReadIndex reads, from the request's start to its answer.
@@ -182,6 +186,8 @@ impl Default for Metrics {
             peer_refused_types: Counter::default(),
             peer_inadmissible: Counter::default(),
             peer_write_failures: Counter::default(),
+            snapshots_delivered: Counter::default(),
+            snapshots_lost: Counter::default(),
             lease_read_seconds: Histogram::new(&SECONDS),
             index_read_seconds: Histogram::new(&SECONDS),
             write_seconds: Histogram::new(&SECONDS),
@@ -425,6 +431,16 @@ impl Metrics {
                 "kv_peer_inadmissible_total",
                 "Peer messages no correct peer sends (a heartbeat's commit past the log, a leader's message from a non-leader), dropped.",
                 self.peer_inadmissible.get(),
+            ),
+            (
+                "kv_snapshots_delivered_total",
+                "Snapshots flushed to a peer.",
+                self.snapshots_delivered.get(),
+            ),
+            (
+                "kv_snapshots_lost_total",
+                "Snapshots lost on the way to a peer (a full queue, a failed or stalled connection).",
+                self.snapshots_lost.get(),
             ),
             (
                 "kv_peer_write_failures_total",

@@ -129,10 +129,10 @@ impl Transport {
     pub fn send(&mut self, msg: Message) {
         self.cfg.metrics.sent(msg.get_msg_type());
         if self.cfg.blocked.read().contains(&msg.to) {
-            return report_lost(&self.reports, &msg);
+            return report_lost(&self.reports, &self.cfg.metrics, &msg);
         }
         let Some(q) = self.queue(msg.to) else {
-            return report_lost(&self.reports, &msg);
+            return report_lost(&self.reports, &self.cfg.metrics, &msg);
         };
         let out = Outgoing {
             msg,
@@ -140,7 +140,7 @@ impl Transport {
         };
         if let Err(TrySendError::Full(out) | TrySendError::Closed(out)) = q.try_send(out) {
             self.cfg.metrics.dropped_full.inc();
-            report_lost(&self.reports, &out.msg);
+            report_lost(&self.reports, &self.cfg.metrics, &out.msg);
         }
     }
 
@@ -161,12 +161,15 @@ impl Transport {
 }
 
 /// Tell the raft thread that `msg` was lost.
-fn report_lost(reports: &Reports, msg: &Message) {
+fn report_lost(reports: &Reports, metrics: &Metrics, msg: &Message) {
     let report = match msg.get_msg_type() {
-        MessageType::MsgSnapshot => Report::Snapshot {
-            to: msg.to,
-            delivered: false,
-        },
+        MessageType::MsgSnapshot => {
+            metrics.snapshots_lost.inc();
+            Report::Snapshot {
+                to: msg.to,
+                delivered: false,
+            }
+        }
         MessageType::MsgAppend => Report::Unreachable { to: msg.to },
         _ => return,
     };
@@ -202,7 +205,7 @@ async fn send_loop(
                 }
                 Err(e) => {
                     debug!(log, "peer unreachable; dropping message"; "error" => %e, "backoff_ms" => backoff.as_millis());
-                    report_lost(&reports, &out.msg);
+                    report_lost(&reports, &cfg.metrics, &out.msg);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
@@ -217,7 +220,7 @@ async fn send_loop(
             }
         }
         let w = conn.as_mut().expect("connected");
-        if let Err(e) = write_batch(w, &batch, &reports).await {
+        if let Err(e) = write_batch(w, &batch, &reports, &cfg.metrics).await {
             cfg.metrics.peer_write_failures.inc();
             warn!(log, "peer connection failed; reconnecting"; "error" => %e, "lost" => batch.len());
             conn = None;
@@ -231,6 +234,7 @@ async fn write_batch(
     w: &mut PeerWriter,
     batch: &[Message],
     reports: &Reports,
+    metrics: &Metrics,
 ) -> Result<(), FrameError> {
     let mut unflushed = 0;
     for (i, m) in batch.iter().enumerate() {
@@ -242,7 +246,7 @@ async fn write_batch(
         if let Err(e) = written {
             batch[unflushed..]
                 .iter()
-                .for_each(|m| report_lost(reports, m));
+                .for_each(|m| report_lost(reports, metrics, m));
             return Err(e);
         }
         if snapshot {
@@ -250,6 +254,7 @@ async fn write_batch(
                 to: m.to,
                 delivered: true,
             };
+            metrics.snapshots_delivered.inc();
             send_report(reports, delivered);
             unflushed = i + 1;
         }
@@ -257,7 +262,7 @@ async fn write_batch(
     if let Err(e) = flush(w).await {
         batch[unflushed..]
             .iter()
-            .for_each(|m| report_lost(reports, m));
+            .for_each(|m| report_lost(reports, metrics, m));
         return Err(e);
     }
     Ok(())
