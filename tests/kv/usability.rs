@@ -376,11 +376,20 @@ fn a_read_waiting_at_shutdown_gets_503_and_the_node_exits_promptly() {
     for f in crate::cluster::others(l) {
         c.signal(f, libc::SIGSTOP);
     }
+    let rounds = metric(c.port(l), "raft_lease_index_rounds_total");
     let mut s = TcpStream::connect(("127.0.0.1", c.port(l))).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     s.write_all(b"GET /kv/k?read=index HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300)); // the read is waiting on the raft thread
+    // The read is waiting on the raft thread once its ReadIndex round has been issued.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(c.port(l), "raft_lease_index_rounds_total") == rounds {
+        assert!(
+            Instant::now() < deadline,
+            "the read never reached the raft thread"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let t = Instant::now();
     c.signal(l, libc::SIGTERM);
     let answer = read_response(&mut s)
