@@ -507,3 +507,34 @@ fn control_counting_an_earlier_terms_fortifications_breaks_the_lease() {
         "the monitor saw nothing although the old term's fortifications were counted"
     );
 }
+
+/// A transfer raft gives up (to a node that is down) must not leave the group without a lease:
+/// under shared liveness nothing else ends a healthy leader's term, so a fence kept for the
+/// rest of the term would keep the group unleased and awake for good. Here `MsgTimeoutNow` may
+/// or may not have left before the crash took effect; either way the group leases again (the
+/// same term with the fence lifted, or a later term after the leader stepped down) and sleeps.
+#[test]
+fn an_abandoned_transfer_never_leaves_a_group_without_a_lease() {
+    let mut s = sim(LivenessMode::Shared, 2);
+    assert!(s.run_until(5_000, all_leased), "the cluster never settled");
+    s.run_for_ms(1_000);
+    let r = s.leader(1).expect("led");
+    let x = (1..=3).find(|&n| n != r).expect("a follower");
+    s.crash(x);
+    s.transfer_leader(1, r, x);
+    s.run_for_ms(300);
+    s.restart(x);
+    let settled = |s: &MultiSim| {
+        let Some(l) = s.leader(1) else { return false };
+        leased(s, 1) && s.node(l).is_some_and(|n| n.is_quiescent(1))
+    };
+    assert!(
+        s.run_until(5_000, settled),
+        "group 1 has no lease or never sleeps 5 s after an abandoned transfer"
+    );
+    assert!(
+        s.check().violations.is_empty(),
+        "{:?}",
+        s.check().violations
+    );
+}

@@ -10,9 +10,46 @@ use crate::clock::Clock;
 use crate::liveness::{Fortification, Fortified, NodeId, Requester};
 use crate::node::LeaseNode;
 
+/// The members of a group's configuration, cached from raft's progress tracker after every
+/// `Ready` (where a configuration changes: a conf change applied, a snapshot installed), so that
+/// paths run for every group on every support ack need not rebuild them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Members {
+    /// Voters (of the incoming half, when joint).
+    pub voters: Vec<NodeId>,
+    /// Voters of the outgoing half while joint, else empty.
+    pub outgoing: Vec<NodeId>,
+    /// Learners.
+    pub learners: Vec<NodeId>,
+}
+
+impl Members {
+    /// Read from raft's progress tracker.
+    fn of<S: Storage, C: Clock>(node: &LeaseNode<S, C>) -> Self {
+        let cs = node.raw().raft.prs().conf().to_conf_state();
+        Members {
+            voters: cs.voters,
+            outgoing: cs.voters_outgoing,
+            learners: cs.learners,
+        }
+    }
+
+    /// Every voter, of both halves when joint (a voter of both appears twice).
+    pub fn all_voters(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.voters.iter().chain(&self.outgoing).copied()
+    }
+
+    /// Every node with a replica: voters and learners.
+    pub fn all(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.all_voters().chain(self.learners.iter().copied())
+    }
+}
+
 /// One hosted group.
 pub(super) struct Group<S: Storage, C: Clock> {
     pub node: LeaseNode<S, C>,
+    /// The configuration's members, as of the last `Ready` handled (see [`Members`]).
+    members: Members,
     /// As leader: per voter, the `(epoch, incarnation)` its fortification was made under.
     pub fortified: Fortified,
     /// The term `fortified` belongs to.
@@ -39,6 +76,7 @@ impl<S: Storage, C: Clock> Group<S, C> {
     pub fn new(node: LeaseNode<S, C>, count_earlier_terms: bool) -> Self {
         Group {
             count_earlier_terms,
+            members: Members::of(&node),
             node,
             fortified: Fortified::new(),
             fortified_term: 0,
@@ -49,6 +87,20 @@ impl<S: Storage, C: Clock> Group<S, C> {
             idle_ticks: 0,
             quiescent: false,
         }
+    }
+
+    /// The configuration's members. Exact outside a `Ready`: asserted in debug builds.
+    pub fn members(&self) -> &Members {
+        debug_assert_eq!(self.members, Members::of(&self.node), "stale members");
+        &self.members
+    }
+
+    /// Read the members again after a `Ready`. Returns whether they changed.
+    pub fn refresh_members(&mut self) -> bool {
+        let now = Members::of(&self.node);
+        let changed = now != self.members;
+        self.members = now;
+        changed
     }
 
     /// Whether this replica leads `term`.
@@ -150,10 +202,9 @@ impl<S: Storage, C: Clock> Group<S, C> {
         interval_ns: u64,
     ) -> Vec<NodeId> {
         self.clear_fortified_if_new_term();
-        let cs = self.node.raw().raft.prs().conf().to_conf_state();
-        let voters = cs.voters.iter().chain(&cs.voters_outgoing).copied();
         let mut ask = Vec::new();
-        for v in voters.filter(|&v| v != me) {
+        let voters: Vec<NodeId> = self.members().all_voters().filter(|&v| v != me).collect();
+        for v in voters {
             let Some(s) = requester.support_from(v, now_ns) else {
                 continue; // its node does not support this one yet: nothing to fortify under
             };

@@ -258,16 +258,11 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
 
     /// Every node hosting a voter or learner of a group hosted here, but this one.
     fn peers(&self) -> BTreeSet<NodeId> {
-        let mut peers = BTreeSet::new();
-        for g in self.groups.values() {
-            let cs = g.node.raw().raft.prs().conf().to_conf_state();
-            peers.extend(
-                cs.voters
-                    .iter()
-                    .chain(&cs.voters_outgoing)
-                    .chain(&cs.learners),
-            );
-        }
+        let mut peers: BTreeSet<NodeId> = self
+            .groups
+            .values()
+            .flat_map(|g| g.members().all())
+            .collect();
         peers.remove(&self.id);
         peers
     }
@@ -391,9 +386,8 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let Some(g) = self.groups.get(&gid) else {
             return;
         };
-        let cs = g.node.raw().raft.prs().conf().to_conf_state();
-        let mut candidates: Vec<NodeId> =
-            cs.voters.into_iter().filter(|&v| v != old_leader).collect();
+        let voters = g.members().voters.iter().copied();
+        let mut candidates: Vec<NodeId> = voters.filter(|&v| v != old_leader).collect();
         candidates.sort_by_key(|&v| mix(gid, v));
         let rank = candidates
             .iter()
@@ -530,15 +524,11 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             return;
         };
         g.clear_fortified_if_new_term(); // never count an earlier term's fortifications
-        let cs = g.node.raw().raft.prs().conf().to_conf_state();
         let requester = &self.requester;
         let support = |v| requester.support_from(v, now_ns);
-        let until_ns = lease_until_ns(
-            self.id,
-            (&cs.voters, &cs.voters_outgoing),
-            &g.fortified,
-            support,
-        );
+        let members = g.members();
+        let voters = (&members.voters[..], &members.outgoing[..]);
+        let until_ns = lease_until_ns(self.id, voters, &g.fortified, support);
         let term = g.node.raw().raft.term;
         g.node.extend_lease_to(term, until_ns);
     }
@@ -563,6 +553,9 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
                 ReadyStep::Persist(entries, hs) => app.persist(gid, node, entries, hs),
                 ReadyStep::SetCommit(commit) => app.set_commit(gid, node, commit),
             })?;
+            if g.refresh_members() {
+                self.peers_scanned_ns = None; // the support session may have a new peer
+            }
             if g.node.is_leader() {
                 g.clear_fortified_if_new_term();
             }
@@ -603,13 +596,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let Some(g) = self.groups.get(&gid) else {
             return;
         };
-        let cs = g.node.raw().raft.prs().conf().to_conf_state();
-        let peers: BTreeSet<NodeId> = cs
-            .voters
-            .iter()
-            .chain(&cs.voters_outgoing)
-            .copied()
-            .collect();
+        let peers: BTreeSet<NodeId> = g.members().all_voters().collect();
         let me = self.id;
         for peer in peers.into_iter().filter(|&p| p != me) {
             let to = self.batch_to(peer);
