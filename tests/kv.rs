@@ -12,8 +12,18 @@ mod attack_storage;
 #[path = "kv/cluster.rs"]
 mod cluster;
 mod common;
+#[path = "kv/console.rs"]
+mod console;
 #[path = "kv/forge.rs"]
 mod forge;
+#[path = "kv/membership.rs"]
+mod membership;
+#[path = "kv/ports.rs"]
+mod ports;
+#[path = "kv/snapshots.rs"]
+mod snapshots;
+#[path = "kv/usability.rs"]
+mod usability;
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -40,18 +50,34 @@ fn three_nodes_serve_writes_and_reads_in_every_mode() {
             (Some("hello"), Some(rev), Some(served))
         );
     }
+    // Any node answers: a follower redirects to the leader (307 keeps method and body).
     let follower = [1, 2, 3].into_iter().find(|&i| i != l).unwrap();
-    let (code, body) = http(c.port(follower), "GET", "/kv/greeting?read=lease", b"").unwrap();
-    assert_eq!(code, 503);
-    let v = json(&body);
+    let (code, head, body) =
+        cluster::http_raw(c.port(follower), "GET", "/kv/greeting?read=lease", b"", &[]).unwrap();
+    assert_eq!(code, 307);
+    let v = json(&String::from_utf8_lossy(&body));
     assert_eq!(
-        (v["error"].as_str(), v["leader_id"].as_u64()),
-        (Some("not_leader"), Some(l))
+        (
+            v["error"].as_str(),
+            v["leader_id"].as_u64(),
+            v["detail"].is_string()
+        ),
+        (Some("not_leader"), Some(l), true)
     );
-    assert_eq!(
-        v["leader_http"].as_str(),
-        Some(format!("127.0.0.1:{}", c.port(l)).as_str())
+    let leader_http = format!("127.0.0.1:{}", c.port(l));
+    assert_eq!(v["leader_http"].as_str(), Some(leader_http.as_str()));
+    assert!(
+        head.to_ascii_lowercase().contains(&format!(
+            "location: http://{leader_http}/kv/greeting?read=lease"
+        )),
+        "{head}"
     );
+    let (code, body) =
+        cluster::http_follow(c.port(follower), "PUT", "/kv/via-follower", b"v").unwrap();
+    assert_eq!(code, 200, "a PUT sent to a follower, redirected: {body}");
+    let (code, body) =
+        cluster::http_follow(c.port(follower), "GET", "/kv/via-follower", b"").unwrap();
+    assert_eq!((code, json(&body)["value"].as_str()), (200, Some("v")));
     let (code, _) = http(c.port(l), "DELETE", "/kv/greeting", b"").unwrap();
     assert_eq!(code, 200);
     let (code, body) = http(c.port(l), "GET", "/kv/greeting?read=index", b"").unwrap();
@@ -122,6 +148,15 @@ fn a_restarted_node_recovers_from_its_data_dir_and_sigterm_stops_cleanly() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(exit.success(), "node {l} exited with {exit}");
+    // The log is flushed before exit (no sleep stands in for it): its last record is there.
+    let log = std::fs::read_to_string(c.log_path(l)).unwrap();
+    assert!(
+        log.lines()
+            .last()
+            .is_some_and(|l| l.contains("node stopped")),
+        "the log's last record is missing:\n{}",
+        &log[log.len().saturating_sub(2000)..]
+    );
 }
 
 /// Pause the leader past the election timeout (with `partitioned`, also cut it off first, so
@@ -426,4 +461,120 @@ fn bad_input_gets_errors_and_the_node_stays_up() {
     put(c.port(l), "after", "ok");
     let failed = cluster::metric(c.port(l), "kv_peer_tls_failures_total");
     assert!(failed >= 2, "garbage was not counted: {failed}");
+}
+
+#[test]
+fn a_put_without_a_session_unties_the_key_so_the_sessions_end_keeps_it() {
+    let c = Cluster::start(1, &[]);
+    let p = c.port(1);
+    c.leader(&[1], 15);
+    let session = loop {
+        let (code, body) = http(p, "POST", "/session", b"{\"ttl_ms\": 500}").unwrap();
+        if code == 200 {
+            break json(&body)["id"].as_u64().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50)); // not_ready just after election
+    };
+    for key in ["shared", "tied"] {
+        let (code, body) = http(p, "PUT", &format!("/kv/{key}?session={session}"), b"s").unwrap();
+        assert_eq!(code, 200, "{body}");
+    }
+    // An unrelated write of "shared", with no session: acknowledged, so it must stay.
+    let rev = put(p, "shared", "important");
+    // Control: "tied" is still the session's; it goes when the session expires.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http(p, "GET", "/kv/tied?read=index", b"").unwrap().0 != 404 {
+        assert!(Instant::now() < deadline, "the session never expired");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (code, body) = http(p, "GET", "/kv/shared?read=index", b"").unwrap();
+    let v = json(&body);
+    assert_eq!(
+        (code, v["value"].as_str(), v["revision"].as_u64()),
+        (200, Some("important"), Some(rev)),
+        "an acknowledged write was deleted by an unrelated session's expiry: {body}"
+    );
+}
+
+#[test]
+fn concurrent_writes_are_proposed_together_and_share_one_fsync() {
+    let c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    std::thread::scope(|s| {
+        for t in 0..32 {
+            let c = &c;
+            s.spawn(move || {
+                for i in 0..10 {
+                    put(c.port(l), &format!("w{t}-{i}"), "v");
+                }
+            });
+        }
+    });
+    let count = cluster::metric(c.port(l), "kv_proposals_per_batch_count");
+    let singles = cluster::metric_labeled(c.port(l), "kv_proposals_per_batch_bucket", "le=\"1\"");
+    eprintln!("320 writes from 32 clients: {count} batches, {singles} of one proposal");
+    assert!(
+        count > 0 && singles < count,
+        "every batch held one proposal: no group commit"
+    );
+}
+
+#[test]
+fn kv_bench_writes_its_cells_as_json() {
+    let _serial = cluster::serial();
+    let (base, _ports) = ports::reserve_base(3);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bench.json");
+    let out = std::process::Command::new(cluster::exe())
+        .args([
+            "bench",
+            "--seconds",
+            "1",
+            "--clients",
+            "1,2",
+            "--base-port",
+            &base.to_string(),
+            "--json",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{stdout}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cells: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        text.lines().count(),
+        cells.len() + 2,
+        "one cell per line:\n{text}"
+    );
+    let mut seen = Vec::new();
+    for cell in &cells {
+        let keys: Vec<&String> = cell.as_object().unwrap().keys().collect();
+        assert_eq!(
+            keys,
+            ["clients", "op", "ops_per_s", "p50_us", "p99_us"],
+            "{cell}"
+        );
+        for k in ["ops_per_s", "p50_us", "p99_us"] {
+            assert!(cell[k].as_f64().is_some_and(|v| v > 0.0), "{cell}");
+        }
+        seen.push((
+            cell["op"].as_str().unwrap().to_string(),
+            cell["clients"].as_u64().unwrap(),
+        ));
+    }
+    for op in ["put", "get_lease", "get_index"] {
+        for clients in [1, 2] {
+            assert!(
+                seen.contains(&(op.to_string(), clients)),
+                "no {op} cell at {clients}: {seen:?}"
+            );
+        }
+    }
 }

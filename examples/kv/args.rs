@@ -8,7 +8,73 @@ use clap::Args;
 
 use crate::admin::AdminToken;
 use crate::limits::HttpLimits;
-use crate::server::NodeOptions;
+use crate::members::check_addr;
+
+/// How a node runs: its checked options.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// This node's raft id.
+    pub id: u64,
+    /// Peer addresses (`host:port`) by id, this node's own included (it listens there).
+    pub peers: BTreeMap<u64, String>,
+    /// HTTP addresses by id, for redirects until the address book knows them.
+    pub peer_http: BTreeMap<u64, String>,
+    /// The HTTP listen address.
+    pub http: SocketAddr,
+    /// The data dir.
+    pub data_dir: PathBuf,
+    /// Recorded in the data dir's marker.
+    pub cluster_id: String,
+    /// Raft's election timeout (the lease promise P equals it).
+    pub election_ms: u64,
+    /// Raft's heartbeat interval.
+    pub heartbeat_ms: u64,
+    /// Raft's tick.
+    pub tick_ms: u64,
+    /// The clock rate error bound.
+    pub drift_ppm: u64,
+    /// The lease's safety margin.
+    pub margin_ms: u64,
+    /// Extra one-way delay on outgoing peer messages.
+    pub peer_delay_ms: u64,
+    /// Whether `/admin` fault injection is on.
+    pub fault_injection: bool,
+    /// Required for `/admin`.
+    pub admin_token: Option<AdminToken>,
+    /// Peers talk plaintext, unauthenticated (local experiments only).
+    pub insecure_peers: bool,
+    /// raft-rs `LeaseBased` reads (unsafe, for demonstrations).
+    pub unsafe_lease_based: bool,
+    /// Snapshot and compact every this many applied entries.
+    pub snapshot_every: u64,
+    /// Join a running cluster through this member's HTTP address.
+    pub join: Option<String>,
+    /// Keys and values held at most (507 beyond).
+    pub max_state_bytes: u64,
+    /// Bytes of writes in flight at most (503 beyond).
+    pub max_inflight_bytes: u64,
+    /// UNSAFE test switch: the transport does not report lost messages to raft.
+    pub no_transport_reports: bool,
+    /// UNSAFE test switch: peer messages raft-rs trusts blindly reach it unchecked.
+    pub no_admission_checks: bool,
+}
+
+impl NodeOptions {
+    /// This node's HTTP address as others reach it.
+    pub fn advertised_http(&self) -> String {
+        self.peer_http
+            .get(&self.id)
+            .cloned()
+            .unwrap_or_else(|| self.http.to_string())
+    }
+
+    /// The largest message a peer may send: a snapshot of the largest state, with room for its
+    /// header and for the writes in flight.
+    pub fn max_message_bytes(&self) -> usize {
+        (self.max_state_bytes + self.max_state_bytes / 4 + self.max_inflight_bytes + (16 << 20))
+            as usize
+    }
+}
 
 /// One node's options.
 #[derive(Args, Clone)]
@@ -16,7 +82,8 @@ pub struct NodeArgs {
     /// This node's raft id (one of --peers).
     #[arg(long)]
     pub id: u64,
-    /// Every voter: `1=127.0.0.1:7001,2=...` (this node's entry is its peer listen address).
+    /// Every voter's peer address, `1=host:7001,2=...`: host names or IP addresses. This node's
+    /// entry is where it listens. With --join: this node and some members to reach first.
     #[arg(long)]
     pub peers: String,
     /// HTTP listen address.
@@ -25,12 +92,19 @@ pub struct NodeArgs {
     /// Where the raft log, hard state, snapshots and the dir's marker live.
     #[arg(long)]
     pub data_dir: PathBuf,
-    /// The cluster's name, recorded in the data dir's marker: a dir of another cluster is refused.
-    #[arg(long, default_value = "kv")]
+    /// The cluster's name, recorded in the data dir's marker: a dir of another cluster is
+    /// refused. Give every node of a cluster the same one (`kv cluster` makes one up).
+    #[arg(long)]
     pub cluster_id: String,
-    /// Other nodes' HTTP addresses, `1=127.0.0.1:8001,...`, for `leader_http` in redirects.
+    /// Every node's HTTP address, `1=host:8001,...`, for redirects to the leader (this node's
+    /// entry is the address others reach it at; default: --http).
     #[arg(long, default_value = "")]
     pub peer_http: String,
+    /// Join a running cluster: the HTTP address of any member (`host:port`). The node asks to be
+    /// added as a learner, catches up (by snapshot), then asks to be promoted to voter. Needs
+    /// --admin-token-file with the cluster's admin token.
+    #[arg(long, requires = "admin_token_file")]
+    pub join: Option<String>,
     /// The cluster CA certificate (PEM) that signs every node's certificate (`kv certs`).
     #[arg(long)]
     pub peer_ca: Option<PathBuf>,
@@ -85,47 +159,68 @@ pub struct NodeArgs {
     /// Worker threads for HTTP and peer I/O (async: a slow client holds none of them).
     #[arg(long, default_value_t = 2)]
     pub http_threads: usize,
+    /// Keys and values (with 64 bytes per key) held at most; a write beyond gets 507. Every
+    /// node of a cluster must have the same: it bounds the snapshot a node accepts.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_state_bytes: u64,
+    /// Bytes of writes waiting for the raft thread or for their entries to apply, at most; a
+    /// write beyond gets 503 `overloaded` at once, before its body is read.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_inflight_bytes: u64,
+    /// UNSAFE, tests only: the transport does not tell raft about lost snapshots and appends
+    /// (a lagging follower then stays stuck until the leader changes).
+    #[arg(long, hide = true)]
+    pub no_transport_reports: bool,
+    /// UNSAFE, tests only: peer messages no correct peer sends (a heartbeat whose commit is past
+    /// the log, a leader's message from a node that does not lead) reach raft-rs unchecked.
+    #[arg(long, hide = true)]
+    pub no_admission_checks: bool,
+    /// The HTTP front end's limits.
     #[command(flatten)]
     pub http_limits: HttpLimits,
 }
 
 /// Peer TLS files, all three or none.
 pub struct PeerTlsFiles {
+    /// The cluster CA.
     pub ca: PathBuf,
+    /// This node's certificate.
     pub cert: PathBuf,
+    /// Its key.
     pub key: PathBuf,
 }
 
-fn parse_map(s: &str, what: &str) -> Result<BTreeMap<u64, String>, String> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .map(|p| {
-            let (id, addr) = p
-                .split_once('=')
-                .ok_or(format!("{what}: expected id=address, got {p:?}"))?;
-            let id: u64 = id
-                .trim()
-                .parse()
-                .map_err(|_| format!("{what}: bad id {id:?}"))?;
-            if id == 0 {
-                return Err(format!("{what}: id 0 is reserved by raft"));
-            }
-            Ok((id, addr.trim().to_string()))
-        })
-        .collect()
+/// `1=host:port,2=...`: ids nonzero and given once, addresses `host:port`.
+pub fn parse_map(s: &str, what: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut out = BTreeMap::new();
+    for p in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (id, addr) = p
+            .split_once('=')
+            .ok_or(format!("{what}: expected id=host:port, got {p:?}"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("{what}: bad id {id:?}"))?;
+        if id == 0 {
+            return Err(format!("{what}: id 0 is reserved by raft"));
+        }
+        let addr = addr.trim().to_string();
+        if !check_addr(&addr) {
+            return Err(format!(
+                "{what}: bad address {addr:?} for id {id} (expected host:port)"
+            ));
+        }
+        if out.insert(id, addr).is_some() {
+            return Err(format!("{what}: id {id} is given twice"));
+        }
+    }
+    Ok(out)
 }
 
 impl NodeArgs {
     /// The checked options.
     pub fn options(&self) -> Result<NodeOptions, String> {
-        let peers = parse_map(&self.peers, "--peers")?
-            .into_iter()
-            .map(|(id, a)| {
-                a.parse()
-                    .map(|a| (id, a))
-                    .map_err(|_| format!("--peers: bad address {a:?}"))
-            })
-            .collect::<Result<BTreeMap<u64, SocketAddr>, _>>()?;
+        let peers = parse_map(&self.peers, "--peers")?;
         if !peers.contains_key(&self.id) {
             return Err(format!("--id {} is not in --peers", self.id));
         }
@@ -140,6 +235,21 @@ impl NodeArgs {
         }
         if self.cluster_id.is_empty() || self.cluster_id.len() > 128 {
             return Err("--cluster-id must be 1 to 128 bytes".into());
+        }
+        if self.max_state_bytes == 0 || self.max_state_bytes > 1 << 30 {
+            return Err("--max-state-bytes must be 1 byte to 1 GiB".into());
+        }
+        if self.max_inflight_bytes < 2 << 20 {
+            return Err(
+                "--max-inflight-bytes must be at least 2 MiB (one write of 1 MiB and more)".into(),
+            );
+        }
+        let join = self
+            .join
+            .as_deref()
+            .map(|j| j.trim_start_matches("http://").trim_end_matches('/'));
+        if join.is_some_and(|j| !check_addr(j)) {
+            return Err("--join: expected the host:port of a member's HTTP address".into());
         }
         self.http_limits.validate()?;
         let admin_token = self
@@ -165,6 +275,11 @@ impl NodeArgs {
             insecure_peers: self.insecure_peers,
             unsafe_lease_based: self.unsafe_lease_based,
             snapshot_every: self.snapshot_every,
+            join: join.map(str::to_string),
+            max_state_bytes: self.max_state_bytes,
+            max_inflight_bytes: self.max_inflight_bytes,
+            no_transport_reports: self.no_transport_reports,
+            no_admission_checks: self.no_admission_checks,
         })
     }
 
@@ -183,6 +298,34 @@ impl NodeArgs {
                  `kv certs`), or --insecure-peers for a local experiment"
                     .into(),
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_lists_take_host_names_and_refuse_duplicates_and_bad_entries() {
+        let m = parse_map(
+            "1=node-a.example:7001, 2=127.0.0.1:7002,3=[::1]:7003",
+            "--peers",
+        )
+        .unwrap();
+        assert_eq!(m[&1], "node-a.example:7001");
+        assert_eq!(m[&3], "[::1]:7003");
+        let bad = [
+            ("1=a:1,1=b:2", "given twice"),
+            ("0=a:1", "reserved"),
+            ("1=a", "expected host:port"),
+            ("1=a:99999", "expected host:port"),
+            ("x=a:1", "bad id"),
+            ("1", "expected id=host:port"),
+        ];
+        for (input, why) in bad {
+            let e = parse_map(input, "--peers").unwrap_err();
+            assert!(e.contains(why), "{input}: {e}");
         }
     }
 }

@@ -1,78 +1,53 @@
-//! `kv bench`: HTTP load on a local 3-node cluster with a per-message peer delay, comparing
-//! `GET ?read=lease` with `GET ?read=index` in one run (keep-alive clients on loopback).
+//! `kv bench`: HTTP load on a local 3-node cluster, writes next to reads: for each number of
+//! keep-alive clients (1, 16 and 64 by default), PUTs, then `GET ?read=lease`, then
+//! `GET ?read=index`, each for `--seconds`, all on the leader, in one run. `--json PATH` writes one
+//! cell per line: `{"op": "put" | "get_lease" | "get_index", "clients": N, "ops_per_s": X,
+//! "p50_us": Y, "p99_us": Z}`, as a JSON array.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use serde_json::json;
 
-use crate::cluster::{shutdown, spawn_all, ClusterArgs};
+use crate::client::Client;
+use crate::cluster::{shutdown, ClusterArgs, Layout, Plan};
 
+/// `kv bench`'s options.
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Concurrent HTTP clients (each a keep-alive connection to the leader).
-    #[arg(long, default_value_t = 8)]
-    clients: usize,
-    /// Seconds per read mode.
-    #[arg(long, default_value_t = 5)]
+    /// Numbers of concurrent keep-alive clients, one cell each.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    clients: Vec<usize>,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 3)]
     seconds: u64,
+    /// Bytes per written value.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
     /// One-way delay added to every peer message.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 0)]
     peer_delay_ms: u64,
     /// Ports: peers BASE+1.., HTTP BASE+1001...
     #[arg(long, default_value_t = 7100)]
     base_port: u16,
+    /// Write the cells as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
-/// A keep-alive HTTP/1.1 client: just enough for GET and PUT with a Content-Length reply.
-struct Client {
-    r: BufReader<TcpStream>,
-    w: TcpStream,
+/// One measured cell.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    op: &'static str,
+    clients: usize,
+    ops_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: u64,
 }
 
-impl Client {
-    fn connect(port: u16) -> std::io::Result<Client> {
-        let s = TcpStream::connect(("127.0.0.1", port))?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        Ok(Client {
-            r: BufReader::new(s.try_clone()?),
-            w: s,
-        })
-    }
-
-    fn request(&mut self, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, String)> {
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        );
-        self.w.write_all(head.as_bytes())?;
-        self.w.write_all(body)?;
-        let mut line = String::new();
-        self.r.read_line(&mut line)?;
-        let code = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let mut len = 0usize;
-        loop {
-            line.clear();
-            self.r.read_line(&mut line)?;
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-        }
-        let mut body = vec![0; len];
-        self.r.read_exact(&mut body)?;
-        Ok((code, String::from_utf8_lossy(&body).into_owned()))
-    }
-}
-
+/// `kv bench`.
 pub fn run(args: BenchArgs) -> i32 {
     let dir = match tempfile::Builder::new()
         .prefix("raft-lease-kv-bench-")
@@ -85,102 +60,181 @@ pub fn run(args: BenchArgs) -> i32 {
         }
     };
     let cluster = ClusterArgs {
-        nodes: 3,
-        data_dir: Some(dir.path().to_path_buf()),
-        base_port: args.base_port,
+        nodes: Some(3),
+        data_dir: dir.path().to_path_buf(),
+        temp: false,
+        base_port: Some(args.base_port),
         peer_delay_ms: args.peer_delay_ms,
         fault_injection: false,
         unsafe_lease_based: false,
         insecure_peers: false,
+        node_args: vec![],
     };
-    let children = match spawn_all(&cluster, dir.path()) {
-        Ok(c) => c,
+    let layout = Layout {
+        nodes: 3,
+        base_port: args.base_port,
+    };
+    let plan = match layout
+        .check()
+        .and_then(|_| Plan::new(&cluster, dir.path(), layout))
+    {
+        Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
-            return 1;
+            return 2;
         }
     };
-    let code = match bench(&args) {
-        Ok(()) => 0,
+    let children: Result<Vec<_>, _> = (1..=3).map(|id| plan.spawn(id)).collect();
+    let code = match children {
+        Ok(c) => {
+            let code = match bench(&args, layout) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    1
+                }
+            };
+            shutdown(c);
+            code
+        }
         Err(e) => {
             eprintln!("error: {e}");
             1
         }
     };
-    shutdown(children);
     code
 }
 
-fn leader_port(args: &BenchArgs) -> Result<u16, String> {
-    let deadline = Instant::now() + Duration::from_secs(20);
+fn leader_addr(layout: Layout) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        for id in 1..=3u16 {
-            let port = args.base_port + 1000 + id;
-            let status = Client::connect(port).and_then(|mut c| c.request("GET", "/status", b""));
-            if let Ok((200, body)) = status {
-                if body.contains("\"role\":\"leader\"") && body.contains("\"state\":\"valid\"") {
-                    return Ok(port);
+        for id in 1..=layout.nodes {
+            let addr = format!("127.0.0.1:{}", layout.http_port(id));
+            let status = crate::client::request(&addr, "GET", "/status", b"", &[]);
+            if let Ok(a) = status {
+                if a.body.contains("\"role\":\"leader\"") && a.body.contains("\"state\":\"valid\"")
+                {
+                    return Ok(addr);
                 }
             }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Err("no leader with a lease within 20 s".into())
+    Err("no leader with a lease within 30 s".into())
 }
 
-fn bench(args: &BenchArgs) -> Result<(), String> {
-    let port = leader_port(args)?;
-    let mut c = Client::connect(port).map_err(|e| e.to_string())?;
+fn bench(args: &BenchArgs, layout: Layout) -> Result<(), String> {
+    let addr = leader_addr(layout)?;
+    let mut c = Client::connect(&addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
     for k in 0..100 {
-        c.request("PUT", &format!("/kv/k{k}"), format!("value-{k}").as_bytes())
-            .map_err(|e| e.to_string())?;
+        c.request(
+            "PUT",
+            &format!("/kv/k{k}"),
+            format!("value-{k}").as_bytes(),
+            &[],
+        )
+        .map_err(|e| e.to_string())?;
     }
     println!(
-        "kv bench: 3 nodes, peer delay {} ms one way, {} keep-alive clients, {} s per mode",
-        args.peer_delay_ms, args.clients, args.seconds
+        "kv bench: 3 nodes (fsync on), peer delay {} ms one way, {} s per cell, {}-byte values, keep-alive clients on the leader",
+        args.peer_delay_ms, args.seconds, args.value_bytes
     );
     println!(
-        "{:<8} {:>10} {:>10} {:>12} {:>8}",
-        "read", "p50", "p99", "reads/s", "errors"
+        "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8} {:>14}",
+        "op", "clients", "ops/s", "p50 µs", "p99 µs", "errors", "writes/fsync (fsync)"
     );
-    for mode in ["lease", "index"] {
-        let (mut lat, errors, secs) = load(port, mode, args)?;
-        lat.sort_unstable();
-        let at = |q: f64| {
-            lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
-                .copied()
-                .unwrap_or(0)
-        };
-        println!(
-            "{mode:<8} {:>8.1}µs {:>8.1}µs {:>12.0} {errors:>8}",
-            at(0.5) as f64 / 1e3,
-            at(0.99) as f64 / 1e3,
-            lat.len() as f64 / secs
-        );
+    let mut cells = Vec::new();
+    for &clients in &args.clients {
+        for op in ["put", "get_lease", "get_index"] {
+            let before = batches(&addr);
+            let cell = load(&addr, op, clients, args)?;
+            let after = batches(&addr);
+            let per_batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
+            let persist_us = (after.2 - before.2) / (after.3 - before.3).max(1.0) * 1e6;
+            let batch = match op {
+                "put" => format!("{per_batch:.1} ({persist_us:.0} µs)"),
+                _ => String::new(),
+            };
+            println!(
+                "{:<10} {:>8} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>14}",
+                cell.op, cell.clients, cell.ops_per_s, cell.p50_us, cell.p99_us, cell.errors, batch
+            );
+            cells.push(cell);
+        }
+    }
+    summary(&cells);
+    if let Some(path) = &args.json {
+        std::fs::write(path, to_json(&cells)).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     Ok(())
 }
 
-fn load(port: u16, mode: &str, args: &BenchArgs) -> Result<(Vec<u64>, u64, f64), String> {
+/// The leader's (proposals, passes that proposed, seconds persisting, persists): the writes per
+/// fsync, and the time an fsync takes.
+fn batches(addr: &str) -> (f64, f64, f64, f64) {
+    let text =
+        crate::client::request(addr, "GET", "/metrics", b"", &[]).map_or(String::new(), |a| a.body);
+    let value = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("kv_proposals_per_batch_sum"),
+        value("kv_proposals_per_batch_count"),
+        value("kv_log_persist_duration_seconds_sum"),
+        value("kv_log_persist_duration_seconds_count"),
+    )
+}
+
+/// Group commit at a glance: the write cells against the 1-client one.
+fn summary(cells: &[Cell]) {
+    let puts: Vec<&Cell> = cells.iter().filter(|c| c.op == "put").collect();
+    let Some(one) = puts.iter().find(|c| c.clients == 1) else {
+        return;
+    };
+    for c in puts.iter().filter(|c| c.clients > 1) {
+        println!(
+            "writes at {} clients: {:.1}x the 1-client throughput, p50 {:.1}x the 1-client p50",
+            c.clients,
+            c.ops_per_s / one.ops_per_s,
+            c.p50_us / one.p50_us
+        );
+    }
+}
+
+/// The cells as a JSON array, one cell per line, each `{"op", "clients", "ops_per_s", "p50_us",
+/// "p99_us"}` in that order.
+pub fn to_json(cells: &[Cell]) -> String {
+    let lines: Vec<String> = cells
+        .iter()
+        .map(|c| {
+            // In the issue's order: op, clients, ops_per_s, p50_us, p99_us.
+            let num = |v: f64| json!((v * 10.0).round() / 10.0);
+            format!(
+                "{{\"op\": {}, \"clients\": {}, \"ops_per_s\": {}, \"p50_us\": {}, \"p99_us\": {}}}",
+                json!(c.op),
+                c.clients,
+                json!(c.ops_per_s.round()),
+                num(c.p50_us),
+                num(c.p99_us)
+            )
+        })
+        .collect();
+    format!("[\n{}\n]\n", lines.join(",\n"))
+}
+
+/// Run `clients` clients doing `op` for the cell's time.
+fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Result<Cell, String> {
     let end = Instant::now() + Duration::from_secs(args.seconds);
     let t0 = Instant::now();
+    let value = vec![b'v'; args.value_bytes];
     let results: Vec<Result<(Vec<u64>, u64), String>> = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..args.clients)
+        let workers: Vec<_> = (0..clients)
             .map(|i| {
-                s.spawn(move || {
-                    let mut c = Client::connect(port).map_err(|e| e.to_string())?;
-                    let (mut lat, mut errors, mut k) = (Vec::new(), 0u64, i);
-                    while Instant::now() < end {
-                        k = (k + 7) % 100;
-                        let t = Instant::now();
-                        match c.request("GET", &format!("/kv/k{k}?read={mode}"), b"") {
-                            Ok((200, _)) => lat.push(t.elapsed().as_nanos() as u64),
-                            Ok(_) => errors += 1,
-                            Err(e) => return Err(e.to_string()),
-                        }
-                    }
-                    Ok((lat, errors))
-                })
+                let value = &value;
+                s.spawn(move || client(addr, op, i, value, end))
             })
             .collect();
         workers
@@ -189,11 +243,92 @@ fn load(port: u16, mode: &str, args: &BenchArgs) -> Result<(Vec<u64>, u64, f64),
             .collect()
     });
     let secs = t0.elapsed().as_secs_f64();
-    let (mut all, mut errors) = (Vec::new(), 0);
+    let (mut lat, mut errors) = (Vec::new(), 0);
     for r in results {
-        let (lat, e) = r?;
-        all.extend(lat);
+        let (l, e) = r?;
+        lat.extend(l);
         errors += e;
     }
-    Ok((all, errors, secs))
+    lat.sort_unstable();
+    let at = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1e3
+    };
+    Ok(Cell {
+        op,
+        clients,
+        ops_per_s: lat.len() as f64 / secs,
+        p50_us: at(0.5),
+        p99_us: at(0.99),
+        errors,
+    })
+}
+
+/// One client: latencies (ns) of its successful requests, and how many failed.
+fn client(
+    addr: &str,
+    op: &str,
+    i: usize,
+    value: &[u8],
+    end: Instant,
+) -> Result<(Vec<u64>, u64), String> {
+    let mut c = Client::connect(addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    let (mut lat, mut errors, mut n) = (Vec::new(), 0u64, 0usize);
+    while Instant::now() < end {
+        n += 1;
+        let t = Instant::now();
+        let answer = match op {
+            "put" => c.request("PUT", &format!("/kv/w{i}-{}", n % 1000), value, &[]),
+            "get_lease" => c.request(
+                "GET",
+                &format!("/kv/k{}?read=lease", (i + 7 * n) % 100),
+                b"",
+                &[],
+            ),
+            _ => c.request(
+                "GET",
+                &format!("/kv/k{}?read=index", (i + 7 * n) % 100),
+                b"",
+                &[],
+            ),
+        };
+        match answer {
+            Ok(a) if a.status == 200 => lat.push(t.elapsed().as_nanos() as u64),
+            Ok(_) => errors += 1,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok((lat, errors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_written_one_per_line_in_the_issues_form() {
+        let cell = |op, clients| Cell {
+            op,
+            clients,
+            ops_per_s: 1234.4,
+            p50_us: 812.345,
+            p99_us: 2000.0,
+            errors: 0,
+        };
+        let text = to_json(&[cell("put", 1), cell("get_lease", 64)]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "[",
+                r#"{"op": "put", "clients": 1, "ops_per_s": 1234.0, "p50_us": 812.3, "p99_us": 2000.0},"#,
+                r#"{"op": "get_lease", "clients": 64, "ops_per_s": 1234.0, "p50_us": 812.3, "p99_us": 2000.0}"#,
+                "]"
+            ]
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed[1]["clients"], 64);
+    }
 }

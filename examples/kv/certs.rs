@@ -20,7 +20,9 @@ use crate::tls::node_name;
 
 /// A certificate and its key, PEM.
 pub struct Pem {
+    /// The certificate.
     pub cert_pem: String,
+    /// Its private key.
     pub key_pem: String,
 }
 
@@ -28,6 +30,7 @@ pub struct Pem {
 pub struct Ca {
     params: CertificateParams,
     key: KeyPair,
+    /// The CA's certificate.
     pub cert_pem: String,
 }
 
@@ -161,6 +164,7 @@ pub struct CertsArgs {
     http_san: Vec<String>,
 }
 
+/// `kv certs`: make the files; the process's exit code.
 pub fn run(args: CertsArgs) -> i32 {
     if args.ids.contains(&0) {
         eprintln!("error: raft id 0 is reserved");

@@ -12,6 +12,7 @@ pub struct ScaledClock {
 }
 
 impl ScaledClock {
+    /// A clock at the rate of real time.
     pub fn new() -> Self {
         let base = BootClock::new();
         let now = base.now_ns();

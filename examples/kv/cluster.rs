@@ -1,36 +1,48 @@
-//! `kv cluster`: start N node processes on loopback, print their endpoints, stop them on Ctrl-C.
+//! `kv cluster`: a local cluster of node processes on loopback, to keep.
 //!
-//! It sets up everything the nodes need in its data dir, with no manual step: a throwaway cluster
-//! CA and node certificates (`tls/`), a cluster id (`cluster-id`), and with `--fault-injection` an
-//! admin token (`admin.token`).
+//! Its data persists in `./kv-data` (as etcd keeps `default.etcd`); run it again and the nodes
+//! restart from their data dirs. `--temp` gives a throwaway dir, removed on exit. It sets up
+//! everything the nodes need with no manual step: a cluster CA and node certificates (`tls/`), a
+//! cluster id, and an admin token (`admin.token`, for `/admin`). The layout (how many nodes, which
+//! ports) is recorded in `cluster.json` and kept on later runs.
+//!
+//! A node that dies is reported on the console with its last error and a hint, and the others
+//! keep running; the console prints the exact command that restarts it, and takes `restart N`
+//! (and `stop N`, `status`) on standard input. Ctrl-C stops every node.
 
-use std::io::Write as _;
+use std::io::{BufRead, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use serde::{Deserialize, Serialize};
 
 use crate::admin::AdminToken;
 
+/// `kv cluster`'s options.
 #[derive(Args)]
 pub struct ClusterArgs {
-    /// How many nodes.
-    #[arg(long, default_value_t = 3)]
-    pub nodes: u64,
-    /// Data directory (one subdirectory per node). Default: a fresh temporary directory.
+    /// How many nodes (1 to 9; default 3, or what the data dir holds).
     #[arg(long)]
-    pub data_dir: Option<PathBuf>,
-    /// Peer ports are BASE+1..; HTTP ports are BASE+1001...
-    #[arg(long, default_value_t = 7000)]
-    pub base_port: u16,
+    pub nodes: Option<u64>,
+    /// Data directory, kept across runs (one subdirectory per node).
+    #[arg(long, default_value = "kv-data")]
+    pub data_dir: PathBuf,
+    /// A throwaway data directory instead, removed on exit.
+    #[arg(long, conflicts_with = "data_dir")]
+    pub temp: bool,
+    /// Peer ports are BASE+1..BASE+N; HTTP ports are BASE+1001..BASE+1000+N (default 7000, or
+    /// what the data dir holds).
+    #[arg(long)]
+    pub base_port: Option<u16>,
     /// Passed to every node: extra one-way delay on peer messages.
     #[arg(long, default_value_t = 0)]
     pub peer_delay_ms: u64,
-    /// Passed to every node.
+    /// Passed to every node: `/admin/partition`, `/admin/heal` and `/admin/clock`.
     #[arg(long)]
     pub fault_injection: bool,
     /// Passed to every node (UNSAFE, demonstrations only).
@@ -39,62 +51,83 @@ pub struct ClusterArgs {
     /// Passed to every node: plaintext, unauthenticated peers (UNSAFE, local experiments only).
     #[arg(long)]
     pub insecure_peers: bool,
+    /// More flags for every node, after `--` (for example `-- --snapshot-every 1000`).
+    #[arg(last = true)]
+    pub node_args: Vec<String>,
 }
 
-pub fn run(args: ClusterArgs) -> i32 {
-    if !(1..=9).contains(&args.nodes) {
-        eprintln!("error: --nodes must be 1..=9");
-        return 2;
-    }
-    let temp = match args.data_dir {
-        Some(_) => None,
-        None => match tempfile::Builder::new().prefix("raft-lease-kv-").tempdir() {
-            Ok(t) => Some(t),
-            Err(e) => {
-                eprintln!("error: cannot create a temporary directory: {e}");
-                return 1;
-            }
-        },
-    };
-    let dir = args
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| temp.as_ref().expect("temp").path().to_path_buf());
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
-            eprintln!("error: cannot handle signals: {e}");
-            return 1;
-        }
-    }
-    let mut children = match spawn_all(&args, &dir) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 1;
-        }
-    };
-    print_banner(&args, &dir);
-    let code = supervise(&mut children, &stop);
-    shutdown(children);
-    if temp.is_some() {
-        println!("removed {}", dir.display());
-    }
-    code
+/// What a cluster's dir records: how many nodes and on which ports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Nodes 1..=nodes.
+    pub nodes: u64,
+    /// The base port.
+    pub base_port: u16,
 }
 
-fn addrs(args: &ClusterArgs) -> (String, String) {
-    let ids = 1..=args.nodes;
-    let peers = ids
-        .clone()
-        .map(|i| format!("{i}=127.0.0.1:{}", args.base_port + i as u16))
-        .collect::<Vec<_>>()
-        .join(",");
-    let https = ids
-        .map(|i| format!("{i}=127.0.0.1:{}", args.base_port + 1000 + i as u16))
-        .collect::<Vec<_>>()
-        .join(",");
-    (peers, https)
+impl Layout {
+    /// Node `id`'s peer port.
+    pub fn peer_port(&self, id: u64) -> u16 {
+        self.base_port + id as u16
+    }
+
+    /// Node `id`'s HTTP port.
+    pub fn http_port(&self, id: u64) -> u16 {
+        self.base_port + 1000 + id as u16
+    }
+
+    /// Refuse a layout whose ports would overflow (or use port 0).
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=9).contains(&self.nodes) {
+            return Err("--nodes must be 1 to 9".into());
+        }
+        let top = self.base_port as u64 + 1000 + self.nodes;
+        if top > u16::MAX as u64 || self.base_port == 0 {
+            return Err(format!(
+                "--base-port {}: the HTTP ports would run to {top}, past 65535; use a base port of at most {}",
+                self.base_port,
+                u16::MAX as u64 - 1000 - self.nodes
+            ));
+        }
+        Ok(())
+    }
+
+    fn list(&self, port: impl Fn(u64) -> u16) -> String {
+        (1..=self.nodes)
+            .map(|i| format!("{i}=127.0.0.1:{}", port(i)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// The layout recorded in `dir`, or the one the options ask for (recorded now).
+fn layout(args: &ClusterArgs, dir: &Path) -> Result<Layout, String> {
+    let path = dir.join("cluster.json");
+    let asked = Layout {
+        nodes: args.nodes.unwrap_or(3),
+        base_port: args.base_port.unwrap_or(7000),
+    };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        asked.check()?;
+        let json = serde_json::to_string(&asked).expect("a layout serializes");
+        std::fs::write(&path, json).map_err(|e| format!("{}: {e}", path.display()))?;
+        return Ok(asked);
+    };
+    let kept: Layout =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let differs = args.nodes.is_some_and(|n| n != kept.nodes)
+        || args.base_port.is_some_and(|p| p != kept.base_port);
+    if differs {
+        return Err(format!(
+            "{} holds a cluster of {} nodes on base port {}; run without --nodes/--base-port to \
+             restart it, or use another --data-dir (or --temp) for a new one",
+            dir.display(),
+            kept.nodes,
+            kept.base_port
+        ));
+    }
+    kept.check()?;
+    Ok(kept)
 }
 
 /// The cluster id in `dir/cluster-id`, made up the first time.
@@ -125,125 +158,190 @@ pub fn admin_token_file(dir: &Path) -> Result<PathBuf, String> {
     Ok(path)
 }
 
-/// The flags that give node `id` its TLS files, cluster id and admin token.
-fn security_args(args: &ClusterArgs, dir: &Path, id: u64) -> Result<Vec<String>, String> {
-    let mut out = vec!["--cluster-id".to_string(), cluster_id(dir)?];
-    if args.insecure_peers {
-        out.push("--insecure-peers".into());
-    } else {
-        let tls = dir.join("tls");
-        let (cert, key) = crate::certs::node_files(&tls, id);
-        for (flag, path) in [
-            ("--peer-ca", tls.join("ca.pem")),
-            ("--peer-cert", cert),
-            ("--peer-key", key),
-        ] {
-            out.push(flag.into());
-            out.push(path.display().to_string());
-        }
-    }
-    if args.fault_injection {
-        out.push("--fault-injection".into());
-        out.push("--admin-token-file".into());
-        out.push(admin_token_file(dir)?.display().to_string());
-    }
-    Ok(out)
+/// How to start each node of a cluster in `dir`.
+pub struct Plan {
+    /// The program (this one).
+    pub exe: PathBuf,
+    /// The cluster's dir.
+    pub dir: PathBuf,
+    /// Its layout.
+    pub layout: Layout,
+    /// Flags every node gets.
+    pub common: Vec<String>,
+    /// Whether peers talk plaintext.
+    pub insecure: bool,
 }
 
-pub fn spawn_all(args: &ClusterArgs, dir: &Path) -> Result<Vec<Child>, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
-    let (peers, https) = addrs(args);
-    if !args.insecure_peers {
-        let ids: Vec<u64> = (1..=args.nodes).collect();
-        crate::certs::make(&dir.join("tls"), &ids, &[])?;
-    }
-    let mut children = Vec::new();
-    for id in 1..=args.nodes {
-        let node_dir = dir.join(format!("node{id}"));
-        std::fs::create_dir_all(&node_dir).map_err(|e| format!("{}: {e}", node_dir.display()))?;
-        let log =
-            std::fs::File::create(dir.join(format!("node{id}.log"))).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(&exe);
-        cmd.arg("node").args([
-            "--id",
-            &id.to_string(),
-            "--peers",
-            &peers,
-            "--peer-http",
-            &https,
-        ]);
-        cmd.args([
-            "--http",
-            &format!("127.0.0.1:{}", args.base_port + 1000 + id as u16),
-        ]);
-        cmd.arg("--data-dir").arg(&node_dir);
-        cmd.args(["--peer-delay-ms", &args.peer_delay_ms.to_string()]);
-        cmd.args(security_args(args, dir, id)?);
-        if args.unsafe_lease_based {
-            cmd.arg("--unsafe-lease-based");
+impl Plan {
+    /// Set up `dir` (certificates, cluster id, admin token) for `layout`.
+    pub fn new(args: &ClusterArgs, dir: &Path, layout: Layout) -> Result<Plan, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+        if !args.insecure_peers {
+            let ids: Vec<u64> = (1..=layout.nodes).collect();
+            crate::certs::make(&dir.join("tls"), &ids, &[])?;
         }
-        let child = cmd
+        let mut common = vec!["--cluster-id".to_string(), cluster_id(dir)?];
+        common.push("--admin-token-file".into());
+        common.push(admin_token_file(dir)?.display().to_string());
+        common.extend(["--peer-delay-ms".into(), args.peer_delay_ms.to_string()]);
+        let flags = [
+            (args.fault_injection, "--fault-injection"),
+            (args.unsafe_lease_based, "--unsafe-lease-based"),
+            (args.insecure_peers, "--insecure-peers"),
+        ];
+        common.extend(
+            flags
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, f)| f.to_string()),
+        );
+        common.extend(args.node_args.iter().cloned());
+        Ok(Plan {
+            exe,
+            dir: dir.to_path_buf(),
+            layout,
+            common,
+            insecure: args.insecure_peers,
+        })
+    }
+
+    /// Node `id`'s arguments.
+    pub fn node_args(&self, id: u64) -> Vec<String> {
+        let l = self.layout;
+        let node_dir = self.dir.join(format!("node{id}"));
+        let mut a: Vec<String> = vec![
+            "node".into(),
+            "--id".into(),
+            id.to_string(),
+            "--peers".into(),
+            l.list(|i| l.peer_port(i)),
+            "--peer-http".into(),
+            l.list(|i| l.http_port(i)),
+            "--http".into(),
+            format!("127.0.0.1:{}", l.http_port(id)),
+            "--data-dir".into(),
+            node_dir.display().to_string(),
+        ];
+        if !self.insecure {
+            let tls = self.dir.join("tls");
+            let (cert, key) = crate::certs::node_files(&tls, id);
+            for (flag, path) in [
+                ("--peer-ca", tls.join("ca.pem")),
+                ("--peer-cert", cert),
+                ("--peer-key", key),
+            ] {
+                a.push(flag.into());
+                a.push(path.display().to_string());
+            }
+        }
+        a.extend(self.common.iter().cloned());
+        a
+    }
+
+    /// The command line that starts node `id`, to paste in a shell.
+    pub fn command_line(&self, id: u64) -> String {
+        let quote = |s: &str| {
+            if s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,".contains(c))
+            {
+                s.to_string()
+            } else {
+                format!("'{}'", s.replace('\'', "'\\''"))
+            }
+        };
+        std::iter::once(self.exe.display().to_string())
+            .chain(self.node_args(id))
+            .map(|s| quote(&s))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The log file of node `id`.
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node{id}.log"))
+    }
+
+    /// Start node `id`, its standard error appended to its log.
+    pub fn spawn(&self, id: u64) -> Result<Child, String> {
+        let node_dir = self.dir.join(format!("node{id}"));
+        std::fs::create_dir_all(&node_dir).map_err(|e| format!("{}: {e}", node_dir.display()))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(id))
+            .map_err(|e| e.to_string())?;
+        Command::new(&self.exe)
+            .args(self.node_args(id))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("spawn node {id}: {e}"))?;
-        children.push(child);
+            .map_err(|e| format!("spawn node {id}: {e}"))
     }
-    Ok(children)
 }
 
-fn print_banner(args: &ClusterArgs, dir: &Path) {
-    println!(
-        "raft-lease KV cluster: {} nodes, data in {}",
-        args.nodes,
-        dir.display()
-    );
-    if args.insecure_peers {
-        println!("  peers: PLAINTEXT, UNAUTHENTICATED (--insecure-peers): local experiments only");
-    } else {
-        println!(
-            "  peers: mutual TLS, certificates in {}",
-            dir.join("tls").display()
-        );
-    }
-    if args.fault_injection {
-        let token = dir.join("admin.token");
-        println!(
-            "  /admin: curl -H \"Authorization: Bearer $(cat {})\" ...",
-            token.display()
-        );
-    }
-    for id in 1..=args.nodes {
-        println!(
-            "  node {id}: http://127.0.0.1:{}   log: {}",
-            args.base_port + 1000 + id as u16,
-            dir.join(format!("node{id}.log")).display()
-        );
-    }
-    let h = format!("127.0.0.1:{}", args.base_port + 1001);
-    println!("\nTry (a node that is not the leader answers 503 with leader_http):");
-    println!("  curl -s http://{h}/status");
-    println!("  curl -s -X PUT --data-binary 'hello' http://{h}/kv/greeting");
-    println!("  curl -s 'http://{h}/kv/greeting?read=lease'");
-    println!("  curl -s 'http://{h}/kv/greeting?read=index'");
-    println!("  curl -s http://{h}/metrics");
-    println!("\nCtrl-C stops every node.");
-}
-
-fn supervise(children: &mut [Child], stop: &AtomicBool) -> i32 {
-    while !stop.load(Ordering::Relaxed) {
-        for (i, c) in children.iter_mut().enumerate() {
-            if let Ok(Some(status)) = c.try_wait() {
-                eprintln!("node {} exited: {status}; stopping the cluster", i + 1);
+/// `kv cluster`.
+pub fn run(args: ClusterArgs) -> i32 {
+    let temp = match args.temp {
+        false => None,
+        true => match tempfile::Builder::new().prefix("raft-lease-kv-").tempdir() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("error: cannot create a temporary directory: {e}");
                 return 1;
             }
+        },
+    };
+    let dir = temp
+        .as_ref()
+        .map_or(args.data_dir.clone(), |t| t.path().to_path_buf());
+    let prepared = std::fs::create_dir_all(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))
+        .and_then(|_| layout(&args, &dir))
+        .and_then(|l| Plan::new(&args, &dir, l));
+    let plan = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
         }
-        std::thread::sleep(Duration::from_millis(200));
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        if let Err(e) = signal_hook::flag::register(sig, stop.clone()) {
+            eprintln!("error: cannot handle signals: {e}");
+            return 1;
+        }
     }
-    0
+    let code = crate::supervise::run(&plan, &stop, temp.is_some());
+    match temp {
+        Some(t) => {
+            drop(t);
+            println!("removed {}", dir.display());
+        }
+        None => println!(
+            "data kept in {}: run the same `kv cluster` command again to restart the nodes",
+            dir.display()
+        ),
+    }
+    code
 }
 
+/// Read console commands (`restart N`, `stop N`, `status`) into a channel, until stdin closes.
+pub fn console() -> crossbeam_channel::Receiver<String> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line.trim().to_string()).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Stop `children` with SIGTERM, then SIGKILL after 5 s.
 pub fn shutdown(children: Vec<Child>) {
     for c in &children {
         // SAFETY: sending SIGTERM to a child we spawned and have not reaped.
@@ -263,4 +361,39 @@ pub fn shutdown(children: Vec<Child>) {
         }
     }
     println!("all nodes stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_that_would_overflow_are_refused() {
+        let ok = Layout {
+            nodes: 3,
+            base_port: 7000,
+        };
+        assert_eq!(ok.check(), Ok(()));
+        assert_eq!((ok.peer_port(1), ok.http_port(3)), (7001, 8003));
+        let top = Layout {
+            nodes: 3,
+            base_port: 65535 - 1003,
+        };
+        assert_eq!(top.check(), Ok(()), "the last HTTP port is 65535");
+        for base in [65000, 65535 - 1002, 0] {
+            let e = Layout {
+                nodes: 3,
+                base_port: base,
+            }
+            .check()
+            .unwrap_err();
+            assert!(e.contains("--base-port"), "{base}: {e}");
+        }
+        assert!(Layout {
+            nodes: 10,
+            base_port: 7000
+        }
+        .check()
+        .is_err());
+    }
 }

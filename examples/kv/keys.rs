@@ -14,7 +14,9 @@ pub enum NameError {
     BadEscape,
     /// The decoded bytes are not UTF-8.
     NotUtf8,
+    /// Nothing at all.
     Empty,
+    /// Longer than [`MAX_NAME_BYTES`] (its length).
     TooLong(usize),
 }
 

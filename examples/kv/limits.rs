@@ -9,10 +9,15 @@ use clap::Args;
 /// HTTP limits, as flags of `kv node`.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct HttpLimits {
-    /// Open HTTP connections at most. When full, the oldest idle connection is closed to admit a
-    /// new one; with none idle, the new connection is refused.
+    /// Open HTTP connections at most. When full, a newcomer closes the connection that matters
+    /// least: one that never sent a request, then one idle between requests, then the slowest
+    /// body; a connection waiting for its answer is never closed.
     #[arg(long = "http-max-connections", default_value_t = 512)]
     pub max_connections: usize,
+    /// Open HTTP connections from one IP address at most; over it, a newcomer closes that
+    /// address's own least useful connection (behind a proxy, raise it to the maximum).
+    #[arg(long = "http-max-connections-per-ip", default_value_t = 128)]
+    pub max_connections_per_ip: usize,
     /// Largest request head (request line and headers), in bytes; more gets 431. At least 8192.
     #[arg(long = "http-max-header-bytes", default_value_t = 16 << 10)]
     pub max_header_bytes: usize,
@@ -26,34 +31,49 @@ pub struct HttpLimits {
     /// Time allowed to receive a whole request body; a slower body gets 408.
     #[arg(long = "http-body-timeout-ms", default_value_t = 10_000)]
     pub body_timeout_ms: u64,
+    /// Slowest body accepted, in bytes per second, after the first second: a body that falls
+    /// behind it gets 408 at once.
+    #[arg(long = "http-min-body-bytes-per-s", default_value_t = 16_384)]
+    pub min_body_bytes_per_s: u64,
 }
 
 /// hyper refuses a read buffer smaller than this.
 pub const MIN_HEADER_BYTES: usize = 8192;
-/// TLS handshakes (HTTPS and peers) must finish within this.
+/// HTTPS handshakes must finish within this (peers: `transport::HANDSHAKE_TIMEOUT`).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The grace before the minimum body rate applies.
+pub const BODY_GRACE: Duration = Duration::from_secs(1);
 
 impl HttpLimits {
     /// Refuse limits that would panic the server or make it useless.
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_connections == 0 {
-            return Err("--http-max-connections must be at least 1".into());
+        if self.max_connections == 0 || self.max_connections_per_ip == 0 {
+            return Err(
+                "--http-max-connections and --http-max-connections-per-ip must be at least 1"
+                    .into(),
+            );
         }
         if self.max_header_bytes < MIN_HEADER_BYTES {
             return Err(format!(
                 "--http-max-header-bytes must be at least {MIN_HEADER_BYTES}"
             ));
         }
-        if self.max_body_bytes == 0 || self.idle_timeout_ms == 0 || self.body_timeout_ms == 0 {
-            return Err("HTTP body size and timeouts must be positive".into());
+        if self.max_body_bytes == 0
+            || self.idle_timeout_ms == 0
+            || self.body_timeout_ms == 0
+            || self.min_body_bytes_per_s == 0
+        {
+            return Err("HTTP body size, body rate and timeouts must be positive".into());
         }
         Ok(())
     }
 
+    /// The idle / head timeout.
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.idle_timeout_ms)
     }
 
+    /// The whole-body timeout.
     pub fn body_timeout(&self) -> Duration {
         Duration::from_millis(self.body_timeout_ms)
     }
@@ -66,13 +86,12 @@ pub mod peer {
     /// Largest frame: a message longer than this travels in several frames. A length prefix
     /// above it closes the connection before anything is allocated.
     pub const MAX_FRAME_BYTES: usize = 1 << 20;
-    /// Largest message reassembled from frames (a snapshot of the whole store must fit). Memory
-    /// grows only as its bytes arrive, never on a length prefix's claim.
-    pub const MAX_MESSAGE_BYTES: usize = 1 << 30;
     /// Bytes read per step while a frame arrives.
     pub const READ_STEP_BYTES: usize = 64 << 10;
-    /// Inbound peer connections open at once, authenticated or not.
-    pub const MAX_CONNECTIONS: usize = 64;
+    /// Connections whose handshake is not done, at once.
+    pub const MAX_PENDING: usize = 64;
+    /// Connections whose handshake is not done, from one address.
+    pub const MAX_PENDING_PER_IP: usize = 16;
     /// Inbound connections per authenticated peer id (a reconnect may briefly overlap the old one).
     pub const MAX_CONNECTIONS_PER_PEER: usize = 4;
     /// A connection that delivers no frame for this long is closed (heartbeats come far more often).
@@ -118,6 +137,8 @@ mod tests {
             max_body_bytes: 1 << 20,
             idle_timeout_ms: 30_000,
             body_timeout_ms: 10_000,
+            max_connections_per_ip: 128,
+            min_body_bytes_per_s: 16_384,
         }
     }
 

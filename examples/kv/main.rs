@@ -1,43 +1,58 @@
 //! An example replicated KV store on raft-lease: separate processes, peers over mutual TLS,
-//! durable on redb, an HTTP front end with limits, lease reads on the HTTP workers, ReadIndex
-//! fallback, sessions, locks and fenced writes.
+//! durable on redb, an HTTP front end with limits where any node answers (307 to the leader),
+//! lease reads on the HTTP workers, ReadIndex fallback, group commit, membership changes over
+//! HTTP, sessions, locks and fenced writes. The raft loop (`raft_loop`, `raft_io`) is generic:
+//! copy it for a store of your own.
 //!
 //! ```sh
-//! cargo run --release --example kv -- cluster            # 3 local nodes with TLS; Ctrl-C stops them
+//! cargo run --release --example kv -- cluster            # 3 local nodes in ./kv-data; Ctrl-C stops them
 //! cargo run --release --example kv -- certs --dir /tmp/kv-tls --ids 1,2,3
-//! cargo run --release --example kv -- node --id 1 \
-//!     --peers 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003 --http 127.0.0.1:8001 --data-dir /tmp/kv1 \
+//! cargo run --release --example kv -- node --id 1 --cluster-id demo \
+//!     --peers 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003 --http 127.0.0.1:8001 \
+//!     --peer-http 1=127.0.0.1:8001,2=127.0.0.1:8002,3=127.0.0.1:8003 --data-dir /tmp/kv1 \
 //!     --peer-ca /tmp/kv-tls/ca.pem --peer-cert /tmp/kv-tls/node-1.pem --peer-key /tmp/kv-tls/node-1.key
 //! ```
 
 mod admin;
+mod app;
 mod args;
 mod bench;
+mod budget;
 mod certs;
+mod client;
 mod clock;
 mod cluster;
 mod conns;
 mod frame;
 mod http;
+mod http_errors;
 mod http_server;
+mod http_sessions;
+mod join;
 mod keys;
+mod kv_machine;
 mod limits;
+mod log;
 mod marker;
+mod members;
 mod metrics;
 mod node;
 mod peer_listen;
+mod raft_io;
+mod raft_loop;
 mod reply;
-mod server;
 mod state;
+mod status;
 mod storage;
+mod supervise;
 mod tls;
 mod transport;
 
 use clap::{Parser, Subcommand};
-use slog::{crit, o, Drain, Logger};
+use slog::crit;
 
 #[derive(Parser)]
-#[command(about = "A replicated KV store on raft-lease")]
+#[command(about = "A replicated KV store on raft-lease", version)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -51,17 +66,8 @@ enum Cmd {
     Cluster(cluster::ClusterArgs),
     /// Make a cluster CA and node certificates for a cluster started by hand.
     Certs(certs::CertsArgs),
-    /// Start a local cluster with a peer delay and compare HTTP lease reads with index reads.
+    /// Start a local 3-node cluster and measure HTTP writes, lease reads and index reads.
     Bench(bench::BenchArgs),
-}
-
-fn logger() -> Logger {
-    let decorator = slog_term::TermDecorator::new().stderr().build();
-    let drain = slog_term::FullFormat::new(decorator).build().fuse();
-    // raft-rs logs every message at debug level; keep info and above.
-    let drain = slog::LevelFilter::new(drain, slog::Level::Info).fuse();
-    let drain = slog_async::Async::new(drain).chan_size(4096).build().fuse();
-    Logger::root(drain, o!())
 }
 
 fn main() {
@@ -76,16 +82,18 @@ fn main() {
 }
 
 fn run_node(args: args::NodeArgs) -> i32 {
-    let log = logger();
-    let code = match node::run(&args, &log) {
+    let (log, flush) = log::stderr_logger();
+    let result = node::run(&args, &log);
+    if let Err(e) = &result {
+        crit!(log, "node failed"; "error" => %e, "exit_code" => e.code());
+    }
+    drop(log);
+    drop(flush); // every record logged so far is written before the process exits
+    match result {
         Ok(()) => 0,
         Err(e) => {
-            crit!(log, "node failed"; "error" => %e, "exit_code" => e.code());
-            eprintln!("error: {e}");
+            eprintln!("error: {e}"); // the last line, for `kv cluster` to show
             e.code()
         }
-    };
-    drop(log);
-    std::thread::sleep(std::time::Duration::from_millis(50)); // let the async logger flush
-    code
+    }
 }

@@ -14,35 +14,49 @@ use thiserror::Error;
 
 use crate::storage::{DiskStorage, StoreError};
 
+/// The marker's file name in a data dir.
 pub const MARKER_FILE: &str = "kv-node.json";
-const FORMAT: u32 = 1;
+/// Format 2: the raft log starts after a bootstrap snapshot at index 1 (so that nodes that join
+/// later always start from a snapshot), and membership carries addresses.
+const FORMAT: u32 = 2;
 
 /// What the marker records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Marker {
+    /// The dir's format.
     pub format: u32,
+    /// The cluster's id.
     pub cluster_id: String,
+    /// The node's raft id.
     pub node_id: u64,
 }
 
 /// Why a data dir was refused. The node exits with code 3.
 #[derive(Debug, Error)]
 pub enum DirError {
+    /// Another node's dir.
     #[error(
         "{dir}: this data dir belongs to node {found}, not node {expected}; refusing to start"
     )]
     OtherNode {
+        /// The dir.
         dir: String,
+        /// The node it belongs to.
         found: u64,
+        /// This node.
         expected: u64,
     },
+    /// Another cluster's dir.
     #[error(
         "{dir}: this data dir belongs to cluster {found:?}, not {expected:?}; refusing to start"
     )]
     OtherCluster {
+        /// The dir.
         dir: String,
+        /// The cluster it belongs to.
         found: String,
+        /// This node's cluster.
         expected: String,
     },
     #[error(
@@ -50,18 +64,50 @@ pub enum DirError {
          empty, which would forget this node's term and vote. Restore raft.redb from a backup, or \
          remove the node from the cluster and start it on a new, empty dir"
     )]
-    Store { dir: String, what: String },
+    /// A marked dir whose store is missing, empty, corrupt or another node's.
+    Store {
+        /// The dir.
+        dir: String,
+        /// What is wrong with the store.
+        what: String,
+    },
     #[error(
         "{dir}: holds raft state but no {MARKER_FILE} (another version, or tampered with); \
          refusing to start"
     )]
-    NoMarker { dir: String },
+    /// Raft state without a marker.
+    NoMarker {
+        /// The dir.
+        dir: String,
+    },
     #[error(
         "{dir}: its raft store is {what} (and the dir has no {MARKER_FILE}); refusing to start"
     )]
-    Unusable { dir: String, what: String },
+    /// An unmarked dir whose store cannot be used.
+    Unusable {
+        /// The dir.
+        dir: String,
+        /// What is wrong with the store.
+        what: String,
+    },
     #[error("{path}: unreadable marker: {why}")]
-    BadMarker { path: String, why: String },
+    /// A marker that cannot be read.
+    BadMarker {
+        /// The marker's path.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    #[error(
+        "{dir}: another process is using this data dir (a node already running on it?); refusing \
+         to start. Stop that process first; the dir itself is fine"
+    )]
+    /// Another process has the dir's store open.
+    InUse {
+        /// The dir.
+        dir: String,
+    },
+    /// The dir could not be read or written.
     #[error("{0}")]
     Io(String),
 }
@@ -105,21 +151,25 @@ fn write_marker(dir: &Path, m: &Marker) -> Result<(), DirError> {
 }
 
 /// Open the raft store in `dir` for node `node_id` of `cluster_id`, initializing a fresh dir
-/// with `voters`, and refusing a dir that is not this node's or whose store is not intact.
+/// from `bootstrap` (see `DiskStorage::create`), and refusing a dir that is not this node's,
+/// whose store is not intact, or that another process uses.
 pub fn open_data_dir(
     dir: &Path,
     cluster_id: &str,
     node_id: u64,
-    voters: &[u64],
+    bootstrap: Option<&raft::eraftpb::Snapshot>,
 ) -> Result<DiskStorage, DirError> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let d = dir.display().to_string();
     let Some(m) = read_marker(dir)? else {
-        let unusable = |e: StoreError| DirError::Unusable {
-            dir: d.clone(),
-            what: e.to_string(),
+        let unusable = |e: StoreError| match e {
+            StoreError::InUse => DirError::InUse { dir: d.clone() },
+            e => DirError::Unusable {
+                dir: d.clone(),
+                what: e.to_string(),
+            },
         };
-        let store = DiskStorage::create(dir, voters, node_id).map_err(unusable)?;
+        let store = DiskStorage::create(dir, bootstrap, node_id).map_err(unusable)?;
         if !store.is_pristine().map_err(unusable)? {
             return Err(DirError::NoMarker { dir: d });
         }
@@ -152,6 +202,7 @@ pub fn open_data_dir(
 
 fn store_err(dir: &str, e: StoreError) -> DirError {
     match e {
+        StoreError::InUse => DirError::InUse { dir: dir.into() },
         StoreError::OtherNode(found) => DirError::Store {
             dir: dir.into(),
             what: format!("node {found}'s, not this node's"),
@@ -167,13 +218,37 @@ fn store_err(dir: &str, e: StoreError) -> DirError {
 mod tests {
     use super::*;
 
+    fn boot() -> raft::eraftpb::Snapshot {
+        let mut s = raft::eraftpb::Snapshot::default();
+        s.mut_metadata().index = 1;
+        s.mut_metadata().term = 1;
+        s.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+        s
+    }
+
+    #[test]
+    fn a_dir_in_use_by_another_process_is_refused_as_in_use_not_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = open_data_dir(dir.path(), "c", 1, Some(&boot())).expect("fresh dir");
+        let e = open_data_dir(dir.path(), "c", 1, Some(&boot()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, DirError::InUse { .. }), "{e}");
+        assert!(
+            !e.to_string().contains("corrupt") && !e.to_string().contains("Restore"),
+            "{e}"
+        );
+        drop(open);
+        drop(open_data_dir(dir.path(), "c", 1, Some(&boot())).expect("free again"));
+    }
+
     #[test]
     fn a_marked_dir_refuses_another_node_a_missing_or_empty_store_and_an_unmarked_store() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        drop(open_data_dir(p, "c", 1, &[1, 2, 3]).expect("fresh dir"));
-        drop(open_data_dir(p, "c", 1, &[1, 2, 3]).expect("same node again"));
-        let e = open_data_dir(p, "c", 2, &[1, 2, 3])
+        drop(open_data_dir(p, "c", 1, Some(&boot())).expect("fresh dir"));
+        drop(open_data_dir(p, "c", 1, Some(&boot())).expect("same node again"));
+        let e = open_data_dir(p, "c", 2, Some(&boot()))
             .map(|_| ())
             .unwrap_err();
         assert!(
@@ -187,25 +262,25 @@ mod tests {
             ),
             "{e}"
         );
-        let e = open_data_dir(p, "d", 1, &[1, 2, 3])
+        let e = open_data_dir(p, "d", 1, Some(&boot()))
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::OtherCluster { .. }), "{e}");
         let store = p.join("raft.redb");
         std::fs::File::create(&store).unwrap(); // truncated to 0 bytes
-        let e = open_data_dir(p, "c", 1, &[1, 2, 3])
+        let e = open_data_dir(p, "c", 1, Some(&boot()))
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::Store { .. }), "{e}");
         std::fs::remove_file(&store).unwrap();
-        let e = open_data_dir(p, "c", 1, &[1, 2, 3])
+        let e = open_data_dir(p, "c", 1, Some(&boot()))
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::Store { .. }), "{e}");
         assert!(!store.exists(), "never re-created");
         // A store with state but no marker is refused; a pristine one is adopted.
         let other = tempfile::tempdir().unwrap();
-        let s = DiskStorage::create(other.path(), &[1], 1).unwrap();
+        let s = DiskStorage::create(other.path(), None, 1).unwrap();
         let hs = raft::eraftpb::HardState {
             term: 3,
             vote: 1,
@@ -213,7 +288,7 @@ mod tests {
         };
         s.persist(&[], Some(&hs)).unwrap();
         drop(s);
-        let e = open_data_dir(other.path(), "c", 1, &[1])
+        let e = open_data_dir(other.path(), "c", 1, None)
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::NoMarker { .. }), "{e}");

@@ -1,38 +1,52 @@
 //! `kv node`: check the options and the data dir, set up TLS, start the I/O runtime (HTTP and
-//! peers on tokio) and run the raft thread until SIGTERM/SIGINT or a fatal error.
+//! peers on tokio), run the raft loop until SIGTERM/SIGINT or a fatal error, then stop in order:
+//! the raft loop answers every request still waiting (503), the accept loops stop, open
+//! connections finish the request in hand, and the runtime shuts down.
 //!
 //! Exit codes: 0 stopped by a signal; 1 a fatal error (storage failure, a port in use);
-//! 2 bad options or TLS files; 3 the data dir was refused (another node's, or its store missing,
-//! empty or corrupt).
+//! 2 bad options or TLS files; 3 the data dir was refused (another node's, in use by another
+//! process, or its store missing, empty or corrupt).
 
 use std::collections::HashSet;
+use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
+use raft::eraftpb::Snapshot;
 use slog::{info, o, warn, Logger};
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 
-use crate::args::NodeArgs;
-use crate::limits::peer;
+use crate::app::App;
+use crate::args::{NodeArgs, NodeOptions};
+use crate::budget::Budget;
+use crate::conns::ConnTable;
 use crate::marker::DirError;
-use crate::server::{Runtime, Wiring};
+use crate::members::{Addrs, Members};
+use crate::raft_loop::{LoopConfig, RaftLoop, Wiring};
+use crate::state::KvState;
+use crate::storage::DiskStorage;
 use crate::tls::PeerTls;
 use crate::transport::{Transport, TransportConfig};
 
 /// Why a node stopped other than by a signal.
 #[derive(Debug, thiserror::Error)]
 pub enum Exit {
+    /// Bad options or TLS files.
     #[error("{0}")]
     Config(String),
+    /// The data dir was refused.
     #[error("{0}")]
     Dir(#[from] DirError),
+    /// A fatal error at run time.
     #[error("{0}")]
     Fatal(String),
 }
 
 impl Exit {
+    /// The process's exit code.
     pub fn code(&self) -> i32 {
         match self {
             Exit::Fatal(_) => 1,
@@ -66,6 +80,197 @@ fn peer_tls(args: &NodeArgs, log: &Logger) -> Result<Option<PeerTls>, Exit> {
     }
 }
 
+/// The address book a founding node starts with: `--peers` and `--peer-http`.
+fn founding_members(o: &NodeOptions) -> Members {
+    let addrs = o
+        .peers
+        .iter()
+        .map(|(&id, peer)| {
+            let http = o.peer_http.get(&id).cloned();
+            (
+                id,
+                Addrs {
+                    peer: peer.clone(),
+                    http,
+                },
+            )
+        })
+        .collect();
+    Members {
+        addrs,
+        removed: Default::default(),
+    }
+}
+
+/// The cluster's first snapshot, the same on every founding node: index 1, term 1, the voters
+/// of `--peers`, their addresses, an empty store. A joining node starts with none.
+fn bootstrap(o: &NodeOptions) -> Option<Snapshot> {
+    if o.join.is_some() {
+        return None;
+    }
+    let mut state = KvState::new();
+    state.advance(1);
+    let data = crate::raft_io::envelope(&founding_members(o), &state.snapshot());
+    let mut s = Snapshot {
+        data: data.into(),
+        ..Default::default()
+    };
+    let m = s.mut_metadata();
+    (m.index, m.term) = (1, 1);
+    m.mut_conf_state().voters = o.peers.keys().copied().collect();
+    Some(s)
+}
+
+/// The raft and lease configs for these options, validated by `LeaseNode::new`.
+fn configs(o: &NodeOptions) -> (raft::Config, raft_lease::LeaseConfig) {
+    let election_tick = (o.election_ms / o.tick_ms).max(2) as usize;
+    let heartbeat_tick = (o.heartbeat_ms / o.tick_ms).max(1) as usize;
+    let rc = raft::Config {
+        id: o.id,
+        election_tick,
+        heartbeat_tick,
+        check_quorum: true,
+        pre_vote: true,
+        max_size_per_msg: 1 << 20,
+        max_inflight_msgs: 256,
+        max_uncommitted_size: o.max_inflight_bytes,
+        ..raft::Config::default()
+    };
+    let safeties = if o.unsafe_lease_based {
+        raft_lease::Safeties::raft_lease_based()
+    } else {
+        raft_lease::Safeties::default()
+    };
+    let lease = raft_lease::LeaseConfig {
+        promise_ms: election_tick as u64 * o.tick_ms,
+        drift_ppm: o.drift_ppm,
+        margin_ms: o.margin_ms,
+        renew_below_pct: 33,
+        safeties,
+        seed: o.id,
+    };
+    (rc, lease)
+}
+
+/// The sockets a node listens on.
+struct Listeners {
+    peer: TcpListener,
+    http: TcpListener,
+}
+
+fn bind(rt: &tokio::runtime::Runtime, o: &NodeOptions) -> Result<Listeners, Exit> {
+    let own = &o.peers[&o.id];
+    let peer_addr = own
+        .to_socket_addrs()
+        .map_err(|e| fatal(format!("peer address {own}: {e}")))?
+        .next()
+        .ok_or_else(|| fatal(format!("peer address {own} resolves to nothing")))?;
+    let peer = rt
+        .block_on(TcpListener::bind(peer_addr))
+        .map_err(|e| fatal(format!("peer listen {peer_addr}: {e}")))?;
+    let http = rt
+        .block_on(TcpListener::bind(o.http))
+        .map_err(|e| fatal(format!("http listen {}: {e}", o.http)))?;
+    Ok(Listeners { peer, http })
+}
+
+/// The transport's settings: the address book starts with `--peers` and `--peer-http`.
+fn transport_config(opts: &NodeOptions, tls: Option<PeerTls>, log: &Logger) -> TransportConfig {
+    TransportConfig {
+        my_id: opts.id,
+        started_with: opts.peers.clone(),
+        members: Arc::new(RwLock::new(founding_members(opts))),
+        peer_delay_ms: Arc::new(opts.peer_delay_ms.into()),
+        blocked: Arc::new(RwLock::new(HashSet::new())),
+        metrics: Arc::new(crate::metrics::Metrics::default()),
+        logger: log.clone(),
+        tls,
+        peer_budget: Budget::new(opts.max_message_bytes() as u64 + (64 << 20)),
+        max_message_bytes: opts.max_message_bytes(),
+    }
+}
+
+/// Everything a running node is made of, apart from the raft loop itself.
+struct Running {
+    app: Arc<App>,
+    stop_tx: watch::Sender<bool>,
+    stop: Arc<AtomicBool>,
+}
+
+/// Wire the raft loop, the transport and the HTTP side, and start the I/O tasks.
+fn start(
+    args: &NodeArgs,
+    opts: NodeOptions,
+    storage: DiskStorage,
+    rt: &tokio::runtime::Runtime,
+    log: &Logger,
+) -> Result<(RaftLoop<KvState>, Running), Exit> {
+    let tls = peer_tls(args, log)?;
+    let http_tls = match (&args.http_cert, &args.http_key) {
+        (Some(c), Some(k)) => Some(crate::tls::http_acceptor(c, k).map_err(config)?),
+        _ => None,
+    };
+    let listeners = bind(rt, &opts)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, stop.clone()).map_err(fatal)?;
+    }
+    let tcfg = transport_config(&opts, tls, log);
+    let (metrics, members) = (tcfg.metrics.clone(), tcfg.members.clone());
+    let (inbox_tx, inbox) = crossbeam_channel::bounded(8192);
+    let (reports_tx, reports) = crossbeam_channel::bounded(8192);
+    let reports_tx = (!opts.no_transport_reports).then_some(reports_tx);
+    let transport = Transport::new(&tcfg, rt.handle(), reports_tx);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    rt.spawn(crate::peer_listen::listen(
+        listeners.peer,
+        inbox_tx,
+        tcfg.clone(),
+        stop_rx.clone(),
+    ));
+    let wiring = Wiring {
+        storage,
+        transport,
+        inbox,
+        reports,
+        members,
+        clock: Arc::new(crate::clock::ScaledClock::new()),
+        stop: stop.clone(),
+        metrics: metrics.clone(),
+    };
+    let (rc, lease) = configs(&opts);
+    let cfg = LoopConfig {
+        tick_ms: opts.tick_ms,
+        snapshot_every: opts.snapshot_every,
+        max_batch: 1024,
+        queue_len: 4096,
+        admission_checks: !opts.no_admission_checks,
+    };
+    let (raft_loop, shared) = RaftLoop::open(rc, lease, cfg, wiring, log.clone()).map_err(fatal)?;
+    let app = Arc::new(App {
+        raft: shared,
+        inflight: Budget::new(opts.max_inflight_bytes),
+        conns: ConnTable::new(
+            args.http_limits.max_connections,
+            args.http_limits.max_connections_per_ip,
+        ),
+        limits: args.http_limits.clone(),
+        metrics,
+        blocked: tcfg.blocked.clone(),
+        peer_delay_ms: tcfg.peer_delay_ms.clone(),
+        scheme: if http_tls.is_some() { "https" } else { "http" },
+        opts,
+    });
+    rt.spawn(crate::http_server::serve(
+        listeners.http,
+        http_tls,
+        app.clone(),
+        stop_rx,
+        log.clone(),
+    ));
+    Ok((raft_loop, Running { app, stop_tx, stop }))
+}
+
 /// Run a node until it is stopped.
 pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
     let opts = args.options().map_err(config)?;
@@ -73,71 +278,32 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
     if opts.unsafe_lease_based {
         warn!(log, "!!! --unsafe-lease-based: raft-rs LeaseBased reads can be STALE. For demonstrations only. !!!");
     }
-    let tls = peer_tls(args, &log)?;
-    let http_tls = match (&args.http_cert, &args.http_key) {
-        (Some(c), Some(k)) => Some(crate::tls::http_acceptor(c, k).map_err(config)?),
-        _ => None,
-    };
-    let fds = args.http_limits.max_connections + peer::MAX_CONNECTIONS + 64;
+    let fds = args.http_limits.max_connections + crate::limits::peer::MAX_PENDING + 256;
     crate::limits::ensure_open_files(fds as u64).map_err(config)?;
-    let voters: Vec<u64> = opts.peers.keys().copied().collect();
-    let storage = crate::marker::open_data_dir(&opts.data_dir, &opts.cluster_id, opts.id, &voters)?;
+    let storage = crate::marker::open_data_dir(
+        &opts.data_dir,
+        &opts.cluster_id,
+        opts.id,
+        bootstrap(&opts).as_ref(),
+    )?;
     // A file-size limit (or a full disk) must be a storage error, not a silent kill.
     // SAFETY: ignoring a signal has no preconditions.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, stop.clone()).map_err(fatal)?;
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.http_threads.max(1))
         .thread_name("kv-io")
         .enable_all()
         .build()
         .map_err(fatal)?;
-    let peer_addr = opts.peers[&opts.id];
-    let peer_listener = rt
-        .block_on(TcpListener::bind(peer_addr))
-        .map_err(|e| fatal(format!("peer listen {peer_addr}: {e}")))?;
-    let http_listener = rt
-        .block_on(TcpListener::bind(opts.http))
-        .map_err(|e| fatal(format!("http listen {}: {e}", opts.http)))?;
-    let blocked = Arc::new(RwLock::new(HashSet::new()));
-    let metrics = Arc::new(crate::metrics::Metrics::default());
-    let tcfg = TransportConfig {
-        my_id: opts.id,
-        peers: opts.peers.clone(),
-        peer_delay: Duration::from_millis(opts.peer_delay_ms),
-        blocked: blocked.clone(),
-        metrics: metrics.clone(),
-        logger: log.clone(),
-        tls,
-    };
-    let (inbox_tx, inbox) = crossbeam_channel::bounded(8192);
-    let transport = Transport::start(&tcfg, rt.handle());
-    rt.spawn(crate::peer_listen::listen(peer_listener, inbox_tx, tcfg));
-    let wiring = Wiring {
-        inbox,
-        transport,
-        blocked,
-        metrics,
-        stop: stop.clone(),
-    };
-    let (runtime, shared) =
-        Runtime::open(opts.clone(), storage, wiring, log.clone()).map_err(fatal)?;
-    let limits = Arc::new(args.http_limits.clone());
-    rt.spawn(crate::http_server::serve(
-        http_listener,
-        http_tls,
-        shared,
-        limits,
-        log.clone(),
-    ));
-    info!(log, "node up"; "http" => %opts.http, "peer" => %peer_addr, "data_dir" => %opts.data_dir.display(),
-          "peer_tls" => !opts.insecure_peers, "https" => args.http_cert.is_some());
-    let result = runtime.run(); // returns on SIGTERM/SIGINT or a fatal storage error
-    stop.store(true, Ordering::Relaxed);
-    rt.shutdown_timeout(Duration::from_millis(500));
+    let (raft_loop, running) = start(args, opts.clone(), storage, &rt, &log)?;
+    if let Some(join) = opts.join.clone() {
+        let (app, stop, log) = (running.app.clone(), running.stop.clone(), log.clone());
+        std::thread::spawn(move || crate::join::run(app, join, stop, log));
+    }
+    info!(log, "node up"; "http" => %opts.http, "peer" => &opts.peers[&opts.id], "data_dir" => %opts.data_dir.display(),
+          "peer_tls" => !opts.insecure_peers, "join" => ?opts.join);
+    let result = raft_loop.run(); // returns on SIGTERM/SIGINT or a fatal storage error
+    stop(rt, running);
     match result {
         Ok(()) => {
             info!(log, "node stopped");
@@ -145,4 +311,15 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
         }
         Err(e) => Err(fatal(format!("storage failed: {e}"))),
     }
+}
+
+/// Stop the I/O side: accept loops at once, connections after the request in hand.
+fn stop(rt: tokio::runtime::Runtime, running: Running) {
+    running.stop.store(true, Ordering::Relaxed);
+    let _ = running.stop_tx.send(true);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while running.app.conns.len() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5)); // polls a condition, with a deadline
+    }
+    rt.shutdown_timeout(Duration::from_millis(200));
 }

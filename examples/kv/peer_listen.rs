@@ -1,10 +1,19 @@
 //! Peer transport, receiving side: accept peer connections, authenticate them (mutual TLS), and
 //! deliver the raft messages they carry to the raft thread's inbox.
 //!
-//! A message is dropped (and counted) unless it is addressed to this node, comes from a known
-//! peer, names the same sender as the certificate of the connection it came on, and is of a
-//! type peers send each other (never a proposal or a node-local message). Connections are
-//! bounded in number, in number per peer, and in idle time; frames are bounded in size.
+//! Until a connection has authenticated (its TLS handshake done, or with `--insecure-peers` its
+//! first message read) it holds a place in a small table of pending handshakes, at most
+//! [`peer::MAX_PENDING_PER_IP`] from one address and [`peer::MAX_PENDING`] in all, for at most
+//! `HANDSHAKE_TIMEOUT`. A newcomer over a limit closes the pending connection that matters least
+//! (one that has sent nothing, oldest first; see `conns`), never itself: idle sockets opened by
+//! anyone who reaches the port cannot keep members from connecting. An authenticated connection
+//! takes one of [`peer::MAX_CONNECTIONS_PER_PEER`] places of its member instead.
+//!
+//! A message is dropped (and counted) unless it is addressed to this node, comes from a member in
+//! the address book (or one this node was started with) that was not removed, names the same
+//! sender as the certificate of the connection it came on, and is of a type peers send each
+//! other (never a proposal or a node-local message). Frames are bounded in size, and the bytes of
+//! messages being received or waiting for the raft thread in the peer byte budget.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,13 +23,16 @@ use raft::eraftpb::{Message, MessageType};
 use slog::{info, warn, Logger};
 use tokio::io::{AsyncRead, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::watch;
 use tokio::time::timeout;
 
+use crate::budget::Ticket;
+use crate::conns::{Admission, ConnTable, Guard, Phase};
 use crate::frame::read_message;
-use crate::limits::{peer, HANDSHAKE_TIMEOUT};
+use crate::limits::peer;
+use crate::raft_loop::Inbound;
 use crate::tls::peer_node_id;
-use crate::transport::TransportConfig;
+use crate::transport::{TransportConfig, HANDSHAKE_TIMEOUT};
 
 /// Open inbound connections per authenticated peer id.
 type PerPeer = Arc<Mutex<HashMap<u64, usize>>>;
@@ -51,10 +63,15 @@ impl Drop for PeerSlot {
 /// Why a decoded message was dropped.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reject {
-    /// Not for this node, or from no known peer.
+    /// Not for this node, or from no member.
     Misaddressed,
     /// `from` is not the id in the connection's certificate.
-    Spoofed { claimed: u64, cert: u64 },
+    Spoofed {
+        /// The sender the message names.
+        claimed: u64,
+        /// The id in the certificate.
+        cert: u64,
+    },
     /// A type peers never send each other.
     Type(MessageType),
 }
@@ -71,7 +88,8 @@ fn peer_type(t: MessageType) -> bool {
 
 /// Whether `msg`, received on a connection authenticated as `cert_id`, may reach raft.
 pub fn check(msg: &Message, cert_id: Option<u64>, cfg: &TransportConfig) -> Result<(), Reject> {
-    if msg.to != cfg.my_id || msg.from == cfg.my_id || !cfg.peers.contains_key(&msg.from) {
+    let member = cfg.members.read().accepts(msg.from, &cfg.started_with);
+    if msg.to != cfg.my_id || msg.from == cfg.my_id || !member {
         return Err(Reject::Misaddressed);
     }
     if let Some(cert) = cert_id.filter(|&c| c != msg.from) {
@@ -86,116 +104,183 @@ pub fn check(msg: &Message, cert_id: Option<u64>, cfg: &TransportConfig) -> Resu
     Ok(())
 }
 
-/// Accept peer connections until the runtime is shut down.
+/// What every connection task needs.
+struct Ctx {
+    inbox: crossbeam_channel::Sender<Inbound>,
+    cfg: TransportConfig,
+    per_peer: PerPeer,
+    pending: Arc<ConnTable>,
+}
+
+/// Accept peer connections until `stop` changes.
 pub async fn listen(
     listener: TcpListener,
-    inbox: crossbeam_channel::Sender<Message>,
+    inbox: crossbeam_channel::Sender<Inbound>,
     cfg: TransportConfig,
+    mut stop: watch::Receiver<bool>,
 ) {
-    let open = Arc::new(Semaphore::new(peer::MAX_CONNECTIONS));
-    let per_peer: PerPeer = Arc::default();
+    let ctx = Arc::new(Ctx {
+        inbox,
+        cfg,
+        per_peer: Arc::default(),
+        pending: ConnTable::new(peer::MAX_PENDING, peer::MAX_PENDING_PER_IP),
+    });
     loop {
-        let tcp = match listener.accept().await {
-            Ok((tcp, _)) => tcp,
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(a) => a,
             Err(e) => {
-                warn!(cfg.logger, "peer accept failed; retrying"; "error" => %e);
+                warn!(ctx.cfg.logger, "peer accept failed; retrying"; "error" => %e);
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };
-        let Ok(permit) = open.clone().try_acquire_owned() else {
-            cfg.metrics.peer_refused.inc();
+        let Some((guard, admission)) = ctx.pending.admit(remote.ip()) else {
+            ctx.cfg.metrics.peer_refused.inc();
             continue;
         };
-        let (inbox, cfg, per_peer) = (inbox.clone(), cfg.clone(), per_peer.clone());
+        if let Admission::Evicted(_) = admission {
+            ctx.cfg.metrics.peer_evicted.inc();
+        }
+        let ctx = ctx.clone();
         tokio::spawn(async move {
-            connection(tcp, inbox, &cfg, per_peer).await;
-            drop(permit);
+            let close = guard.slot.clone();
+            tokio::select! {
+                _ = connection(tcp, guard, &ctx) => {}
+                _ = close.close.notified() => {}
+            }
         });
     }
 }
 
-async fn connection(
-    tcp: TcpStream,
-    inbox: crossbeam_channel::Sender<Message>,
-    cfg: &TransportConfig,
-    per_peer: PerPeer,
-) {
+/// Authenticate the connection within the handshake timeout, then receive from it.
+async fn connection(tcp: TcpStream, pending: Guard, ctx: &Ctx) {
     let remote = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let log = cfg.logger.new(slog::o!("remote" => remote));
-    let Some(tls) = &cfg.tls else {
-        return recv_loop(tcp, None, inbox, cfg, &log).await;
+    let log = ctx.cfg.logger.new(slog::o!("remote" => remote));
+    // A connection that sent a byte has started: it is closed after those that sent nothing.
+    let started = async {
+        let _ = tcp.readable().await;
+        pending.set(Phase::Idle);
+    };
+    if timeout(HANDSHAKE_TIMEOUT, started).await.is_err() {
+        return;
+    }
+    let Some(tls) = &ctx.cfg.tls else {
+        return insecure(tcp, pending, ctx, &log).await;
     };
     let stream = match timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp)).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            cfg.metrics.peer_tls_failures.inc();
-            warn!(log, "peer TLS handshake failed; closed"; "error" => %e);
-            return;
-        }
-        Err(_) => {
-            cfg.metrics.peer_tls_failures.inc();
-            warn!(log, "peer TLS handshake timed out; closed");
+        failed => {
+            ctx.cfg.metrics.peer_tls_failures.inc();
+            let why = failed.map_or("timed out".to_string(), |r| {
+                r.err().map(|e| e.to_string()).unwrap_or_default()
+            });
+            warn!(log, "peer TLS handshake failed; closed"; "error" => why);
             return;
         }
     };
     let cert_id = peer_node_id(stream.get_ref().1);
-    let Some(id) = cert_id.filter(|id| cfg.peers.contains_key(id) && *id != cfg.my_id) else {
-        cfg.metrics.peer_tls_failures.inc();
+    let member = |id: &u64| {
+        *id != ctx.cfg.my_id && ctx.cfg.members.read().accepts(*id, &ctx.cfg.started_with)
+    };
+    let Some(id) = cert_id.filter(member) else {
+        ctx.cfg.metrics.peer_tls_failures.inc();
         warn!(log, "peer certificate names no other member; closed"; "cert_id" => ?cert_id);
         return;
     };
-    let Some(_slot) = PeerSlot::take(&per_peer, id) else {
-        cfg.metrics.peer_refused.inc();
+    drop(pending); // authenticated: it no longer counts as a pending handshake
+    let Some(_slot) = PeerSlot::take(&ctx.per_peer, id) else {
+        ctx.cfg.metrics.peer_refused.inc();
         warn!(log, "too many connections from this peer; closed"; "peer" => id);
         return;
     };
     info!(log, "peer connected"; "peer" => id);
-    recv_loop(stream, Some(id), inbox, cfg, &log).await
+    recv_loop(BufReader::new(stream), Some(id), ctx, &log).await
+}
+
+/// `--insecure-peers`: the first message names the peer (nothing proves it).
+async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
+    let mut r = BufReader::new(tcp);
+    let budget = &ctx.cfg.peer_budget;
+    let first = timeout(
+        HANDSHAKE_TIMEOUT,
+        read_message(&mut r, ctx.cfg.max_message_bytes, budget),
+    )
+    .await;
+    let (msg, ticket) = match first {
+        Ok(Ok(Some(m))) => m,
+        Ok(Err(e)) => {
+            ctx.cfg.metrics.bad_frames.inc();
+            warn!(log, "bad frame on a peer socket; closing it"; "error" => %e);
+            return;
+        }
+        _ => return,
+    };
+    drop(pending);
+    let Some(_slot) = PeerSlot::take(&ctx.per_peer, msg.from) else {
+        ctx.cfg.metrics.peer_refused.inc();
+        return;
+    };
+    deliver(msg, ticket, None, ctx, log, &mut false);
+    recv_loop(r, None, ctx, log).await
 }
 
 async fn recv_loop<R: AsyncRead + Unpin>(
-    r: R,
+    mut r: BufReader<R>,
     cert_id: Option<u64>,
-    inbox: crossbeam_channel::Sender<Message>,
-    cfg: &TransportConfig,
+    ctx: &Ctx,
     log: &Logger,
 ) {
-    let mut r = BufReader::new(r);
     let mut warned = false;
     loop {
-        let msg = match timeout(
-            peer::IDLE_TIMEOUT,
-            read_message(&mut r, peer::MAX_MESSAGE_BYTES),
-        )
-        .await
-        {
+        let read = read_message(&mut r, ctx.cfg.max_message_bytes, &ctx.cfg.peer_budget);
+        let (msg, ticket) = match timeout(peer::IDLE_TIMEOUT, read).await {
             Err(_) | Ok(Ok(None)) => return, // idle or closed
             Ok(Err(e)) => {
-                cfg.metrics.bad_frames.inc();
+                ctx.cfg.metrics.bad_frames.inc();
                 warn!(log, "bad frame on a peer socket; closing it"; "error" => %e);
                 return;
             }
             Ok(Ok(Some(m))) => m,
         };
-        if let Err(reject) = check(&msg, cert_id, cfg) {
-            match reject {
-                Reject::Spoofed { .. } => cfg.metrics.peer_spoofed.inc(),
-                Reject::Type(_) => cfg.metrics.peer_refused_types.inc(),
-                Reject::Misaddressed => cfg.metrics.bad_frames.inc(),
-            }
-            if !std::mem::replace(&mut warned, true) {
-                warn!(log, "peer message dropped"; "reason" => ?reject, "from" => msg.from, "to" => msg.to);
-            }
-            continue;
+        deliver(msg, ticket, cert_id, ctx, log, &mut warned);
+    }
+}
+
+/// Check `msg` and hand it to the raft thread with its bytes' ticket.
+fn deliver(
+    msg: Message,
+    ticket: Ticket,
+    cert_id: Option<u64>,
+    ctx: &Ctx,
+    log: &Logger,
+    warned: &mut bool,
+) {
+    let cfg = &ctx.cfg;
+    if let Err(reject) = check(&msg, cert_id, cfg) {
+        match reject {
+            Reject::Spoofed { .. } => cfg.metrics.peer_spoofed.inc(),
+            Reject::Type(_) => cfg.metrics.peer_refused_types.inc(),
+            Reject::Misaddressed => cfg.metrics.bad_frames.inc(),
         }
-        cfg.metrics.received(msg.get_msg_type());
-        if cfg.blocked.read().contains(&msg.from) {
-            continue;
+        if !std::mem::replace(warned, true) {
+            warn!(log, "peer message dropped"; "reason" => ?reject, "from" => msg.from, "to" => msg.to);
         }
-        if inbox.try_send(msg).is_err() {
-            cfg.metrics.dropped_full.inc();
-        }
+        return;
+    }
+    cfg.metrics.received(msg.get_msg_type());
+    if cfg.blocked.read().contains(&msg.from) {
+        return;
+    }
+    let inbound = Inbound {
+        msg,
+        ticket: Some(ticket),
+    };
+    if ctx.inbox.try_send(inbound).is_err() {
+        cfg.metrics.dropped_full.inc();
     }
 }
 
@@ -206,17 +291,20 @@ mod tests {
     fn cfg() -> TransportConfig {
         TransportConfig {
             my_id: 1,
-            peers: [
-                (1, "127.0.0.1:1".parse().unwrap()),
-                (2, "127.0.0.1:2".parse().unwrap()),
-                (3, "127.0.0.1:3".parse().unwrap()),
+            started_with: [
+                (1, "127.0.0.1:1".to_string()),
+                (2, "127.0.0.1:2".to_string()),
+                (3, "127.0.0.1:3".to_string()),
             ]
             .into(),
-            peer_delay: std::time::Duration::ZERO,
+            members: Arc::default(),
+            peer_delay_ms: Arc::default(),
             blocked: Arc::default(),
             metrics: Arc::default(),
             logger: Logger::root(slog::Discard, slog::o!()),
             tls: None,
+            peer_budget: crate::budget::Budget::new(1 << 20),
+            max_message_bytes: 1 << 20,
         }
     }
 
@@ -268,5 +356,19 @@ mod tests {
         ] {
             assert_eq!(check(&msg(3, 1, t), Some(3), &c), Ok(()));
         }
+        // A removed member is refused; a member added later is accepted.
+        c.members.write().removed.insert(3);
+        assert_eq!(
+            check(&msg(3, 1, hb), Some(3), &c),
+            Err(Reject::Misaddressed)
+        );
+        c.members.write().addrs.insert(
+            9,
+            crate::members::Addrs {
+                peer: "127.0.0.1:9".into(),
+                http: None,
+            },
+        );
+        assert_eq!(check(&msg(9, 1, hb), Some(9), &c), Ok(()));
     }
 }

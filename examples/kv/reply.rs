@@ -1,4 +1,8 @@
 //! An HTTP answer: a status, a body (JSON unless said otherwise) and a few extra headers.
+//!
+//! Every error, on every route, has one shape: `{"error": code, "detail": text}`, with a few more
+//! fields where they help (`leader_id` on `not_leader`, say). hyper's own answers to malformed
+//! requests are given the same shape by `http_errors`.
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -7,6 +11,7 @@ use serde_json::{json, Value};
 
 /// A response before it becomes a hyper `Response`.
 pub struct Reply {
+    /// The HTTP status.
     pub status: u16,
     body: Bytes,
     content_type: &'static str,
@@ -23,9 +28,21 @@ pub fn reply(status: u16, body: Value) -> Reply {
     }
 }
 
-/// A JSON error: `{"error": what, "detail": detail}`.
-pub fn error(status: u16, what: &str, detail: impl Into<String>) -> Reply {
-    reply(status, json!({"error": what, "detail": detail.into()}))
+/// A JSON error: `{"error": code, "detail": detail}`.
+pub fn error(status: u16, code: &str, detail: impl Into<String>) -> Reply {
+    error_with(status, code, detail, json!({}))
+}
+
+/// A JSON error with more fields (an object's fields are added to `error` and `detail`).
+pub fn error_with(status: u16, code: &str, detail: impl Into<String>, more: Value) -> Reply {
+    debug_assert!(status >= 300, "an error with status {status}");
+    let mut body = json!({"error": code, "detail": detail.into()});
+    if let (Some(b), Value::Object(m)) = (body.as_object_mut(), more) {
+        for (k, v) in m {
+            b.entry(k).or_insert(v);
+        }
+    }
+    reply(status, body)
 }
 
 impl Reply {
@@ -54,8 +71,13 @@ impl Reply {
             b = b.header(*name, value.as_str());
         }
         b.body(Full::new(self.body)).unwrap_or_else(|_| {
-            let mut r = Response::new(Full::new(Bytes::from_static(b"bad response header")));
+            let body = json!({"error": "bad_response", "detail": "a response header was invalid"});
+            let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
             *r.status_mut() = hyper::StatusCode::INTERNAL_SERVER_ERROR;
+            r.headers_mut().insert(
+                "content-type",
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
             r
         })
     }

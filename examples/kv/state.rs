@@ -25,49 +25,101 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Command {
-    /// Write a key. `session` ties it to a session; `fence` is `(lock, token)`.
+    /// Write a key. `session` ties it to a session (a put without one unties it); `fence` is
+    /// `(lock, token)`. `now_ns` is the leader's clock when it proposed a put with a session.
     Put {
-        req: u64,
+        /// The key.
         key: String,
+        /// The session the key is tied to.
         session: Option<u64>,
+        /// The lock and token the write is fenced with.
         fence: Option<(String, u64)>,
+        /// The proposing leader's clock (with a session).
+        #[serde(default)]
+        now_ns: u64,
     },
     /// Delete a key.
-    Delete { req: u64, key: String },
+    Delete {
+        /// The key.
+        key: String,
+    },
     /// Start a session.
-    SessionGrant { req: u64, ttl_ms: u64, now_ns: u64 },
+    SessionGrant {
+        /// Its time to live.
+        ttl_ms: u64,
+        /// The proposing leader's clock.
+        now_ns: u64,
+    },
     /// Refresh sessions.
     SessionKeepalive {
-        req: u64,
+        /// The sessions.
         ids: Vec<u64>,
+        /// The proposing leader's clock.
         now_ns: u64,
     },
     /// End a session.
-    SessionRevoke { req: u64, id: u64 },
+    SessionRevoke {
+        /// The session.
+        id: u64,
+    },
     /// Take a lock for a session.
     Lock {
-        req: u64,
+        /// The lock.
         name: String,
+        /// The session.
         session: u64,
+        /// The proposing leader's clock.
         now_ns: u64,
     },
+    /// Release a lock a session holds: under `token` if given (safe to retry: a later lock of
+    /// the same name has a larger token), else under whatever token it holds now.
+    Unlock {
+        /// The lock.
+        name: String,
+        /// The session that holds it.
+        session: u64,
+        /// The token it holds the lock under.
+        #[serde(default)]
+        token: Option<u64>,
+    },
     /// A new leader re-bases every session on its clock (a full TTL from `now_ns`).
-    Takeover { term: u64, now_ns: u64 },
+    Takeover {
+        /// The new leader's term.
+        term: u64,
+        /// Its clock.
+        now_ns: u64,
+    },
     /// End sessions whose TTL ran out by `now_ns` on the leader of `term`.
-    Expire { term: u64, now_ns: u64 },
+    Expire {
+        /// The leader's term.
+        term: u64,
+        /// Its clock.
+        now_ns: u64,
+    },
 }
 
 impl Command {
-    /// The request id a client waits on, if any.
-    pub fn req(&self) -> Option<u64> {
+    /// Whether the command carries the leader's clock, and so needs the sessions to be on it.
+    pub fn on_leader_clock(&self) -> bool {
+        matches!(
+            self,
+            Command::Put {
+                session: Some(_),
+                ..
+            } | Command::SessionGrant { .. }
+                | Command::SessionKeepalive { .. }
+                | Command::Lock { .. }
+        )
+    }
+
+    /// Fill in the proposing leader's clock reading.
+    pub fn set_now(&mut self, now: u64) {
         match self {
-            Command::Put { req, .. }
-            | Command::Delete { req, .. }
-            | Command::SessionGrant { req, .. }
-            | Command::SessionKeepalive { req, .. }
-            | Command::SessionRevoke { req, .. }
-            | Command::Lock { req, .. } => Some(*req),
-            Command::Takeover { .. } | Command::Expire { .. } => None,
+            Command::Put { now_ns, .. }
+            | Command::SessionGrant { now_ns, .. }
+            | Command::SessionKeepalive { now_ns, .. }
+            | Command::Lock { now_ns, .. } => *now_ns = now,
+            _ => {}
         }
     }
 }
@@ -94,53 +146,90 @@ pub enum Outcome {
     /// A lock was taken with this fencing token.
     Token(u64),
     /// Sessions refreshed, and ids that named no live session.
-    KeepAlive { refreshed: usize, unknown: Vec<u64> },
+    KeepAlive {
+        /// How many were refreshed.
+        refreshed: usize,
+        /// Ids of no live session.
+        unknown: Vec<u64>,
+    },
     /// A session was ended.
     Revoked,
+    /// A lock was released.
+    Unlocked,
+    /// Housekeeping applied (nobody waits on it).
+    Housekeeping,
     /// The command was refused.
     Refused(Refusal),
 }
 
-/// Why a command was refused (deterministically, on every replica).
+/// Why a command was refused (deterministically, on every replica; or by the leader before it
+/// was proposed: `NotReady`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
+    /// No live session with this id.
     UnknownSession(u64),
+    /// Another session holds the lock.
     LockHeld {
+        /// The session holding it.
         holder: u64,
     },
     /// A fence whose token is not the lock's current one.
     StaleFence {
+        /// The token given.
         token: u64,
+        /// The lock's current token.
         current: u64,
     },
-    /// A fence for a lock that nobody holds.
+    /// A fence for a lock that nobody holds, or an unlock by a session that does not hold it.
     LockNotHeld {
+        /// The lock.
         lock: String,
     },
+    /// A TTL of 0 or over the maximum.
     BadTtl {
+        /// The TTL given.
         ttl_ms: u64,
+        /// The maximum.
         max_ttl_ms: u64,
     },
     /// A key or lock name over the limits (only a forged or buggy proposal gets this far).
     BadName(String),
+    /// An entry that is not a command (only a forged or buggy proposal gets this far).
+    Undecodable(String),
+    /// The key does not exist.
     NotFound,
+    /// A new leader whose sessions are not on its clock yet: retry shortly (never proposed).
+    NotReady,
 }
 
 /// One stored value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
+    /// The value's bytes.
     pub value: Vec<u8>,
     /// The raft index of the write that produced it.
     pub revision: u64,
 }
 
+/// What a key costs in the state's byte count besides its key and value bytes.
+pub const KEY_OVERHEAD_BYTES: u64 = 64;
+
 /// The state machine.
 pub struct KvState {
+    /// The keys.
     pub kv: BTreeMap<String, Stored>,
+    /// Sessions and locks.
     pub sessions: Sessions,
     /// The term whose leader's clock the session times are on (set by `Takeover`).
     pub sessions_term: u64,
+    /// The last index applied.
     pub applied: u64,
+    /// The session each session-tied key belongs to. A put without a session (or a delete) unties
+    /// the key, so that the session's end no longer deletes it (the library's `Sessions` keeps
+    /// the key in the session's set: this map has the last word).
+    pub owners: BTreeMap<String, u64>,
+    /// Keys and values in bytes, with [`KEY_OVERHEAD_BYTES`] per key.
+    pub bytes: u64,
 }
 
 /// Sessions' grant config: ρ = 500 ppm, ε = 10 ms, TTLs up to 10 minutes.
@@ -152,24 +241,36 @@ pub fn session_config() -> GrantConfig {
     }
 }
 
+fn cost(key: &str, value: &[u8]) -> u64 {
+    key.len() as u64 + value.len() as u64 + KEY_OVERHEAD_BYTES
+}
+
 impl KvState {
+    /// An empty state.
     pub fn new() -> Self {
         KvState {
             kv: BTreeMap::new(),
             sessions: Sessions::new(session_config()),
             sessions_term: 0,
             applied: 0,
+            owners: BTreeMap::new(),
+            bytes: 0,
         }
     }
 
-    /// Apply one committed command at `index`.
-    pub fn apply(&mut self, index: u64, cmd: Command, value: &[u8]) -> Outcome {
+    /// Record `index` as applied (it must follow the last one).
+    pub fn advance(&mut self, index: u64) {
         assert!(
             index > self.applied,
             "applied {index} after {}",
             self.applied
         );
         self.applied = index;
+    }
+
+    /// Apply one committed command at `index`.
+    pub fn apply(&mut self, index: u64, cmd: Command, value: &[u8]) -> Outcome {
+        self.advance(index);
         if let Err(why) = check_names(&cmd) {
             return Outcome::Refused(Refusal::BadName(why));
         }
@@ -178,22 +279,11 @@ impl KvState {
                 key,
                 session,
                 fence,
-                ..
-            } => self.put(index, key, value, session, fence),
-            Command::Delete { key, .. } => match self.kv.remove(&key) {
-                Some(_) => Outcome::Revision(index),
-                None => Outcome::Refused(Refusal::NotFound),
-            },
-            Command::SessionGrant { ttl_ms, now_ns, .. } => {
-                match self.sessions.grant(ttl_ms, now_ns) {
-                    Ok(id) => Outcome::Session(id.0),
-                    Err(SessionError::BadTtl { ttl_ms, max_ttl_ms }) => {
-                        Outcome::Refused(Refusal::BadTtl { ttl_ms, max_ttl_ms })
-                    }
-                    Err(e) => unreachable!("grant fails only on a bad ttl: {e}"),
-                }
-            }
-            Command::SessionKeepalive { ids, now_ns, .. } => {
+                now_ns,
+            } => self.put(index, key, value, session.map(|s| (s, now_ns)), fence),
+            Command::Delete { key } => self.delete(index, &key),
+            Command::SessionGrant { ttl_ms, now_ns } => self.grant(ttl_ms, now_ns),
+            Command::SessionKeepalive { ids, now_ns } => {
                 let ids: Vec<SessionId> = ids.into_iter().map(SessionId).collect();
                 let ka = self.sessions.keepalive(&ids, now_ns);
                 Outcome::KeepAlive {
@@ -201,9 +291,9 @@ impl KvState {
                     unknown: ka.unknown.into_iter().map(|s| s.0).collect(),
                 }
             }
-            Command::SessionRevoke { id, .. } => match self.sessions.revoke(SessionId(id)) {
+            Command::SessionRevoke { id } => match self.sessions.revoke(SessionId(id)) {
                 Some(revoked) => {
-                    self.delete_keys(&revoked.keys);
+                    self.delete_owned(id, &revoked.keys);
                     Outcome::Revoked
                 }
                 None => Outcome::Refused(Refusal::UnknownSession(id)),
@@ -212,27 +302,53 @@ impl KvState {
                 name,
                 session,
                 now_ns,
-                ..
-            } => match self.sessions.lock(&name, SessionId(session), now_ns) {
-                Ok(token) => Outcome::Token(token),
-                Err(SessionError::LockHeld { holder, .. }) => {
-                    Outcome::Refused(Refusal::LockHeld { holder: holder.0 })
+            } => self.lock(&name, session, now_ns),
+            Command::Unlock {
+                name,
+                session,
+                token,
+            } => {
+                let held = self.sessions.lock_holder(&name).map(|(_, t)| t);
+                let token = token.or(held).unwrap_or(0);
+                if self.sessions.unlock(&name, SessionId(session), token) {
+                    Outcome::Unlocked
+                } else {
+                    Outcome::Refused(Refusal::LockNotHeld { lock: name })
                 }
-                Err(_) => Outcome::Refused(Refusal::UnknownSession(session)),
-            },
+            }
             Command::Takeover { term, now_ns } => {
                 self.sessions.takeover(now_ns);
                 self.sessions_term = term;
-                Outcome::Revoked
+                Outcome::Housekeeping
             }
             Command::Expire { term, now_ns } => {
                 if term == self.sessions_term {
-                    for (_, revoked) in self.sessions.expire(now_ns) {
-                        self.delete_keys(&revoked.keys);
+                    for (id, revoked) in self.sessions.expire(now_ns) {
+                        self.delete_owned(id.0, &revoked.keys);
                     }
                 }
-                Outcome::Revoked
+                Outcome::Housekeeping
             }
+        }
+    }
+
+    fn grant(&mut self, ttl_ms: u64, now_ns: u64) -> Outcome {
+        match self.sessions.grant(ttl_ms, now_ns) {
+            Ok(id) => Outcome::Session(id.0),
+            Err(SessionError::BadTtl { ttl_ms, max_ttl_ms }) => {
+                Outcome::Refused(Refusal::BadTtl { ttl_ms, max_ttl_ms })
+            }
+            Err(e) => unreachable!("grant fails only on a bad ttl: {e}"),
+        }
+    }
+
+    fn lock(&mut self, name: &str, session: u64, now_ns: u64) -> Outcome {
+        match self.sessions.lock(name, SessionId(session), now_ns) {
+            Ok(token) => Outcome::Token(token),
+            Err(SessionError::LockHeld { holder, .. }) => {
+                Outcome::Refused(Refusal::LockHeld { holder: holder.0 })
+            }
+            Err(_) => Outcome::Refused(Refusal::UnknownSession(session)),
         }
     }
 
@@ -241,7 +357,7 @@ impl KvState {
         index: u64,
         key: String,
         value: &[u8],
-        session: Option<u64>,
+        session: Option<(u64, u64)>,
         fence: Option<(String, u64)>,
     ) -> Outcome {
         if let Some((lock, token)) = fence {
@@ -255,30 +371,60 @@ impl KvState {
                 Some(_) => {}
             }
         }
-        if let Some(id) = session {
-            // A session's own clock reading is not known here: a live session is one not yet expired.
-            if self
-                .sessions
-                .attach_key(SessionId(id), key.as_bytes(), 0)
-                .is_err()
-            {
-                return Outcome::Refused(Refusal::UnknownSession(id));
+        match session {
+            Some((id, now_ns)) => {
+                if self
+                    .sessions
+                    .attach_key(SessionId(id), key.as_bytes(), now_ns)
+                    .is_err()
+                {
+                    return Outcome::Refused(Refusal::UnknownSession(id));
+                }
+                self.owners.insert(key.clone(), id);
+            }
+            None => {
+                self.owners.remove(&key);
             }
         }
-        self.kv.insert(
-            key,
-            Stored {
-                value: value.to_vec(),
-                revision: index,
-            },
-        );
+        self.insert(key, value.to_vec(), index);
         Outcome::Revision(index)
     }
 
-    fn delete_keys(&mut self, keys: &[Vec<u8>]) {
+    fn insert(&mut self, key: String, value: Vec<u8>, revision: u64) {
+        let (added, key_len) = (cost(&key, &value), key.len() as u64);
+        if let Some(old) = self.kv.insert(key, Stored { value, revision }) {
+            self.bytes -= key_len + old.value.len() as u64 + KEY_OVERHEAD_BYTES;
+        }
+        self.bytes += added;
+    }
+
+    fn delete(&mut self, index: u64, key: &str) -> Outcome {
+        self.owners.remove(key);
+        match self.remove(key) {
+            true => Outcome::Revision(index),
+            false => Outcome::Refused(Refusal::NotFound),
+        }
+    }
+
+    fn remove(&mut self, key: &str) -> bool {
+        match self.kv.remove(key) {
+            Some(old) => {
+                self.bytes -= cost(key, &old.value);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A session ended: delete the keys it still owns.
+    fn delete_owned(&mut self, session: u64, keys: &[Vec<u8>]) {
         for k in keys {
-            if let Ok(k) = std::str::from_utf8(k) {
-                self.kv.remove(k);
+            let Ok(k) = std::str::from_utf8(k) else {
+                continue;
+            };
+            if self.owners.get(k) == Some(&session) {
+                self.owners.remove(k);
+                self.remove(k);
             }
         }
     }
@@ -309,13 +455,14 @@ impl KvState {
                 .map(|(n, h, t)| (n.clone(), h.0, *t))
                 .collect(),
             lock_tokens: image.lock_tokens.clone(),
+            owners: self.owners.iter().map(|(k, s)| (k.clone(), *s)).collect(),
             keys: self
                 .kv
                 .iter()
                 .map(|(k, s)| (k.clone(), s.revision, s.value.len() as u64))
                 .collect(),
         };
-        let mut values = Vec::new();
+        let mut values = Vec::with_capacity(self.bytes as usize);
         for s in self.kv.values() {
             values.extend_from_slice(&s.value);
         }
@@ -330,7 +477,7 @@ impl KvState {
         let (header, mut values) = decode_raw(data)?;
         let h: SnapshotHeader =
             serde_json::from_slice(header).map_err(|e| format!("bad snapshot: {e}"))?;
-        let mut kv = BTreeMap::new();
+        let mut state = KvState::new();
         for (key, revision, len) in h.keys {
             let len = len as usize;
             let value = values
@@ -338,7 +485,7 @@ impl KvState {
                 .ok_or("snapshot values truncated")?
                 .to_vec();
             values = &values[len..];
-            kv.insert(key, Stored { value, revision });
+            state.insert(key, value, revision);
         }
         let image = SessionsImage {
             next_id: h.next_session,
@@ -360,13 +507,11 @@ impl KvState {
                 .collect(),
             lock_tokens: h.lock_tokens,
         };
-        let sessions = Sessions::from_image(session_config(), image);
-        Ok(KvState {
-            kv,
-            sessions,
-            sessions_term: h.sessions_term,
-            applied: h.applied,
-        })
+        state.sessions = Sessions::from_image(session_config(), image);
+        state.sessions_term = h.sessions_term;
+        state.applied = h.applied;
+        state.owners = h.owners.into_iter().collect();
+        Ok(state)
     }
 }
 
@@ -380,6 +525,9 @@ struct SnapshotHeader {
     sessions: Vec<SessionRow>,
     locks: Vec<(String, u64, u64)>,
     lock_tokens: Vec<(String, u64)>,
+    /// (key, session) of every key tied to a session.
+    #[serde(default)]
+    owners: Vec<(String, u64)>,
     /// (key, revision, value length); the values follow the header, in this order.
     keys: Vec<(String, u64, u64)>,
 }
@@ -433,10 +581,10 @@ mod tests {
     #[test]
     fn commands_round_trip_and_garbage_is_an_error() {
         let cmd = Command::Put {
-            req: 7,
             key: "k".into(),
             session: Some(2),
             fence: Some(("L".into(), 3)),
+            now_ns: 0,
         };
         let data = encode(&cmd, b"\x00\xffvalue");
         assert_eq!(decode(&data).unwrap(), (cmd, &b"\x00\xffvalue"[..]));
@@ -459,7 +607,6 @@ mod tests {
                 b"",
             );
             let grant = Command::SessionGrant {
-                req: 1,
                 ttl_ms: 1_000,
                 now_ns: old_now,
             };
@@ -505,7 +652,6 @@ mod tests {
         let Outcome::Session(id) = s.apply(
             2,
             Command::SessionGrant {
-                req: 1,
                 ttl_ms: 1_000,
                 now_ns: 0,
             },
@@ -517,7 +663,6 @@ mod tests {
             s.apply(
                 3,
                 Command::Lock {
-                    req: 2,
                     name: "L".into(),
                     session: id,
                     now_ns: 0
@@ -527,17 +672,17 @@ mod tests {
             Outcome::Token(1)
         );
         let put = |session| Command::Put {
-            req: 3,
             key: "a".into(),
             session,
             fence: Some(("L".into(), 1)),
+            now_ns: 0,
         };
         assert_eq!(s.apply(4, put(Some(id)), b"x"), Outcome::Revision(4));
         let stale = Command::Put {
-            req: 4,
             key: "b".into(),
             session: None,
             fence: Some(("L".into(), 0)),
+            now_ns: 0,
         };
         assert_eq!(
             s.apply(5, stale, b"y"),
@@ -569,7 +714,6 @@ mod tests {
         let mut s = KvState::new();
         s.apply(1, Command::Takeover { term: 1, now_ns: 0 }, b"");
         let grant = Command::SessionGrant {
-            req: 1,
             ttl_ms: 1_000,
             now_ns: 0,
         };
@@ -577,15 +721,14 @@ mod tests {
             panic!()
         };
         let fenced = |lock: &str, token| Command::Put {
-            req: 9,
             key: "k".into(),
             session: None,
             fence: Some((lock.into(), token)),
+            now_ns: 0,
         };
         let not_held = Outcome::Refused(Refusal::LockNotHeld { lock: "L".into() });
         assert_eq!(s.apply(3, fenced("L", 5), b"v"), not_held, "never issued");
         let lock = Command::Lock {
-            req: 2,
             name: "L".into(),
             session: id,
             now_ns: 0,
@@ -597,13 +740,13 @@ mod tests {
         });
         assert_eq!(s.apply(5, fenced("L", 2), b"v"), higher, "never issued");
         assert_eq!(s.apply(6, fenced("L", 1), b"v"), Outcome::Revision(6));
-        s.apply(7, Command::SessionRevoke { req: 3, id }, b"");
+        s.apply(7, Command::SessionRevoke { id }, b"");
         assert_eq!(s.apply(8, fenced("L", 1), b"v"), not_held, "released");
         let long = Command::Put {
-            req: 4,
             key: "k".repeat(1025),
             session: None,
             fence: None,
+            now_ns: 0,
         };
         assert!(matches!(
             s.apply(9, long, b"v"),

@@ -10,7 +10,7 @@ use parking_lot::RwLock;
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -50,40 +50,72 @@ fn other(e: impl std::error::Error + Send + Sync + 'static) -> raft::Error {
 /// Why an existing store could not be opened as this node's.
 #[derive(Debug, Error)]
 pub enum StoreError {
+    /// No store file.
     #[error("missing")]
     Missing,
+    /// A store file of 0 bytes.
     #[error("empty (0 bytes)")]
     Empty,
+    /// A store without a configuration or node id.
     #[error("not initialized (it holds no configuration)")]
     Uninitialized,
+    /// Another node's store.
     #[error("node {0}'s")]
     OtherNode(u64),
+    /// A store that cannot be read.
     #[error("corrupt or unreadable ({0})")]
     Corrupt(String),
+    /// Another process has the store open (a node already running on this dir).
+    #[error("in use by another process")]
+    InUse,
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+/// A store that could not be opened: in use by another process, or unreadable.
+fn open_failed(e: redb::DatabaseError) -> StoreError {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse,
+        e => corrupt(e),
+    }
+}
+
 const STORE_FILE: &str = "raft.redb";
 
 impl DiskStorage {
-    /// Create (or open) `dir/raft.redb` for node `node_id`. A new store starts with `voters` as
-    /// its configuration. For a dir without a marker only: see `marker::open_data_dir`.
-    pub fn create(dir: &Path, voters: &[u64], node_id: u64) -> Result<Self, StoreError> {
-        let db = Database::create(dir.join(STORE_FILE)).map_err(corrupt)?;
+    /// Create (or open) `dir/raft.redb` for node `node_id`. A new store starts from `bootstrap`
+    /// (the cluster's first snapshot, the same on every founding node: its configuration and
+    /// index 1), or empty with no configuration (a node that joins a running cluster and learns
+    /// everything from a snapshot). For a dir without a marker only: see `marker::open_data_dir`.
+    pub fn create(
+        dir: &Path,
+        bootstrap: Option<&Snapshot>,
+        node_id: u64,
+    ) -> Result<Self, StoreError> {
+        let db = Database::create(dir.join(STORE_FILE)).map_err(open_failed)?;
         let init = || -> Result<(), DiskError> {
             let txn = db.begin_write()?;
             {
                 txn.open_table(LOG)?;
                 let mut meta = txn.open_table(META)?;
                 if meta.get(CONF_STATE)?.is_none() {
-                    let cs = ConfState {
-                        voters: voters.to_vec(),
-                        ..Default::default()
-                    };
-                    meta.insert(CONF_STATE, cs.write_to_bytes()?.as_slice())?;
+                    let cs = bootstrap.map(|b| b.get_metadata().get_conf_state().clone());
+                    meta.insert(
+                        CONF_STATE,
+                        cs.unwrap_or_default().write_to_bytes()?.as_slice(),
+                    )?;
+                    if let Some(snap) = bootstrap {
+                        let m = snap.get_metadata();
+                        let hs = HardState {
+                            term: m.term,
+                            commit: m.index,
+                            ..Default::default()
+                        };
+                        meta.insert(SNAPSHOT, snap.write_to_bytes()?.as_slice())?;
+                        meta.insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
+                    }
                 }
                 if meta.get(NODE_ID)?.is_none() {
                     meta.insert(NODE_ID, node_id.to_be_bytes().as_slice())?;
@@ -109,7 +141,7 @@ impl DiskStorage {
         // redb reports corruption as errors; a panic in it must not take the node down either.
         let opened = std::panic::catch_unwind(|| Database::open(&path))
             .map_err(|_| corrupt("the store library panicked reading it"))?;
-        Self::checked(opened.map_err(corrupt)?, node_id)
+        Self::checked(opened.map_err(open_failed)?, node_id)
     }
 
     fn checked(db: Database, node_id: u64) -> Result<Self, StoreError> {
@@ -143,10 +175,14 @@ impl DiskStorage {
         Ok(storage)
     }
 
-    /// Whether nothing was ever persisted: no term, vote, entry or snapshot.
+    /// Whether nothing was persisted beyond the bootstrap: no vote, no entry, no snapshot past
+    /// index 1, no term past 1.
     pub fn is_pristine(&self) -> Result<bool, StoreError> {
         let c = self.cache.read();
-        Ok(c.hard_state == HardState::default() && c.last_index == 0 && c.snapshot_meta.index == 0)
+        Ok(c.hard_state.vote == 0
+            && c.hard_state.term <= 1
+            && c.last_index == c.snapshot_meta.index
+            && c.snapshot_meta.index <= 1)
     }
 
     fn reload(&self) -> Result<(), DiskError> {
@@ -225,17 +261,14 @@ impl DiskStorage {
         Ok(())
     }
 
-    /// Record a newer commit index (from a `LightReady`). Not fsynced on its own: raft can
-    /// recover the commit index from the leader, and the next `persist` syncs it.
+    /// Record a newer commit index (from a `LightReady`), in memory: raft puts it in the next
+    /// `Ready`'s hard state, which `persist` writes, and a compaction writes it too, so a restart
+    /// never finds a snapshot past the stored commit index. A crash in between loses only a commit
+    /// index that raft learns again from the leader. (A transaction of its own per `Ready`, as
+    /// before, cost every node a second store commit per batch.)
     pub fn set_commit(&self, commit: u64) -> Result<(), DiskError> {
-        let mut hs = self.cache.read().hard_state.clone();
-        hs.commit = commit;
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::None)?;
-        txn.open_table(META)?
-            .insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
-        txn.commit()?;
-        self.cache.write().hard_state = hs;
+        let mut c = self.cache.write();
+        c.hard_state.commit = c.hard_state.commit.max(commit);
         Ok(())
     }
 
@@ -284,12 +317,15 @@ impl DiskStorage {
         meta.term = term;
         meta.set_conf_state(self.cache.read().conf_state.clone());
         let cut = index.saturating_sub(keep_entries);
+        let mut hs = self.cache.read().hard_state.clone();
+        hs.commit = hs.commit.max(index); // the snapshot's index is committed
         let txn = self.db.begin_write()?;
         {
             let mut log = txn.open_table(LOG)?;
             log.retain_in(..cut, |_, _| false)?;
-            txn.open_table(META)?
-                .insert(SNAPSHOT, snapshot.write_to_bytes()?.as_slice())?;
+            let mut meta = txn.open_table(META)?;
+            meta.insert(SNAPSHOT, snapshot.write_to_bytes()?.as_slice())?;
+            meta.insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
         }
         txn.commit()?;
         self.reload()
@@ -395,6 +431,15 @@ mod tests {
     use super::*;
     use raft::Storage as _;
 
+    /// The first snapshot of a cluster of `voters`.
+    pub fn bootstrap(voters: &[u64]) -> Snapshot {
+        let mut s = Snapshot::default();
+        s.mut_metadata().index = 1;
+        s.mut_metadata().term = 1;
+        s.mut_metadata().mut_conf_state().voters = voters.to_vec();
+        s
+    }
+
     fn entry(index: u64, term: u64) -> Entry {
         Entry {
             index,
@@ -407,10 +452,20 @@ mod tests {
     #[test]
     fn persists_reopens_truncates_and_compacts() {
         let dir = tempfile::tempdir().unwrap();
-        let s = DiskStorage::create(dir.path(), &[1, 2, 3], 1).unwrap();
+        let s = DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1).unwrap();
         assert!(s.is_pristine().unwrap());
         assert_eq!(s.initial_state().unwrap().conf_state.voters, vec![1, 2, 3]);
-        let entries: Vec<Entry> = (1..=10).map(|i| entry(i, 1)).collect();
+        assert_eq!(
+            (s.first_index().unwrap(), s.last_index().unwrap()),
+            (2, 1),
+            "the log starts after the bootstrap snapshot"
+        );
+        assert_eq!(s.term(1).unwrap(), 1);
+        assert!(
+            matches!(s.term(0), Err(raft::Error::Store(StorageError::Compacted))),
+            "a new node needs a snapshot"
+        );
+        let entries: Vec<Entry> = (2..=10).map(|i| entry(i, 1)).collect();
         let hs = HardState {
             term: 1,
             vote: 1,
@@ -426,7 +481,7 @@ mod tests {
         ));
         let s = DiskStorage::open_existing(dir.path(), 1).unwrap();
         assert!(!s.is_pristine().unwrap());
-        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (1, 8));
+        assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (2, 8));
         assert_eq!(s.term(8).unwrap(), 2);
         assert_eq!(s.initial_state().unwrap().hard_state, hs);
         assert_eq!(

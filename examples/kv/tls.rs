@@ -23,18 +23,31 @@ const NAME_SUFFIX: &str = ".raft-lease";
 /// Why TLS could not be set up, or a certificate names no node.
 #[derive(Debug, Error)]
 pub enum TlsError {
+    /// A file that cannot be read or parsed.
     #[error("{path}: {why}")]
-    File { path: String, why: String },
+    File {
+        /// The file.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    /// A certificate whose SAN is not one node name.
     #[error("not a node certificate: {0}")]
     NotANode(String),
+    /// This node's certificate names another node.
     #[error("certificate {path} names node {found}, but this is node {expected}")]
     WrongNode {
+        /// The certificate file.
         path: String,
+        /// The node it names.
         found: u64,
+        /// This node.
         expected: u64,
     },
+    /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
+    /// rustls refused the client verifier.
     #[error("client verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
@@ -102,7 +115,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// Mutual TLS for the peer port: both ends present node certificates signed by the cluster CA.
 #[derive(Clone)]
 pub struct PeerTls {
+    /// For the peer listener (asks for a client certificate).
     pub acceptor: TlsAcceptor,
+    /// For connecting to peers (presents this node's certificate).
     pub connector: TlsConnector,
 }
 

@@ -2,113 +2,202 @@
 //! unless `--insecure-peers`), as frames (see `frame`).
 //!
 //! Each peer has a sender task with a bounded queue: the raft thread never blocks on a slow or
-//! dead peer (a full queue drops the message; raft retransmits). Connections reconnect with
-//! backoff; a connection to an address that does not prove it is that peer is dropped.
+//! dead peer. A message that is not delivered is **reported** to the raft thread: a snapshot as
+//! failed (raft-rs otherwise waits for it forever, sending that peer nothing but heartbeats), an
+//! append as unreachable (raft then probes instead of streaming). A message counts as lost when
+//! its queue is full, the peer is cut off by fault injection, the connection cannot be made, or a
+//! frame makes no progress for [`FRAME_TIMEOUT`]; a snapshot counts as delivered once its frames
+//! are flushed. Connections reconnect with backoff; a connection to an address that does not prove
+//! it is that peer is dropped. Peers are found in the replicated address book, so nodes added
+//! later are reached too.
 
-use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use raft::eraftpb::Message;
+use raft::eraftpb::{Message, MessageType};
 use slog::{debug, info, warn, Logger};
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::time::{timeout, Instant};
 
-use crate::frame::write_message;
-use crate::limits::HANDSHAKE_TIMEOUT;
+use crate::budget::Budget;
+use crate::frame::{write_message, FrameError};
+use crate::members::Members;
 use crate::metrics::Metrics;
 use crate::tls::{peer_node_id, PeerTls};
 
 /// Messages queued per peer before new ones are dropped.
 const QUEUE_LEN: usize = 4096;
-/// A write that makes no progress for this long fails the connection.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Messages written per flush at most.
+const BATCH: usize = 256;
+/// A frame (at most 1 MiB) or a flush that makes no progress for this long fails the connection.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(2);
+/// TLS handshakes between peers must finish within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Peers cut off by fault injection (both directions).
 pub type Blocked = Arc<RwLock<HashSet<u64>>>;
+
+/// What the transport tells the raft thread about messages it could not deliver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// A snapshot to `to` was flushed (`delivered`) or lost.
+    Snapshot {
+        /// The peer.
+        to: u64,
+        /// Whether all its frames were flushed.
+        delivered: bool,
+    },
+    /// A message to `to` (an append) was lost.
+    Unreachable {
+        /// The peer.
+        to: u64,
+    },
+}
 
 struct Outgoing {
     msg: Message,
     queued_at: Instant,
 }
 
-/// Settings shared by the transport's tasks.
+/// Settings shared by the transport's tasks and the peer listener.
 #[derive(Clone)]
 pub struct TransportConfig {
+    /// This node's raft id.
     pub my_id: u64,
-    pub peers: BTreeMap<u64, SocketAddr>,
-    /// Extra one-way delay on every outgoing message (a cross-zone network on one machine).
-    pub peer_delay: Duration,
+    /// The peers this node was started with (`--peers`): used until the address book knows them.
+    pub started_with: BTreeMap<u64, String>,
+    /// The replicated address book.
+    pub members: Arc<RwLock<Members>>,
+    /// Extra one-way delay on every outgoing message, in ms (a cross-zone network on one
+    /// machine; `/admin/delay` changes it).
+    pub peer_delay_ms: Arc<AtomicU64>,
+    /// Peers cut off by fault injection.
     pub blocked: Blocked,
+    /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Where to log.
     pub logger: Logger,
     /// Mutual TLS; `None` with `--insecure-peers`.
     pub tls: Option<PeerTls>,
+    /// Bytes received from peers and not yet stepped (see `peer_listen`).
+    pub peer_budget: Arc<Budget>,
+    /// The largest message accepted from a peer.
+    pub max_message_bytes: usize,
+}
+
+impl TransportConfig {
+    /// Where peer `id` listens: the address book's entry, else the one it was started with.
+    pub fn addr_of(&self, id: u64) -> Option<String> {
+        let book = self.members.read();
+        book.addrs
+            .get(&id)
+            .map(|a| a.peer.clone())
+            .or_else(|| self.started_with.get(&id).cloned())
+    }
 }
 
 /// The sending side, owned by the raft thread.
 pub struct Transport {
-    queues: BTreeMap<u64, mpsc::Sender<Outgoing>>,
-    blocked: Blocked,
-    metrics: Arc<Metrics>,
+    queues: HashMap<u64, mpsc::Sender<Outgoing>>,
+    cfg: TransportConfig,
+    rt: tokio::runtime::Handle,
+    reports: Reports,
 }
+
+/// Where reports go; `None` only for the tests' control (`--no-transport-reports`).
+type Reports = Option<crossbeam_channel::Sender<Report>>;
 
 type PeerWriter = BufWriter<Box<dyn AsyncWrite + Send + Unpin>>;
 
 impl Transport {
-    /// Start a sender task per peer on `rt`.
-    pub fn start(cfg: &TransportConfig, rt: &tokio::runtime::Handle) -> Transport {
-        let mut queues = BTreeMap::new();
-        for (&id, &addr) in cfg.peers.iter().filter(|(id, _)| **id != cfg.my_id) {
-            let (tx, rx) = mpsc::channel(QUEUE_LEN);
-            rt.spawn(send_loop(id, addr, rx, cfg.clone()));
-            queues.insert(id, tx);
-        }
+    /// A transport whose sender tasks run on `rt` and report to `reports`.
+    pub fn new(cfg: &TransportConfig, rt: &tokio::runtime::Handle, reports: Reports) -> Transport {
         Transport {
-            queues,
-            blocked: cfg.blocked.clone(),
-            metrics: cfg.metrics.clone(),
+            queues: HashMap::new(),
+            cfg: cfg.clone(),
+            rt: rt.clone(),
+            reports,
         }
     }
 
-    /// Queue `msg` for its peer. Never blocks.
-    pub fn send(&self, msg: Message) {
-        self.metrics.sent(msg.get_msg_type());
-        if self.blocked.read().contains(&msg.to) {
-            return;
+    /// Queue `msg` for its peer. Never blocks; a message that cannot be queued is reported.
+    pub fn send(&mut self, msg: Message) {
+        self.cfg.metrics.sent(msg.get_msg_type());
+        if self.cfg.blocked.read().contains(&msg.to) {
+            return report_lost(&self.reports, &self.cfg.metrics, &msg);
         }
-        let Some(q) = self.queues.get(&msg.to) else {
-            return;
+        let Some(q) = self.queue(msg.to) else {
+            return report_lost(&self.reports, &self.cfg.metrics, &msg);
         };
         let out = Outgoing {
             msg,
             queued_at: Instant::now(),
         };
-        if let Err(TrySendError::Full(_)) = q.try_send(out) {
-            self.metrics.dropped_full.inc();
+        if let Err(TrySendError::Full(out) | TrySendError::Closed(out)) = q.try_send(out) {
+            self.cfg.metrics.dropped_full.inc();
+            report_lost(&self.reports, &self.cfg.metrics, &out.msg);
         }
+    }
+
+    /// The queue of peer `to`, its sender task started on first use.
+    fn queue(&mut self, to: u64) -> Option<&mpsc::Sender<Outgoing>> {
+        if to == self.cfg.my_id {
+            return None;
+        }
+        if !self.queues.contains_key(&to) {
+            self.cfg.addr_of(to)?;
+            let (tx, rx) = mpsc::channel(QUEUE_LEN);
+            let reports = self.reports.clone();
+            self.rt.spawn(send_loop(to, rx, self.cfg.clone(), reports));
+            self.queues.insert(to, tx);
+        }
+        self.queues.get(&to)
+    }
+}
+
+/// Tell the raft thread that `msg` was lost.
+fn report_lost(reports: &Reports, metrics: &Metrics, msg: &Message) {
+    let report = match msg.get_msg_type() {
+        MessageType::MsgSnapshot => {
+            metrics.snapshots_lost.inc();
+            Report::Snapshot {
+                to: msg.to,
+                delivered: false,
+            }
+        }
+        MessageType::MsgAppend => Report::Unreachable { to: msg.to },
+        _ => return,
+    };
+    send_report(reports, report);
+}
+
+fn send_report(reports: &Reports, r: Report) {
+    if let Some(tx) = reports {
+        let _ = tx.try_send(r);
     }
 }
 
 async fn send_loop(
     peer: u64,
-    addr: SocketAddr,
     mut rx: mpsc::Receiver<Outgoing>,
     cfg: TransportConfig,
+    reports: Reports,
 ) {
-    let log = cfg
-        .logger
-        .new(slog::o!("peer" => peer, "addr" => addr.to_string()));
+    let log = cfg.logger.new(slog::o!("peer" => peer));
     let mut conn: Option<PeerWriter> = None;
     let mut backoff = Duration::from_millis(20);
     while let Some(out) = rx.recv().await {
-        tokio::time::sleep_until(out.queued_at + cfg.peer_delay).await;
+        let delay = Duration::from_millis(cfg.peer_delay_ms.load(Ordering::Relaxed));
+        if !delay.is_zero() {
+            tokio::time::sleep_until(out.queued_at + delay).await; // the timer's 1 ms grain otherwise
+        }
         if conn.is_none() {
-            match connect(peer, addr, &cfg).await {
+            match connect(peer, &cfg).await {
                 Ok(w) => {
                     info!(log, "connected to peer"; "tls" => cfg.tls.is_some());
                     conn = Some(BufWriter::new(w));
@@ -116,51 +205,85 @@ async fn send_loop(
                 }
                 Err(e) => {
                     debug!(log, "peer unreachable; dropping message"; "error" => %e, "backoff_ms" => backoff.as_millis());
+                    report_lost(&reports, &cfg.metrics, &out.msg);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             }
         }
+        let mut batch = vec![out.msg];
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(more) => batch.push(more.msg),
+                Err(_) => break,
+            }
+        }
         let w = conn.as_mut().expect("connected");
-        let written = timeout(WRITE_TIMEOUT, write_batch(w, out.msg, &mut rx)).await;
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                warn!(log, "peer connection failed; reconnecting"; "error" => %e);
-                conn = None;
-            }
-            Err(_) => {
-                warn!(log, "peer write timed out; reconnecting");
-                conn = None;
-            }
+        if let Err(e) = write_batch(w, &batch, &reports, &cfg.metrics).await {
+            cfg.metrics.peer_write_failures.inc();
+            warn!(log, "peer connection failed; reconnecting"; "error" => %e, "lost" => batch.len());
+            conn = None;
         }
     }
 }
 
-/// Write `first` and whatever else is queued now, then flush once.
+/// Write `batch` and flush, each frame within [`FRAME_TIMEOUT`]. A snapshot is flushed on its own
+/// and reported delivered; on failure, everything not yet reported is reported lost.
 async fn write_batch(
     w: &mut PeerWriter,
-    first: Message,
-    rx: &mut mpsc::Receiver<Outgoing>,
-) -> Result<(), crate::frame::FrameError> {
-    write_message(w, &first).await?;
-    while let Ok(more) = rx.try_recv() {
-        write_message(w, &more.msg).await?;
+    batch: &[Message],
+    reports: &Reports,
+    metrics: &Metrics,
+) -> Result<(), FrameError> {
+    let mut unflushed = 0;
+    for (i, m) in batch.iter().enumerate() {
+        let mut written = write_message(w, m, FRAME_TIMEOUT).await;
+        let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
+        if written.is_ok() && snapshot {
+            written = flush(w).await;
+        }
+        if let Err(e) = written {
+            batch[unflushed..]
+                .iter()
+                .for_each(|m| report_lost(reports, metrics, m));
+            return Err(e);
+        }
+        if snapshot {
+            let delivered = Report::Snapshot {
+                to: m.to,
+                delivered: true,
+            };
+            metrics.snapshots_delivered.inc();
+            send_report(reports, delivered);
+            unflushed = i + 1;
+        }
     }
-    w.flush().await?;
+    if let Err(e) = flush(w).await {
+        batch[unflushed..]
+            .iter()
+            .for_each(|m| report_lost(reports, metrics, m));
+        return Err(e);
+    }
     Ok(())
+}
+
+async fn flush(w: &mut PeerWriter) -> Result<(), FrameError> {
+    match timeout(FRAME_TIMEOUT, w.flush()).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(FrameError::Stalled),
+    }
 }
 
 async fn connect(
     peer: u64,
-    addr: SocketAddr,
     cfg: &TransportConfig,
 ) -> Result<Box<dyn AsyncWrite + Send + Unpin>, String> {
-    let tcp = timeout(Duration::from_millis(500), TcpStream::connect(addr))
+    let addr = cfg.addr_of(peer).ok_or("no address")?;
+    let tcp = timeout(Duration::from_millis(500), TcpStream::connect(&addr))
         .await
         .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("{addr}: {e}"))?;
     let _ = tcp.set_nodelay(true);
     let Some(tls) = &cfg.tls else {
         return Ok(Box::new(tcp));

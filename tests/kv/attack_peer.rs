@@ -145,15 +145,16 @@ fn control_insecure_peers_forged_append_acks_lose_an_acknowledged_write() {
 }
 
 /// The leader is partitioned; the attacker sends follower `f1` a `MsgTimeoutNow` in the
-/// leader's name. Returns whether `f1` led within 300 ms, and whether the old leader then served
-/// the old value under its lease after the new leader acknowledged a new one.
+/// leader's name. Returns whether `f1` led within 2 s (well before any election of its own: the
+/// election timeout is 4 s), and whether the old leader then served the old value under its lease
+/// (about 3.3 s from its last acknowledged round) after the new leader acknowledged a new one.
 fn timeout_now_attack(insecure: bool) -> (bool, bool, (u64, u64, u64)) {
     let c = start(
         insecure,
         &[
             "--fault-injection",
             "--election-ms",
-            "2000",
+            "4000",
             "--heartbeat-ms",
             "100",
         ],
@@ -177,10 +178,11 @@ fn timeout_now_attack(insecure: bool) -> (bool, bool, (u64, u64, u64)) {
             &[msg(MessageType::MsgTimeoutNow, l, f[0], term)],
         );
     }
-    let deadline = Instant::now() + Duration::from_millis(300);
+    let deadline = Instant::now() + Duration::from_secs(2);
     let mut led = false;
     while Instant::now() < deadline && !led {
         led = status(c.port(f[0])).is_some_and(|s| s["role"] == "leader");
+        std::thread::sleep(Duration::from_millis(5));
     }
     let mut stale = false;
     if led {
@@ -213,7 +215,7 @@ fn timeout_now_attack(insecure: bool) -> (bool, bool, (u64, u64, u64)) {
 fn forged_timeout_now_is_refused_and_starts_no_election() {
     let (led, stale, refusals) = timeout_now_attack(false);
     eprintln!(
-        "mTLS: new leader within 300 ms: {led}; stale lease read: {stale}; refusals {refusals:?}"
+        "mTLS: new leader within 2 s: {led}; stale lease read: {stale}; refusals {refusals:?}"
     );
     assert!(!led && !stale);
     assert!(refusals.0 >= 3 && refusals.1 >= 1, "{refusals:?}");
@@ -226,7 +228,7 @@ fn control_insecure_peers_forged_timeout_now_serves_a_stale_lease_read() {
         let (led, stale, _) = timeout_now_attack(true);
         trials.push((led, stale));
     }
-    eprintln!("insecure: (new leader within 300 ms, stale lease read) per trial: {trials:?}");
+    eprintln!("insecure: (new leader within 2 s, stale lease read) per trial: {trials:?}");
     assert!(
         trials.iter().any(|&(_, stale)| stale),
         "a forged MsgTimeoutNow never produced a stale lease read in 3 trials: {trials:?}"
@@ -287,43 +289,90 @@ fn control_insecure_peers_forged_high_term_heartbeat_deposes_the_leader() {
     );
 }
 
-/// A forged heartbeat from the leader to follower f1 with commit = 10^12.
-fn huge_commit_attack(insecure: bool) -> (Option<i32>, Cluster, u64) {
-    let mut c = start(insecure, &[]);
+/// Forged heartbeats to follower f0. In the leader's name, commit = 10^12, with every credential
+/// (member f1's certificate included: spoofed). Then from members speaking as themselves with
+/// their own certificates (a stolen key, or with `--insecure-peers` anyone): f1, which does not
+/// lead, with commit = 10^12 and with commit 0, and the leader l with commit = 10^12. Returns
+/// the follower's exit code, if it died.
+fn huge_commit_attack(insecure: bool, extra: &[&'static str]) -> (Option<i32>, Cluster, u64) {
+    let mut c = start(insecure, extra);
     let l = c.leader(&[1, 2, 3], 15);
     let f = others(l);
     let (term, _) = term_and_last(c.port(l));
-    for cred in creds(insecure, f[1]) {
-        let mut hb = msg(MessageType::MsgHeartbeat, l, f[0], term);
-        hb.commit = 1_000_000_000_000;
-        forge::send(&c, f[0], cred, &[hb]);
+    let hb = |from: u64, commit: u64| {
+        let mut hb = msg(MessageType::MsgHeartbeat, from, f[0], term);
+        hb.commit = commit;
+        hb
+    };
+    let mut forged: Vec<(Cred, raft::eraftpb::Message)> = creds(insecure, f[1])
+        .into_iter()
+        .map(|cred| (cred, hb(l, 1_000_000_000_000)))
+        .collect();
+    let (as_f1, as_l) = match insecure {
+        true => (Cred::Plain, Cred::Plain),
+        false => (Cred::Member(f[1]), Cred::Member(l)),
+    };
+    forged.push((as_f1, hb(f[1], 0)));
+    forged.push((as_f1, hb(f[1], 1_000_000_000_000)));
+    forged.push((as_l, hb(l, 1_000_000_000_000)));
+    for (cred, m) in forged {
+        forge::send(&c, f[0], cred, &[m]);
     }
-    let deadline = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < deadline && c.running(f[0]) {
+    // Until the follower has dealt with the members' forgeries: it dropped them all, or it died.
+    // A generous deadline, for a loaded machine: the wait ends as soon as either is seen.
+    let members_forged = if insecure { 4 } else { 3 };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let port = c.port(f[0]);
+    let dropped = || {
+        let (_, text) = http(port, "GET", "/metrics", b"")?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("kv_peer_inadmissible_total{"))?;
+        line.rsplit(' ').next()?.parse::<u64>().ok()
+    };
+    while Instant::now() < deadline
+        && c.running(f[0])
+        && dropped().is_none_or(|n| n < members_forged)
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let exit = (!c.running(f[0])).then(|| c.wait_exit(f[0], 1).code().unwrap_or(-1));
+    let exit = (!c.running(f[0])).then(|| c.wait_exit(f[0], 5).code().unwrap_or(-1));
     (exit, c, l)
 }
 
 #[test]
 fn forged_huge_commit_is_refused_and_the_follower_stays_up() {
-    let (exit, c, l) = huge_commit_attack(false);
+    let (exit, c, l) = huge_commit_attack(false, &[]);
     let f = others(l)[0];
+    let dropped = metric(c.port(f), "kv_peer_inadmissible_total");
     eprintln!(
-        "mTLS: follower exit {exit:?}; refusals {:?}",
+        "mTLS: follower exit {exit:?}; refusals {:?}; inadmissible {dropped}",
         refusals(&c, f)
     );
     assert_eq!(exit, None, "the follower died");
     assert_eq!(status(c.port(f)).unwrap()["role"], "follower");
     put(c.port(l), "after", "served");
     assert!(refusals(&c, f).0 >= 3 && refusals(&c, f).1 >= 1);
+    assert!(
+        dropped >= 3,
+        "members speaking as themselves were not dropped: {dropped}"
+    );
 }
 
 #[test]
-fn control_insecure_peers_forged_huge_commit_panics_the_follower() {
-    let (exit, _, _) = huge_commit_attack(true);
-    eprintln!("insecure: follower exit {exit:?}");
+fn insecure_peers_forged_huge_commit_is_dropped_before_raft() {
+    let (exit, c, l) = huge_commit_attack(true, &[]);
+    let f = others(l)[0];
+    let dropped = metric(c.port(f), "kv_peer_inadmissible_total");
+    eprintln!("insecure: follower exit {exit:?}; inadmissible {dropped}");
+    assert_eq!(exit, None, "the follower died");
+    assert!(dropped >= 4, "{dropped}");
+}
+
+#[test]
+fn control_without_admission_checks_a_member_speaking_as_itself_panics_the_follower() {
+    let (exit, _, _) = huge_commit_attack(false, &["--no-admission-checks"]);
+    eprintln!("mTLS, no admission checks: follower exit {exit:?}");
     assert_eq!(exit, Some(101), "raft-rs panics on a commit past its log");
 }
 
@@ -353,4 +402,67 @@ fn forged_proposals_are_refused_even_from_a_member_and_even_without_tls() {
         assert!(r.2 >= 1, "the proposal type was not refused: {r:?}");
         put(c.port(l), "after", "served");
     }
+}
+
+/// Hold `n` idle TCP connections (never a byte sent) to each of `ports`, opening a new one as
+/// soon as one is closed, until `stop`. Returns how many were opened.
+fn idle_flood(ports: &[u16], n: usize, stop: &AtomicBool) -> usize {
+    use std::io::Read;
+    let open = |p: u16| {
+        std::net::TcpStream::connect(("127.0.0.1", p))
+            .ok()
+            .filter(|s| s.set_nonblocking(true).is_ok())
+    };
+    let mut conns: Vec<(u16, Option<std::net::TcpStream>)> = ports
+        .iter()
+        .flat_map(|&p| (0..n).map(move |_| (p, None)))
+        .collect();
+    let mut opened = 0;
+    while !stop.load(Ordering::Relaxed) {
+        for (p, c) in conns.iter_mut() {
+            let closed = c.as_mut().is_none_or(|s| {
+                let mut b = [0u8; 64];
+                !matches!(s.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            });
+            if closed {
+                *c = open(*p);
+                opened += usize::from(c.is_some());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    opened
+}
+
+#[test]
+fn idle_sockets_on_the_peer_ports_never_stop_an_election() {
+    let mut c = start(false, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let f = others(l);
+    let ports: Vec<u16> = (1..=3).map(|id| c.peer_port(id)).collect();
+    let stop = AtomicBool::new(false);
+    let (elected, opened) = std::thread::scope(|s| {
+        let flood = s.spawn(|| idle_flood(&ports, 70, &stop));
+        std::thread::sleep(Duration::from_millis(500));
+        // The leader dies and a follower restarts: the two survivors must handshake anew.
+        c.kill9(l);
+        c.kill9(f[1]);
+        c.spawn(f[1]);
+        let t = Instant::now();
+        let mut elected = None;
+        while elected.is_none() && t.elapsed() < Duration::from_secs(15) {
+            elected = f.iter().copied().find(|&id| {
+                status(c.port(id))
+                    .is_some_and(|s| s["role"] == "leader" && s["lease"]["state"] != "expired")
+            });
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+        (elected.map(|id| (id, t.elapsed())), flood.join().unwrap())
+    });
+    let evicted = metric(c.port(f[0]), "kv_peer_evicted_total");
+    eprintln!("70 idle sockets per peer port ({opened} opened): new leader {elected:?}; {evicted} evicted on node {}", f[0]);
+    let (l2, _) = elected.expect("no leader within 15 s under the flood");
+    assert!(evicted > 0, "the pending-handshake table never filled");
+    put(c.port(l2), "after", "served");
 }

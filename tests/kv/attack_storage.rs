@@ -90,8 +90,10 @@ fn another_nodes_or_clusters_data_dir_is_refused() {
     );
     // Another cluster's name.
     let out = c
-        .command(1)
-        .args(["--cluster-id", "other"])
+        .command_edited(1, |args| {
+            let at = args.iter().position(|a| a == "test-cluster").unwrap();
+            args[at] = "other".into();
+        })
         .output()
         .unwrap();
     assert_eq!(
@@ -113,10 +115,10 @@ fn a_fatal_storage_error_exits_non_zero() {
     put(c.port(1), "k", "v");
     let store = c.data.join("node1/raft.redb");
     let size = std::fs::metadata(&store).unwrap().len();
-    // The disk is full: no file of the node may grow past its size now.
+    // The disk fills up: no file of the node may grow more than 8 MiB past its size now.
     let lim = libc::rlimit {
-        rlim_cur: size + 4096,
-        rlim_max: size + 4096,
+        rlim_cur: size + (8 << 20),
+        rlim_max: size + (8 << 20),
     };
     // SAFETY: prlimit on a child process we own, with a valid struct.
     let rc = unsafe {
@@ -148,4 +150,66 @@ fn a_fatal_storage_error_exits_non_zero() {
     eprintln!("disk full after {acked} acknowledged 512 KiB writes: exit {code:?}");
     assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("storage failed"), "{log}");
+    assert!(acked > 0, "nothing was acknowledged before the disk filled");
+    // Restarted with room again: every acknowledged write is there.
+    c.spawn(1);
+    c.leader(&[1], 15);
+    let raw = [("Accept", "application/octet-stream")];
+    for i in 0..acked {
+        let (code, got) = crate::cluster::http_with(
+            c.port(1),
+            "GET",
+            &format!("/kv/big{i}?read=index"),
+            b"",
+            &raw,
+        )
+        .unwrap();
+        assert!(
+            code == 200 && got == value,
+            "big{i} lost after the disk filled: {code}"
+        );
+    }
+    let (code, body) = http(c.port(1), "GET", "/kv/k?read=index", b"").unwrap();
+    assert_eq!((code, json(&body)["value"].as_str()), (200, Some("v")));
+}
+
+#[test]
+fn a_second_process_on_a_data_dir_is_told_the_dir_is_in_use_not_corrupt() {
+    let c = Cluster::start(1, &[]);
+    c.leader(&[1], 15);
+    put(c.port(1), "k", "v");
+    // The same node's command line, on other ports, on the same dir.
+    let (peer, web) = (crate::ports::reserve(), crate::ports::reserve());
+    let mut cmd = std::process::Command::new(crate::cluster::exe());
+    let args: Vec<String> = c.args.clone();
+    cmd.args([
+        "node",
+        "--id",
+        "1",
+        "--peers",
+        &format!("1=127.0.0.1:{}", peer.port),
+    ])
+    .args(["--http", &format!("127.0.0.1:{}", web.port), "--data-dir"])
+    .arg(c.data.join("node1"))
+    .args(&args);
+    let tls = c.tls();
+    cmd.arg("--peer-ca").arg(tls.join("ca.pem"));
+    cmd.arg("--peer-cert").arg(tls.join("node-1.pem"));
+    cmd.arg("--peer-key").arg(tls.join("node-1.key"));
+    let out = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    eprintln!("second process: exit {:?}: {last}", out.status.code());
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        last.contains("another process is using this data dir"),
+        "{last}"
+    );
+    assert!(
+        !last.contains("corrupt") && !last.contains("Restore"),
+        "{last}"
+    );
+    // The first one is untouched and serves.
+    let (code, body) = http(c.port(1), "GET", "/kv/k?read=index", b"").unwrap();
+    assert_eq!((code, json(&body)["value"].as_str()), (200, Some("v")));
 }

@@ -1,0 +1,147 @@
+//! Sessions and locks over HTTP, and the answers to every write's outcome.
+
+use hyper::body::Incoming;
+use hyper::Method;
+use serde_json::{json, Value};
+
+use crate::http::{json_body, leader_only, method_not_allowed, name, param, write, Ctx};
+use crate::reply::{error, error_with, reply, Reply};
+use crate::state::{Command, Outcome, Refusal};
+
+/// `/session`, `/session/keepalive`, `/session/<id>`, `/lock/<name>`.
+pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
+    let path = c.parts.uri.path();
+    let m = &c.parts.method;
+    match (m, path) {
+        (&Method::POST, "/session") => {
+            leader_only(c)?;
+            let body = json_body(body, c).await?;
+            let ttl_ms = body
+                .get("ttl_ms")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| error(400, "bad_json", "expected {\"ttl_ms\": N}"))?;
+            let cmd = Command::SessionGrant { ttl_ms, now_ns: 0 };
+            write(c, cmd, Vec::new(), None).await
+        }
+        (&Method::POST, "/session/keepalive") => {
+            leader_only(c)?;
+            let body = json_body(body, c).await?;
+            let ids: Vec<u64> = body
+                .get("ids")
+                .and_then(Value::as_array)
+                .and_then(|a| a.iter().map(Value::as_u64).collect())
+                .ok_or_else(|| error(400, "bad_json", "expected {\"ids\": [N, ...]}"))?;
+            let cmd = Command::SessionKeepalive { ids, now_ns: 0 };
+            write(c, cmd, Vec::new(), None).await
+        }
+        (&Method::DELETE, p) if p.starts_with("/session/") => {
+            let id = p[9..]
+                .parse()
+                .map_err(|_| error(400, "bad_session", "session id must be a number"))?;
+            leader_only(c)?;
+            write(c, Command::SessionRevoke { id }, Vec::new(), None).await
+        }
+        (_, p) if p.starts_with("/lock/") => lock(c, &p[6..]).await,
+        (_, "/session" | "/session/keepalive") => Err(method_not_allowed(m, path, "POST")),
+        (_, p) if p.starts_with("/session/") => Err(method_not_allowed(m, path, "DELETE")),
+        _ => Err(error(404, "not_found", format!("no route for {m} {path}"))),
+    }
+}
+
+/// `POST /lock/<name>?session=S` takes the lock; `DELETE /lock/<name>?session=S[&token=T]`
+/// releases it (with its token, safe to retry).
+async fn lock(c: &Ctx<'_>, raw_name: &str) -> Result<Reply, Reply> {
+    let name = name(raw_name, "bad_lock")?;
+    let usage = "use POST or DELETE /lock/<name>?session=<id>";
+    let session = param(&c.query, "session")
+        .and_then(|s| s.parse::<u64>().ok())
+        .ok_or_else(|| error(400, "bad_lock", usage))?;
+    let cmd = match c.parts.method {
+        Method::POST => Command::Lock {
+            name,
+            session,
+            now_ns: 0,
+        },
+        Method::DELETE => {
+            let token = match param(&c.query, "token").map(str::parse::<u64>) {
+                None => None,
+                Some(Ok(t)) => Some(t),
+                Some(Err(_)) => return Err(error(400, "bad_lock", "token must be a number")),
+            };
+            Command::Unlock {
+                name,
+                session,
+                token,
+            }
+        }
+        _ => {
+            return Err(method_not_allowed(
+                &c.parts.method,
+                "/lock/<name>",
+                "POST, DELETE",
+            ))
+        }
+    };
+    leader_only(c)?;
+    write(c, cmd, Vec::new(), None).await
+}
+
+/// The answer to a write's outcome.
+pub fn outcome_reply(o: Outcome) -> Reply {
+    match o {
+        Outcome::Revision(r) => reply(200, json!({"revision": r})),
+        Outcome::Session(id) => reply(200, json!({"id": id})),
+        Outcome::Token(t) => reply(200, json!({"token": t})),
+        Outcome::KeepAlive { refreshed, unknown } => {
+            reply(200, json!({"refreshed": refreshed, "unknown": unknown}))
+        }
+        Outcome::Revoked => reply(200, json!({"revoked": true})),
+        Outcome::Unlocked => reply(200, json!({"unlocked": true})),
+        Outcome::Housekeeping => reply(200, json!({})),
+        Outcome::Refused(r) => refusal_reply(r),
+    }
+}
+
+fn refusal_reply(r: Refusal) -> Reply {
+    match r {
+        Refusal::NotFound => error(404, "not_found", "no such key"),
+        Refusal::UnknownSession(id) => error_with(
+            404,
+            "unknown_session",
+            format!("no live session {id}"),
+            json!({"session": id}),
+        ),
+        Refusal::LockHeld { holder } => error_with(
+            409,
+            "lock_held",
+            format!("session {holder} holds the lock"),
+            json!({"holder": holder}),
+        ),
+        Refusal::StaleFence { token, current } => error_with(
+            409,
+            "stale_fence",
+            format!("token {token} is not the lock's current token {current}"),
+            json!({"token": token, "current": current}),
+        ),
+        Refusal::LockNotHeld { lock } => error_with(
+            409,
+            "lock_not_held",
+            "the lock is not held (by this session)",
+            json!({"lock": lock}),
+        ),
+        Refusal::BadTtl { ttl_ms, max_ttl_ms } => error_with(
+            400,
+            "bad_ttl",
+            format!("ttl_ms must be 1 to {max_ttl_ms}"),
+            json!({"ttl_ms": ttl_ms, "max_ttl_ms": max_ttl_ms}),
+        ),
+        Refusal::BadName(why) => error(400, "bad_key", why),
+        Refusal::Undecodable(why) => error(400, "bad_command", why),
+        Refusal::NotReady => error(
+            503,
+            "not_ready",
+            "new leader; sessions not yet on its clock, retry",
+        )
+        .with_header("retry-after", "1"),
+    }
+}

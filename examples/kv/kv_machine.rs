@@ -1,0 +1,92 @@
+//! The KV's own part of the raft loop: its state (keys, sessions, locks) as a
+//! [`StateMachine`], what the leader fills in before proposing (its clock), and its
+//! housekeeping (a new leader's sessions takeover, then session expiry).
+
+use crate::raft_loop::{Leading, StateMachine};
+use crate::state::{decode, encode, Command, KvState, Outcome, Refusal, Stored};
+
+/// A command and the value it carries (empty for all but a put).
+#[derive(Debug)]
+pub struct KvCommand {
+    /// The command.
+    pub cmd: Command,
+    /// A put's value.
+    pub value: Vec<u8>,
+}
+
+impl StateMachine for KvState {
+    type Command = KvCommand;
+    type Outcome = Outcome;
+    type Query = String;
+    type Answer = Option<Stored>;
+
+    fn restore(snapshot: &[u8]) -> Result<Self, String> {
+        if snapshot.is_empty() {
+            return Ok(KvState::new());
+        }
+        KvState::from_snapshot(snapshot)
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        KvState::snapshot(self)
+    }
+
+    fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    fn skip(&mut self, index: u64) {
+        self.advance(index);
+    }
+
+    fn apply(&mut self, index: u64, data: &[u8]) -> Outcome {
+        match decode(data) {
+            Ok((cmd, value)) => KvState::apply(self, index, cmd, value),
+            Err(why) => {
+                // Every replica refuses it alike, so the state stays the same everywhere.
+                self.advance(index);
+                Outcome::Refused(Refusal::Undecodable(why))
+            }
+        }
+    }
+
+    fn query(&self, key: &String) -> Option<Stored> {
+        self.kv.get(key).cloned()
+    }
+
+    /// Session times are the leader's clock readings, and mean something only once the
+    /// sessions are on this leader's clock (its `Takeover` applied).
+    fn prepare(&self, c: KvCommand, at: &Leading) -> Result<Vec<u8>, Outcome> {
+        let KvCommand { mut cmd, value } = c;
+        if cmd.on_leader_clock() {
+            if self.sessions_term != at.term {
+                return Err(Outcome::Refused(Refusal::NotReady));
+            }
+            cmd.set_now(at.now_ns);
+        }
+        Ok(encode(&cmd, &value))
+    }
+
+    /// First a takeover, which re-bases every session on the new leader's clock; then the
+    /// expiry of sessions whose TTL ran out on it.
+    fn housekeeping(&self, at: &Leading) -> Option<Vec<u8>> {
+        let cmd = if self.sessions_term != at.term {
+            Command::Takeover {
+                term: at.term,
+                now_ns: at.now_ns,
+            }
+        } else if self
+            .sessions
+            .next_expiry_ns()
+            .is_some_and(|t| t <= at.now_ns)
+        {
+            Command::Expire {
+                term: at.term,
+                now_ns: at.now_ns,
+            }
+        } else {
+            return None;
+        };
+        Some(encode(&cmd, &[]))
+    }
+}

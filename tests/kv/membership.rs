@@ -1,0 +1,205 @@
+//! Membership changes through raft with real processes, with a client writing and reading
+//! throughout: grow 3 → 5 with `kv node --join` (each new node catches up by snapshot, then is
+//! promoted), shrink 5 → 3 in one joint change, remove the leader (refused until leadership is
+//! transferred), and replace a node. The client checks every read against the writes acknowledged
+//! before it began: a read that returns an older value is stale.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cluster::{http_follow, json, Cluster};
+
+/// What the client saw.
+#[derive(Debug, Default)]
+struct Seen {
+    writes: AtomicU64,
+    reads: AtomicU64,
+    stale: AtomicU64,
+    unavailable: AtomicU64,
+}
+
+/// One sequential client: write `n` to a key, then read it through another node, over and over,
+/// through whichever nodes are up (`ports`), following redirects.
+fn client(ports: &Mutex<Vec<u16>>, stop: &AtomicBool, seen: &Seen) {
+    let mut acked = 0u64;
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        i += 1;
+        let live = ports.lock().unwrap().clone();
+        let port = live[i % live.len()];
+        let n = acked + 1;
+        match http_follow(port, "PUT", "/kv/counter", n.to_string().as_bytes()) {
+            Some((200, _)) => {
+                acked = n;
+                seen.writes.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {
+                seen.unavailable.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let port = live[(i + 1) % live.len()];
+        let mode = ["auto", "lease", "index"][i % 3];
+        if let Some((200, body)) =
+            http_follow(port, "GET", &format!("/kv/counter?read={mode}"), b"")
+        {
+            let got: u64 = json(&body)["value"]
+                .as_str()
+                .unwrap_or("0")
+                .parse()
+                .unwrap_or(0);
+            seen.reads.fetch_add(1, Ordering::Relaxed);
+            if got < acked {
+                seen.stale.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "STALE: read {got} through port {port} ({mode}) after {acked} was acknowledged"
+                );
+            }
+        }
+    }
+}
+
+/// `POST /admin/members` through node `via` (redirected to the leader).
+fn change(c: &Cluster, via: u64, changes: Value) -> (u16, Value) {
+    let body = json!({ "changes": changes }).to_string();
+    let (code, body) =
+        http_follow(c.port(via), "POST", "/admin/members", body.as_bytes()).expect("an answer");
+    (code, json(&body))
+}
+
+/// Wait until node `via` reports exactly these voters and learners, not joint.
+fn wait_conf(c: &Cluster, via: u64, voters: &[u64], learners: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = http_follow(c.port(via), "GET", "/members", b"").map(|(_, b)| json(&b));
+        let ids = |v: &Value, k: &str| -> Vec<u64> {
+            v[k].as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default()
+        };
+        if let Some(m) = &m {
+            if ids(m, "voters") == voters && ids(m, "learners") == learners && m["joint"] == false {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "membership never became {voters:?}/{learners:?}: {m:?}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Start node `id` with `--join` through node `via`, and wait until it is a voter.
+fn join(c: &mut Cluster, ports: &Mutex<Vec<u16>>, id: u64, via: u64, voters: &[u64]) {
+    c.add_slot(id);
+    c.spawn_join(id, via);
+    wait_conf(c, via, voters, &[]);
+    ports.lock().unwrap().push(c.port(id));
+    let snapshots =
+        crate::cluster::metric_labeled(c.port(id), "raft_messages_received_total", "MsgSnapshot");
+    assert!(snapshots >= 1, "node {id} caught up without a snapshot");
+}
+
+/// The leader among `among`, with a lease (the new configuration's quorum renewed it).
+fn leader(c: &Cluster, among: &[u64]) -> u64 {
+    c.leader(among, 20)
+}
+
+fn run_with_client(c: &mut Cluster, scenario: impl FnOnce(&mut Cluster, &Mutex<Vec<u16>>)) -> Seen {
+    let ports = Mutex::new(c.ids().iter().map(|&id| c.port(id)).collect::<Vec<_>>());
+    let (stop, seen) = (AtomicBool::new(false), Seen::default());
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| client(&ports, &stop, &seen));
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(c, &ports)));
+        stop.store(true, Ordering::Relaxed); // even when the scenario failed: the client stops
+        outcome
+    });
+    eprintln!("client: {seen:?}");
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+    seen
+}
+
+#[test]
+fn grow_3_to_5_by_join_and_shrink_back_in_one_joint_change_with_reads_throughout() {
+    let mut c = Cluster::start(3, &[]);
+    leader(&c, &[1, 2, 3]);
+    let seen = run_with_client(&mut c, |c, ports| {
+        join(c, ports, 4, 1, &[1, 2, 3, 4]);
+        join(c, ports, 5, 2, &[1, 2, 3, 4, 5]);
+        leader(c, &[1, 2, 3, 4, 5]);
+        // Two voters out at once: a joint configuration, left by raft on its own.
+        ports.lock().unwrap().truncate(3);
+        let (code, body) = change(
+            c,
+            4,
+            json!([{"op": "remove", "id": 4}, {"op": "remove", "id": 5}]),
+        );
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(
+            body["joint"], true,
+            "two voters changed: entered a joint configuration: {body}"
+        );
+        wait_conf(c, 1, &[1, 2, 3], &[]);
+        leader(c, &[1, 2, 3]);
+        std::thread::sleep(Duration::from_millis(300)); // the client goes on in the new configuration
+    });
+    for id in [4, 5] {
+        c.kill9(id); // removed: nothing depends on them
+    }
+    let l = leader(&c, &[1, 2, 3]);
+    crate::cluster::put(c.port(l), "after", "served");
+    assert_eq!(seen.stale.load(Ordering::Relaxed), 0, "stale reads");
+    assert!(
+        seen.writes.load(Ordering::Relaxed) > 10 && seen.reads.load(Ordering::Relaxed) > 10,
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn remove_the_leader_after_a_transfer_and_replace_a_node_with_reads_throughout() {
+    let mut c = Cluster::start(3, &[]);
+    let l = leader(&c, &[1, 2, 3]);
+    let rest: Vec<u64> = [1, 2, 3].into_iter().filter(|&i| i != l).collect();
+    let seen = run_with_client(&mut c, |c, ports| {
+        // The leader may not remove itself: transfer first.
+        let (code, body) = change(c, l, json!([{"op": "remove", "id": l}]));
+        assert_eq!(
+            (code, body["error"].as_str()),
+            (409, Some("change_refused")),
+            "{body}"
+        );
+        crate::cluster::transfer(c, l, rest[0]);
+        let (code, body) = change(c, rest[1], json!([{"op": "remove", "id": l}]));
+        assert_eq!(code, 200, "{body}");
+        ports.lock().unwrap().retain(|&p| p != c.port(l));
+        wait_conf(c, rest[0], &rest, &[]);
+        c.kill9(l);
+        // Replace rest[1] by node 4 in one joint change, then start node 4: it catches up by
+        // snapshot as a voter already.
+        c.add_slot(4);
+        let peer = format!("127.0.0.1:{}", c.peer_port(4));
+        let http = format!("127.0.0.1:{}", c.port(4));
+        let replace = json!([{"op": "add_voter", "id": 4, "peer": peer, "http": http}, {"op": "remove", "id": rest[1]}]);
+        let (code, body) = change(c, rest[0], replace);
+        assert_eq!((code, &body["joint"]), (200, &json!(true)), "{body}");
+        ports.lock().unwrap().retain(|&p| p != c.port(rest[1]));
+        c.spawn_join(4, rest[0]);
+        let mut voters = vec![rest[0], 4];
+        voters.sort_unstable();
+        wait_conf(c, rest[0], &voters, &[]);
+        ports.lock().unwrap().push(c.port(4));
+        c.kill9(rest[1]);
+        leader(c, &voters);
+        std::thread::sleep(Duration::from_millis(300));
+    });
+    assert_eq!(seen.stale.load(Ordering::Relaxed), 0, "stale reads");
+    assert!(seen.writes.load(Ordering::Relaxed) > 10, "{seen:?}");
+}
