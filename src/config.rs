@@ -38,6 +38,9 @@ pub struct TestingKnobs {
     pub no_campaign_hold: bool,
     /// The leader keeps serving lease reads after `MsgTimeoutNow` left in its term.
     pub no_transfer_fence: bool,
+    /// A transfer raft gave up lifts the fence even after `MsgTimeoutNow` left in the term,
+    /// instead of stepping down.
+    pub lift_fence_after_timeout_now: bool,
     /// A ReadIndex context whose round is gone gets a new round with a later `t0`.
     pub remap_retired_ctx: bool,
     /// A leader renews from its own clock whenever the configuration has one voter, itself or not.
@@ -53,6 +56,12 @@ pub struct TestingKnobs {
     /// Shared liveness: a leader that steps down does not release its followers' fortification,
     /// so a group stuck on a live node stays fortified to a leader that cannot serve.
     pub no_give_up: bool,
+    /// Shared liveness: a supporter that sees a later epoch ends the earlier one at once,
+    /// releasing its replicas before the promise made under it has run out.
+    pub end_epoch_at_once: bool,
+    /// Shared liveness: a leader of a new term keeps counting the fortifications its followers
+    /// made for an earlier term.
+    pub count_earlier_terms: bool,
 }
 
 impl TestingKnobs {
@@ -63,12 +72,18 @@ impl TestingKnobs {
             (self.no_boot_promise, "no_boot_promise"),
             (self.no_campaign_hold, "no_campaign_hold"),
             (self.no_transfer_fence, "no_transfer_fence"),
+            (
+                self.lift_fence_after_timeout_now,
+                "lift_fence_after_timeout_now",
+            ),
             (self.remap_retired_ctx, "remap_retired_ctx"),
             (self.renew_any_singleton, "renew_any_singleton"),
             (self.keep_removed_leader, "keep_removed_leader"),
             (self.no_campaign_jitter, "no_campaign_jitter"),
             (self.forget_withdrawals, "forget_withdrawals"),
             (self.no_give_up, "no_give_up"),
+            (self.end_epoch_at_once, "end_epoch_at_once"),
+            (self.count_earlier_terms, "count_earlier_terms"),
         ];
         knobs
             .into_iter()
@@ -110,6 +125,12 @@ impl Safeties {
     /// The lease is fenced for the rest of the term once a transfer is under way.
     pub(crate) fn transfer_fence(&self) -> bool {
         !self.testing.no_transfer_fence
+    }
+
+    /// A leader whose transfer raft gave up after `MsgTimeoutNow` left steps down rather than
+    /// lift the fence: the late message could still start a forced election in this term.
+    pub(crate) fn abandoned_transfer_steps_down(&self) -> bool {
+        !self.testing.lift_fence_after_timeout_now
     }
 
     /// Only this node being the one voter (in every half) lets it renew from its own clock.

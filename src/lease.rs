@@ -125,6 +125,14 @@ impl LeaderLease {
         self.expiry_ns = None;
     }
 
+    /// raft gave up a transfer before `MsgTimeoutNow` left: no forced election can come of it,
+    /// so the lease may be earned again in this term, by rounds sent from now on.
+    pub fn lift_transfer_fence(&mut self) {
+        assert!(self.fenced, "lifting a fence that is not there");
+        debug_assert!(self.expiry_ns.is_none(), "a fenced lease has no expiry");
+        self.fenced = false;
+    }
+
     /// A membership change was applied: drop the lease until a quorum of the new configuration acks.
     pub fn reset_for_config_change(&mut self) {
         self.expiry_ns = None;
@@ -297,6 +305,28 @@ mod tests {
         assert_eq!(l.on_quorum_ack(5, 200), AckOutcome::Ignored);
         l.start_term(6);
         assert!(!l.is_fenced());
+    }
+
+    #[test]
+    fn a_lifted_fence_takes_acks_again_in_the_same_term() {
+        let mut l = lease();
+        l.on_quorum_ack(5, 100);
+        l.fence_for_transfer();
+        l.lift_transfer_fence();
+        assert!(!l.is_fenced());
+        assert_eq!(
+            l.state(101),
+            LeaseState::Expired,
+            "lifting restores nothing"
+        );
+        assert_eq!(l.on_quorum_ack(5, 200), AckOutcome::Extended);
+        assert_eq!(l.state(201), LeaseState::Valid);
+    }
+
+    #[test]
+    #[should_panic(expected = "lifting a fence that is not there")]
+    fn lifting_a_fence_that_is_not_there_is_a_programmer_error() {
+        lease().lift_transfer_fence();
     }
 
     #[test]

@@ -163,8 +163,9 @@ pub enum CampaignError {
 /// // Meanwhile the others elect a leader (after their promises end) and take a write. When the
 /// // old leader hears of it, it steps down and its waiting read fails: never answered stale.
 /// run(&mut nodes, &clock, 1_000, Some(leader))?;
-/// let new_leader = nodes.iter().position(|(node, _)| node.is_leader()).expect("a new leader");
-/// assert_ne!(new_leader, leader);
+/// // (The cut-off node still believes it leads, so look among the others.)
+/// let others = (0..3).filter(|&i| i != leader);
+/// let new_leader = others.into_iter().find(|&i| nodes[i].0.is_leader()).expect("a new leader");
 /// nodes[new_leader].0.propose(vec![], b"k=v2".to_vec())?;
 /// run(&mut nodes, &clock, 100, None)?;
 /// let (node, app) = &mut nodes[leader];
@@ -206,6 +207,9 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     in_ready: bool,
     /// This leader applied its own removal; it steps down at the next point outside a `Ready`.
     removed_while_leading: bool,
+    /// The term in which this leader last sent `MsgTimeoutNow` (0: never). A transfer raft gives
+    /// up after that cannot lift the fence: the message may still arrive and force an election.
+    timeout_now_term: u64,
     /// Ticks since this leader last sent a round of heartbeats.
     ticks_since_round: u64,
     /// Answers to [`LeaseNode::raw_read_index`] calls, for the caller to take.
@@ -266,6 +270,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             lease_was_held: false,
             in_ready: false,
             removed_while_leading: false,
+            timeout_now_term: 0,
             ticks_since_round: 0,
             raw_read_states: Vec::new(),
         };
@@ -470,7 +475,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                     sent_round = true;
                     self.stamp_heartbeat(m, &mut tag, now_ns);
                 }
-                MessageType::MsgTimeoutNow => self.fence_for_transfer("MsgTimeoutNow is leaving"),
+                MessageType::MsgTimeoutNow => {
+                    self.timeout_now_term = term;
+                    self.fence_for_transfer("MsgTimeoutNow is leaving");
+                }
                 _ => {}
             }
         }
@@ -526,6 +534,38 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         self.in_ready = false;
         self.step_down_if_removed();
         self.sync();
+    }
+
+    /// raft gave up a transfer (its transferee did not take over within an election timeout),
+    /// leaving this leader fenced for the rest of a term that may never end. If `MsgTimeoutNow`
+    /// never left (nor waits to), nothing can force an election: lift the fence. If it left, a
+    /// late copy can still force one in the next term, so no lease is safe in this term: step
+    /// down (never inside a `Ready`), and let a new term be elected, where a lease can be had.
+    fn end_abandoned_transfer(&mut self) {
+        let r = &self.raw.raft;
+        let abandoned = r.state == StateRole::Leader
+            && r.lead_transferee.is_none()
+            && self.seen == (StateRole::Leader, r.term)
+            && self.lease.is_fenced();
+        if !abandoned || self.in_ready {
+            return;
+        }
+        let term = r.term;
+        let queued = r
+            .msgs
+            .iter()
+            .any(|m| m.get_msg_type() == MessageType::MsgTimeoutNow);
+        let left = self.timeout_now_term == term || queued;
+        if !left {
+            self.lease.lift_transfer_fence();
+            debug_assert!(!self.lease.is_fenced() && self.lease.usable_until_ns().is_none());
+            info!(self.logger, "transfer given up before MsgTimeoutNow left: fence lifted"; "term" => term);
+        } else if self.safeties.abandoned_transfer_steps_down() {
+            self.raw.raft.become_follower(term, raft::INVALID_ID);
+            info!(self.logger, "transfer given up after MsgTimeoutNow left: stepped down"; "term" => term);
+        } else {
+            self.lease.lift_transfer_fence(); // the negative control
+        }
     }
 
     /// A leader that applied its own removal steps down, but never between `ready()` and
@@ -635,7 +675,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Transfer leadership. Once raft acts on it (sets its transferee, or sends
     /// `MsgTimeoutNow`), the lease is fenced for the rest of this term, before `MsgTimeoutNow`
     /// can leave; reads fall back to ReadIndex until the next term. A transfer raft ignores (to
-    /// itself, to a learner) costs nothing.
+    /// itself, to a learner) costs nothing. If raft gives the transfer up (its transferee did
+    /// not take over within an election timeout), the fence is lifted when `MsgTimeoutNow`
+    /// never left, and otherwise this leader steps down so that a later term can lease again.
     pub fn transfer_leader(&mut self, transferee: u64) {
         self.raw.transfer_leader(transferee);
         self.sync();
@@ -836,6 +878,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Notice role and term changes, a transfer under way, the first commit of a term, and
     /// publish for read handles.
     fn sync(&mut self) {
+        self.end_abandoned_transfer();
         let (role, term) = (self.raw.raft.state, self.raw.raft.term);
         if (role, term) != self.seen {
             if self.seen.0 == StateRole::Leader {
@@ -969,6 +1012,17 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         let r = &mut self.raw.raft;
         if r.state != StateRole::Leader {
             r.election_elapsed = r.randomized_election_timeout();
+        }
+    }
+
+    /// As a follower, forget the leader: its support ended, so its term's lease has ended too.
+    /// raft-rs ignores every vote request while a follower knows a leader it heard from within
+    /// an election timeout, and a quiescent replica's timer stands still, so without this it
+    /// would refuse the other survivors' campaigns for a full timeout.
+    pub fn forget_leader(&mut self) {
+        let r = &mut self.raw.raft;
+        if r.state == StateRole::Follower {
+            r.leader_id = raft::INVALID_ID;
         }
     }
 

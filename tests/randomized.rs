@@ -190,6 +190,14 @@ fn control_no_transfer_fence_is_caught() {
 }
 
 #[test]
+fn control_fence_lifted_after_timeout_now_left_is_caught() {
+    assert_caught(
+        "fence lifted after MsgTimeoutNow left",
+        Control::Safeties(knob(|k| k.lift_fence_after_timeout_now = true)),
+    );
+}
+
+#[test]
 fn control_resent_context_credited_later_is_caught() {
     assert_caught(
         "re-sent context remapped",

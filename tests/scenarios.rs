@@ -89,7 +89,7 @@ fn assert_caught(runs: &[(u64, CheckReport)]) -> usize {
 #[test]
 fn every_scenario_has_a_negative_control() {
     let all = scenarios::all();
-    assert_eq!(all.len(), 10);
+    assert_eq!(all.len(), 11);
     for s in &all {
         assert!(
             !matches!(s.control, scenarios::Control::Safeties(c) if c.all_on()),
@@ -164,6 +164,16 @@ fn delayed_timeout_now_never_gives_two_holders() {
 #[test]
 fn control_no_transfer_fence_gives_two_holders() {
     assert_caught(&run_seeds("delayed MsgTimeoutNow", false));
+}
+
+#[test]
+fn control_lifting_the_fence_after_timeout_now_left_gives_two_holders() {
+    // The safe run is `delayed_timeout_now_never_gives_two_holders`: the same scenario, where
+    // the leader steps down when raft gives the transfer up.
+    assert_caught(&run_seeds(
+        "transfer given up after MsgTimeoutNow left",
+        false,
+    ));
 }
 
 #[test]
@@ -421,4 +431,77 @@ fn idle_lease_adds_no_messages_beyond_raft_heartbeats() {
         "the lease must ride on raft's own heartbeats at idle"
     );
     assert!(with_lease > 0);
+}
+
+// ----- a transfer raft gives up ----------------------------------------------------------------
+
+fn term_of(sim: &SimCluster, node: u64) -> u64 {
+    sim.node(node).map_or(0, |n| n.raw().raft.term)
+}
+
+/// A transfer to a follower that is down and behind: raft sends it appends, never
+/// `MsgTimeoutNow`, and gives the transfer up after an election timeout. Nothing can force an
+/// election, so the fence is lifted and the same leader leases again in the same term (before
+/// the fix it stayed fenced for a term that need never end).
+#[test]
+fn a_transfer_given_up_before_timeout_now_left_lifts_the_fence() {
+    for seed in SEEDS {
+        let mut sim = SimCluster::new(config(seed, Safeties::default()));
+        let l = elect(&mut sim);
+        sim.run_with_load(300, &Load::default());
+        let to = others(&sim, l)[0];
+        sim.crash(to);
+        sim.run_with_load(200, &Load::default()); // writes the crashed node lacks
+        let term = term_of(&sim, l);
+        sim.transfer_leader(l, to);
+        assert!(
+            sim.node(l).unwrap().lease_status().fenced,
+            "seed {seed}: not fenced"
+        );
+        let leased_again = |s: &SimCluster| {
+            let status = s.node(l).unwrap().lease_status();
+            status.state.is_held() && !status.fenced
+        };
+        assert!(
+            sim.run_until(2_000, leased_again),
+            "seed {seed}: still fenced 2 s after the transfer: {:?}",
+            sim.node(l).unwrap().lease_status()
+        );
+        assert_eq!(sim.leader(), Some(l), "seed {seed}");
+        assert_eq!(term_of(&sim, l), term, "seed {seed}: the term changed");
+        sim.restart(to);
+        sim.run_with_load(500, &Load::default());
+        let r = sim.check();
+        assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
+    }
+}
+
+/// A transfer whose `MsgTimeoutNow` left but is held up in the network: raft gives the transfer
+/// up, and since the late message could still force an election, the leader steps down, and a
+/// later term holds a lease (before the fix: fenced for good, reads on ReadIndex for ever).
+#[test]
+fn a_transfer_given_up_after_timeout_now_left_ends_the_term() {
+    for seed in SEEDS {
+        let mut sim = SimCluster::new(config(seed, Safeties::default()));
+        let l = elect(&mut sim);
+        sim.run_with_load(300, &Load::default());
+        let term = term_of(&sim, l);
+        let to = others(&sim, l)[0];
+        sim.net_mut()
+            .delay_type(raft::eraftpb::MessageType::MsgTimeoutNow, 60_000_000_000);
+        sim.transfer_leader(l, to);
+        let leased_later = |s: &SimCluster| {
+            s.ids().into_iter().any(|n| {
+                let status = s.node(n).map(|x| x.lease_status());
+                status.is_some_and(|st| st.state.is_held() && st.term > Some(term))
+            })
+        };
+        assert!(
+            sim.run_until(5_000, leased_later),
+            "seed {seed}: no lease in a later term 5 s after the transfer was given up"
+        );
+        sim.run_with_load(300, &Load::default());
+        let r = sim.check();
+        assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
+    }
 }

@@ -158,6 +158,12 @@ pub fn all() -> Vec<Scenario> {
             delayed_timeout_now,
         ),
         Scenario::new(
+            "transfer given up after MsgTimeoutNow left",
+            "a late forced election after the fence was lifted",
+            Control::Safeties(knob(|k| k.lift_fence_after_timeout_now = true)),
+            delayed_timeout_now,
+        ),
+        Scenario::new(
             "follower restart",
             "a restarted node forgets its promise (tikv/tikv#15035)",
             Control::Safeties(knob(|k| k.no_boot_promise = true)),

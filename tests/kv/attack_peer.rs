@@ -318,11 +318,25 @@ fn huge_commit_attack(insecure: bool, extra: &[&'static str]) -> (Option<i32>, C
     for (cred, m) in forged {
         forge::send(&c, f[0], cred, &[m]);
     }
-    let deadline = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < deadline && c.running(f[0]) {
+    // Until the follower has dealt with the members' forgeries: it dropped them all, or it died.
+    // A generous deadline, for a loaded machine: the wait ends as soon as either is seen.
+    let members_forged = if insecure { 4 } else { 3 };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let port = c.port(f[0]);
+    let dropped = || {
+        let (_, text) = http(port, "GET", "/metrics", b"")?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("kv_peer_inadmissible_total{"))?;
+        line.rsplit(' ').next()?.parse::<u64>().ok()
+    };
+    while Instant::now() < deadline
+        && c.running(f[0])
+        && dropped().is_none_or(|n| n < members_forged)
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let exit = (!c.running(f[0])).then(|| c.wait_exit(f[0], 1).code().unwrap_or(-1));
+    let exit = (!c.running(f[0])).then(|| c.wait_exit(f[0], 5).code().unwrap_or(-1));
     (exit, c, l)
 }
 
