@@ -20,6 +20,8 @@ mod forge;
 mod membership;
 #[path = "kv/ports.rs"]
 mod ports;
+#[path = "kv/sessions.rs"]
+mod sessions;
 #[path = "kv/snapshots.rs"]
 mod snapshots;
 #[path = "kv/usability.rs"]
@@ -522,31 +524,7 @@ fn concurrent_writes_are_proposed_together_and_share_one_fsync() {
 #[test]
 fn kv_bench_writes_its_cells_as_json() {
     let _serial = cluster::serial();
-    let (base, _ports) = ports::reserve_base(3);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bench.json");
-    let out = std::process::Command::new(cluster::exe())
-        .args([
-            "bench",
-            "--seconds",
-            "1",
-            "--clients",
-            "1,2",
-            "--base-port",
-            &base.to_string(),
-            "--json",
-        ])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{stdout}");
-    let text = std::fs::read_to_string(&path).unwrap();
+    let text = sessions::run_bench(&["--seconds", "1", "--clients", "1,2"]);
     let cells: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap();
     assert_eq!(
         text.lines().count(),

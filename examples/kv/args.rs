@@ -45,6 +45,8 @@ pub struct NodeOptions {
     pub insecure_peers: bool,
     /// raft-rs `LeaseBased` reads (unsafe, for demonstrations).
     pub unsafe_lease_based: bool,
+    /// Keep-alives answered without the leader-lease check (unsafe, the sessions' control).
+    pub unsafe_keepalive_without_lease: bool,
     /// Snapshot and compact every this many applied entries.
     pub snapshot_every: u64,
     /// Join a running cluster through this member's HTTP address.
@@ -153,6 +155,10 @@ pub struct NodeArgs {
     /// UNSAFE: use raft-rs ReadOnlyOption::LeaseBased instead of the lease (to demonstrate the hazard).
     #[arg(long)]
     pub unsafe_lease_based: bool,
+    /// UNSAFE: answer session keep-alives without checking the leader lease (to demonstrate the
+    /// hazard: a deposed leader stretches a client's session past the new leader's).
+    #[arg(long)]
+    pub unsafe_keepalive_without_lease: bool,
     /// Snapshot and compact the raft log every this many applied entries.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_every: u64,
@@ -274,6 +280,7 @@ impl NodeArgs {
             admin_token,
             insecure_peers: self.insecure_peers,
             unsafe_lease_based: self.unsafe_lease_based,
+            unsafe_keepalive_without_lease: self.unsafe_keepalive_without_lease,
             snapshot_every: self.snapshot_every,
             join: join.map(str::to_string),
             max_state_bytes: self.max_state_bytes,

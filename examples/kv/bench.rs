@@ -34,6 +34,15 @@ pub struct BenchArgs {
     /// Write the cells as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Instead of the cells: this many sessions kept alive on the leader for `--seconds`.
+    #[arg(long)]
+    sessions: Option<usize>,
+    /// The sessions' TTL.
+    #[arg(long, default_value_t = 12_000)]
+    ttl_ms: u64,
+    /// Keep-alive connections for `--sessions`.
+    #[arg(long, default_value_t = 32)]
+    conns: usize,
 }
 
 /// One measured cell.
@@ -87,7 +96,7 @@ pub fn run(args: BenchArgs) -> i32 {
     let children: Result<Vec<_>, _> = (1..=3).map(|id| plan.spawn(id)).collect();
     let code = match children {
         Ok(c) => {
-            let code = match bench(&args, layout) {
+            let code = match pick(&args, layout) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -103,6 +112,26 @@ pub fn run(args: BenchArgs) -> i32 {
         }
     };
     code
+}
+
+/// The sessions bench with `--sessions`, else the cells.
+fn pick(args: &BenchArgs, layout: Layout) -> Result<(), String> {
+    let Some(sessions) = args.sessions else {
+        return bench(args, layout);
+    };
+    let load = crate::bench_sessions::SessionLoad {
+        sessions,
+        ttl_ms: args.ttl_ms,
+        conns: args.conns.max(1),
+        seconds: args.seconds,
+    };
+    let report = crate::bench_sessions::bench(&leader_addr(layout)?, &load)?;
+    crate::bench_sessions::print(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, format!("{report}\n"))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn leader_addr(layout: Layout) -> Result<String, String> {

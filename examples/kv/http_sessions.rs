@@ -1,11 +1,16 @@
-//! Sessions and locks over HTTP, and the answers to every write's outcome.
+//! Sessions and locks over HTTP, and the answers to every write's outcome. Keep-alives are
+//! answered from the leader's memory under its lease (see `sessions_local`); everything else is a
+//! raft entry.
 
 use hyper::body::Incoming;
 use hyper::Method;
+use raft_lease::Clock;
 use serde_json::{json, Value};
 
+use crate::conns::Phase;
 use crate::http::{json_body, leader_only, method_not_allowed, name, param, write, Ctx};
 use crate::reply::{error, error_with, reply, Reply};
+use crate::sessions_local::LocalKeepAlive;
 use crate::state::{Command, Outcome, Refusal};
 
 /// `/session`, `/session/keepalive`, `/session/<id>`, `/lock/<name>`.
@@ -31,8 +36,7 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
                 .and_then(Value::as_array)
                 .and_then(|a| a.iter().map(Value::as_u64).collect())
                 .ok_or_else(|| error(400, "bad_json", "expected {\"ids\": [N, ...]}"))?;
-            let cmd = Command::SessionKeepalive { ids, now_ns: 0 };
-            write(c, cmd, Vec::new(), None).await
+            keepalive(c, &ids).await
         }
         (&Method::DELETE, p) if p.starts_with("/session/") => {
             let id = p[9..]
@@ -46,6 +50,44 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
         (_, p) if p.starts_with("/session/") => Err(method_not_allowed(m, path, "DELETE")),
         _ => Err(error(404, "not_found", format!("no route for {m} {path}"))),
     }
+}
+
+/// `POST /session/keepalive {"ids": [...]}`: refresh in the leader's memory, then answer only
+/// if the lease is still valid (read first, validate second). Sessions a checkpoint names are
+/// answered once a replicated keep-alive has cleared it. `"via"` says which: `lease` or `raft`.
+async fn keepalive(c: &Ctx<'_>, ids: &[u64]) -> Result<Reply, Reply> {
+    let raft = &c.app.raft;
+    let term = raft.leadership.term();
+    c.conn.set(Phase::Waiting);
+    let refresh = || {
+        let now_ns = raft.clock.now_ns();
+        raft.machine.write().keepalive_local(ids, term, now_ns)
+    };
+    let local = match c.app.opts.unsafe_keepalive_without_lease {
+        true => refresh(), // the control: no lease check
+        false => raft.handle.read(refresh).map_err(|_| {
+            let detail = "no valid leader lease: keep-alives are answered only under it; retry";
+            error(503, "lease_not_held", detail).with_header("retry-after", "1")
+        })?,
+    };
+    let ka = local.map_err(|r| outcome_reply(Outcome::Refused(r)))?;
+    if ka.via_raft.is_empty() {
+        return Ok(keepalive_reply(&ka, "lease"));
+    }
+    let cmd = Command::SessionKeepalive {
+        ids: ka.via_raft.clone(),
+        now_ns: 0,
+    };
+    let r = write(c, cmd, Vec::new(), None).await?;
+    match r.status {
+        200 => Ok(keepalive_reply(&ka, "raft")),
+        _ => Err(r),
+    }
+}
+
+fn keepalive_reply(ka: &LocalKeepAlive, via: &str) -> Reply {
+    let body = json!({"refreshed": ka.refreshed, "unknown": ka.unknown, "via": via});
+    reply(200, body)
 }
 
 /// `POST /lock/<name>?session=S` takes the lock; `DELETE /lock/<name>?session=S[&token=T]`
@@ -111,11 +153,14 @@ fn refusal_reply(r: Refusal) -> Reply {
             format!("no live session {id}"),
             json!({"session": id}),
         ),
-        Refusal::LockHeld { holder } => error_with(
+        Refusal::LockHeld { holder, token } => error_with(
             409,
             "lock_held",
-            format!("session {holder} holds the lock"),
-            json!({"holder": holder}),
+            match token {
+                Some(_) => format!("session {holder}, the asking one, holds the lock already: the token is not a grant; unlock with it and lock again"),
+                None => format!("session {holder} holds the lock"),
+            },
+            json!({"holder": holder, "token": token, "granted": false}),
         ),
         Refusal::StaleFence { token, current } => error_with(
             409,

@@ -1,6 +1,9 @@
 //! The KV's own part of the raft loop: its state (keys, sessions, locks) as a
-//! [`StateMachine`], what the leader fills in before proposing (its clock), and its
-//! housekeeping (a new leader's sessions takeover, then session expiry).
+//! [`StateMachine`], what the leader fills in and checks before proposing (its clock; that the
+//! session is live in its memory), and its housekeeping (a new leader's sessions takeover, then
+//! session expiry and checkpoints, see `sessions_local`).
+
+use raft_lease::grant::SessionId;
 
 use crate::raft_loop::{Leading, StateMachine};
 use crate::state::{decode, encode, Command, KvState, Outcome, Refusal, Stored};
@@ -55,7 +58,8 @@ impl StateMachine for KvState {
     }
 
     /// Session times are the leader's clock readings, and mean something only once the
-    /// sessions are on this leader's clock (its `Takeover` applied).
+    /// sessions are on this leader's clock (its `Takeover` applied). A lock or a put tied to a
+    /// session needs the session live in the leader's memory now: replicas do not look at time.
     fn prepare(&self, c: KvCommand, at: &Leading) -> Result<Vec<u8>, Outcome> {
         let KvCommand { mut cmd, value } = c;
         if cmd.on_leader_clock() {
@@ -64,28 +68,34 @@ impl StateMachine for KvState {
             }
             cmd.set_now(at.now_ns);
         }
+        if let Some(id) = cmd.session_to_check() {
+            if !self.sessions.is_live(SessionId(id), at.now_ns) {
+                return Err(Outcome::Refused(Refusal::UnknownSession(id)));
+            }
+        }
         Ok(encode(&cmd, &value))
     }
 
     /// First a takeover, which re-bases every session on the new leader's clock; then the
-    /// expiry of sessions whose TTL ran out on it.
-    fn housekeeping(&self, at: &Leading) -> Option<Vec<u8>> {
+    /// expiry of sessions whose TTL ran out in its memory; then, every second, a checkpoint of
+    /// idle sessions.
+    fn housekeeping(&mut self, at: &Leading) -> Option<Vec<u8>> {
         let cmd = if self.sessions_term != at.term {
             Command::Takeover {
                 term: at.term,
                 now_ns: at.now_ns,
             }
-        } else if self
-            .sessions
-            .next_expiry_ns()
-            .is_some_and(|t| t <= at.now_ns)
-        {
-            Command::Expire {
-                term: at.term,
-                now_ns: at.now_ns,
-            }
         } else {
-            return None;
+            let ids = self.expired_ids(at.now_ns);
+            if !ids.is_empty() {
+                Command::Expire {
+                    term: at.term,
+                    now_ns: at.now_ns,
+                    ids,
+                }
+            } else {
+                self.checkpoint_due(at.term, at.now_ns)?
+            }
         };
         Some(encode(&cmd, &[]))
     }

@@ -278,6 +278,9 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
     if opts.unsafe_lease_based {
         warn!(log, "!!! --unsafe-lease-based: raft-rs LeaseBased reads can be STALE. For demonstrations only. !!!");
     }
+    if opts.unsafe_keepalive_without_lease {
+        warn!(log, "!!! --unsafe-keepalive-without-lease: a deposed leader can keep sessions alive past the new leader's expiry. For demonstrations only. !!!");
+    }
     let fds = args.http_limits.max_connections + crate::limits::peer::MAX_PENDING + 256;
     crate::limits::ensure_open_files(fds as u64).map_err(config)?;
     let storage = crate::marker::open_data_dir(

@@ -68,8 +68,9 @@ pub trait StateMachine: Sized + Send + Sync + 'static {
     /// clock reading filled in), or why it cannot be proposed now.
     /// A refusal is answered as [`WriteReply::Refused`].
     fn prepare(&self, cmd: Self::Command, at: &Leading) -> Result<Vec<u8>, Self::Outcome>;
-    /// On the leader, once per tick with no housekeeping entry in flight: an entry to propose.
-    fn housekeeping(&self, at: &Leading) -> Option<Vec<u8>>;
+    /// On the leader, once per tick with no housekeeping entry in flight: an entry to propose
+    /// (the state may note what it proposed, such as a checkpoint in flight).
+    fn housekeeping(&mut self, at: &Leading) -> Option<Vec<u8>>;
 }
 
 /// The leader's term and clock, for [`StateMachine::prepare`] and housekeeping.
@@ -192,6 +193,8 @@ pub struct Leadership {
     is_leader: AtomicBool,
     /// The leader's id; 0 when none is known.
     leader_id: AtomicU64,
+    /// The node's raft term.
+    term: AtomicU64,
 }
 
 impl Leadership {
@@ -204,7 +207,13 @@ impl Leadership {
         )
     }
 
-    fn set(&self, is_leader: bool, leader: Option<u64>) {
+    /// The node's raft term, as of the raft thread's last pass.
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::Acquire)
+    }
+
+    fn set(&self, is_leader: bool, leader: Option<u64>, term: u64) {
+        self.term.store(term, Ordering::Release);
         self.leader_id.store(leader.unwrap_or(0), Ordering::Release);
         self.is_leader.store(is_leader, Ordering::Release);
     }
@@ -584,7 +593,7 @@ impl<M: StateMachine> RaftLoop<M> {
         {
             return;
         }
-        let Some(data) = self.shared.machine.read().housekeeping(&at) else {
+        let Some(data) = self.shared.machine.write().housekeeping(&at) else {
             return;
         };
         if let Ok(index) = self.propose_entry(data) {
@@ -628,8 +637,8 @@ impl<M: StateMachine> RaftLoop<M> {
         let (is_leader, term) = (self.node.is_leader(), self.node.raw().raft.term);
         let leader = self.node.leader_id();
         let changed = self.shared.leadership.get() != (is_leader, leader)
-            || self.shared.status.read().term != term;
-        self.shared.leadership.set(is_leader, leader);
+            || self.shared.leadership.term() != term;
+        self.shared.leadership.set(is_leader, leader, term);
         self.io.on_role(is_leader, term);
         if ticked || changed {
             self.io.publish(&self.node);

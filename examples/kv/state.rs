@@ -4,20 +4,25 @@
 //! a 1 MiB value is not inflated by JSON. Session times are the proposing leader's clock readings
 //! (`now_ns`); a new leader first proposes `Takeover`, which re-bases every session on its clock.
 //!
-//! Clocks: an expiry is compared only with readings of the clock it was set on. `Takeover` sets
-//! every expiry to `now + ttl·(1+ρ) + ε` from the new leader's clock alone, never comparing it with
-//! the old leader's readings ([`Sessions::takeover`]). Session commands are proposed only once the
-//! leader's `Takeover` is applied, and `Expire` carries its term, so each applies on one clock.
+//! **Keep-alives are the leader's alone** (see `sessions_local`): the leader moves a session's
+//! expiry in its own copy of the sessions and answers under its lease; no raft entry. So the
+//! copies differ in their expiries, and **applying an entry never compares a time**: the leader
+//! decides, on its clock, which sessions are live when it proposes (`prepare`) and which expired
+//! (`Expire` names them), and what each had left (`Checkpoint` names it); every replica applies
+//! those decisions alike. Only a `Takeover` sets expiries, from the new leader's clock alone,
+//! never comparing it with the old leader's readings ([`Sessions::takeover`]).
 //!
-//! Restart: this replicated grantor uses the *restore* path, not a boot holdback. Every session,
-//! keep-alive and lock is answered only once committed, so the raft log is the persisted record
-//! and holds everything a holdback would wait out; a holdback would instead refuse session
-//! commands for `max_ttl·(1+ρ) + ε` (10 minutes) after every failover.
+//! Restart: this replicated grantor uses the *restore* path, not a boot holdback. Grants, locks,
+//! checkpoints and expiries are answered only once committed, and a keep-alive answered from the
+//! leader's memory is covered by the takeover rule (a new leader gives every session what its
+//! last checkpoint recorded, or a full TTL), so the raft log holds everything a holdback would
+//! wait out; a holdback would instead refuse session commands for `max_ttl·(1+ρ) + ε` (10 minutes)
+//! after every failover.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use raft_lease::grant::{
-    GrantConfig, SessionError, SessionId, SessionImage, Sessions, SessionsImage,
+    GrantConfig, SessionError, SessionId, SessionImage, Sessions, SessionsCheckpoint, SessionsImage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -50,7 +55,9 @@ pub enum Command {
         /// The proposing leader's clock.
         now_ns: u64,
     },
-    /// Refresh sessions.
+    /// Sessions the leader refreshed (in its memory) while a checkpoint named them: clears
+    /// their checkpoint on every replica, so that a takeover gives them a full TTL again. The
+    /// only keep-alive that is a raft entry (see `sessions_local`).
     SessionKeepalive {
         /// The sessions.
         ids: Vec<u64>,
@@ -89,12 +96,27 @@ pub enum Command {
         /// Its clock.
         now_ns: u64,
     },
-    /// End sessions whose TTL ran out by `now_ns` on the leader of `term`.
+    /// End the sessions `ids`, whose TTL ran out by `now_ns` on the leader of `term` (its
+    /// decision, from the expiries in its memory).
     Expire {
         /// The leader's term.
         term: u64,
         /// Its clock.
         now_ns: u64,
+        /// The sessions to end (an entry of the older form, without them, ends none).
+        #[serde(default)]
+        ids: Vec<u64>,
+    },
+    /// The time each of `remaining`'s sessions had left at `now_ns` on the leader of `term`, for
+    /// the next takeover ([`Sessions::checkpoint`]): only sessions with no keep-alive for half
+    /// their TTL, so that a client renewing on time never needs a raft entry.
+    Checkpoint {
+        /// The leader's term.
+        term: u64,
+        /// Its clock.
+        now_ns: u64,
+        /// (session, ns left on the leader's clock).
+        remaining: Vec<(u64, u64)>,
     },
 }
 
@@ -110,6 +132,16 @@ impl Command {
                 | Command::SessionKeepalive { .. }
                 | Command::Lock { .. }
         )
+    }
+
+    /// The session the leader must find live (on its clock) before it proposes: a lock's, or
+    /// the one a put ties its key to. Replicas only check that it exists.
+    pub fn session_to_check(&self) -> Option<u64> {
+        match self {
+            Command::Put { session, .. } => *session,
+            Command::Lock { session, .. } => Some(*session),
+            _ => None,
+        }
     }
 
     /// Fill in the proposing leader's clock reading.
@@ -168,10 +200,13 @@ pub enum Outcome {
 pub enum Refusal {
     /// No live session with this id.
     UnknownSession(u64),
-    /// Another session holds the lock.
+    /// A session holds the lock: another one, or the asking one itself.
     LockHeld {
         /// The session holding it.
         holder: u64,
+        /// Only when the asking session holds it: its token (**not a grant**: unlock with it,
+        /// then lock again for a new token).
+        token: Option<u64>,
     },
     /// A fence whose token is not the lock's current one.
     StaleFence {
@@ -211,6 +246,11 @@ pub struct Stored {
     pub revision: u64,
 }
 
+/// Entries are applied with this time wherever the session library takes one: 0, before every
+/// expiry, so a call checks only that the session exists. Liveness is the leader's decision,
+/// made before it proposes; replicas' expiries are not the leader's (see the module docs).
+pub const APPLY_NOW_NS: u64 = 0;
+
 /// What a key costs in the state's byte count besides its key and value bytes.
 pub const KEY_OVERHEAD_BYTES: u64 = 64;
 
@@ -230,6 +270,15 @@ pub struct KvState {
     pub owners: BTreeMap<String, u64>,
     /// Keys and values in bytes, with [`KEY_OVERHEAD_BYTES`] per key.
     pub bytes: u64,
+    /// Sessions a committed checkpoint names and no replicated keep-alive has cleared since
+    /// (the same on every replica). A keep-alive of one of them must go through raft.
+    pub checkpointed: BTreeSet<u64>,
+    /// The leader's own: sessions named by its checkpoint entry in flight (proposed, not yet
+    /// applied). A keep-alive of one of them must go through raft too, so that its entry comes
+    /// after the checkpoint's and clears it. Empty on followers.
+    pub checkpoint_in_flight: BTreeSet<u64>,
+    /// The leader's own: when (its clock) to propose the next checkpoint.
+    pub next_checkpoint_ns: u64,
 }
 
 /// Sessions' grant config: ρ = 500 ppm, ε = 10 ms, TTLs up to 10 minutes.
@@ -255,6 +304,9 @@ impl KvState {
             applied: 0,
             owners: BTreeMap::new(),
             bytes: 0,
+            checkpointed: BTreeSet::new(),
+            checkpoint_in_flight: BTreeSet::new(),
+            next_checkpoint_ns: 0,
         }
     }
 
@@ -279,30 +331,16 @@ impl KvState {
                 key,
                 session,
                 fence,
-                now_ns,
-            } => self.put(index, key, value, session.map(|s| (s, now_ns)), fence),
+                ..
+            } => self.put(index, key, value, session, fence),
             Command::Delete { key } => self.delete(index, &key),
             Command::SessionGrant { ttl_ms, now_ns } => self.grant(ttl_ms, now_ns),
-            Command::SessionKeepalive { ids, now_ns } => {
-                let ids: Vec<SessionId> = ids.into_iter().map(SessionId).collect();
-                let ka = self.sessions.keepalive(&ids, now_ns);
-                Outcome::KeepAlive {
-                    refreshed: ka.refreshed,
-                    unknown: ka.unknown.into_iter().map(|s| s.0).collect(),
-                }
-            }
-            Command::SessionRevoke { id } => match self.sessions.revoke(SessionId(id)) {
-                Some(revoked) => {
-                    self.delete_owned(id, &revoked.keys);
-                    Outcome::Revoked
-                }
-                None => Outcome::Refused(Refusal::UnknownSession(id)),
+            Command::SessionKeepalive { ids, .. } => self.clear_checkpoints(ids),
+            Command::SessionRevoke { id } => match self.end_session(id) {
+                true => Outcome::Revoked,
+                false => Outcome::Refused(Refusal::UnknownSession(id)),
             },
-            Command::Lock {
-                name,
-                session,
-                now_ns,
-            } => self.lock(&name, session, now_ns),
+            Command::Lock { name, session, .. } => self.lock(&name, session),
             Command::Unlock {
                 name,
                 session,
@@ -319,16 +357,58 @@ impl KvState {
             Command::Takeover { term, now_ns } => {
                 self.sessions.takeover(now_ns);
                 self.sessions_term = term;
+                self.checkpoint_in_flight.clear();
                 Outcome::Housekeeping
             }
-            Command::Expire { term, now_ns } => {
+            Command::Expire { term, ids, .. } => {
                 if term == self.sessions_term {
-                    for (id, revoked) in self.sessions.expire(now_ns) {
-                        self.delete_owned(id.0, &revoked.keys);
+                    for id in ids {
+                        self.end_session(id);
                     }
                 }
                 Outcome::Housekeeping
             }
+            Command::Checkpoint {
+                term, remaining, ..
+            } => {
+                if term == self.sessions_term {
+                    self.checkpointed
+                        .extend(remaining.iter().map(|(id, _)| *id));
+                    let remaining = remaining.into_iter().map(|(id, r)| (SessionId(id), r));
+                    let checkpoint = SessionsCheckpoint {
+                        remaining: remaining.collect(),
+                    };
+                    self.sessions.restore_checkpoint(&checkpoint);
+                    self.checkpoint_in_flight.clear(); // one housekeeping entry at a time
+                }
+                Outcome::Housekeeping
+            }
+        }
+    }
+
+    /// A replicated keep-alive: the leader refreshed `ids` in its memory; clear their checkpoints
+    /// here (time-free: [`APPLY_NOW_NS`] keeps every expiry where it is).
+    fn clear_checkpoints(&mut self, ids: Vec<u64>) -> Outcome {
+        let ids: Vec<SessionId> = ids.into_iter().map(SessionId).collect();
+        let ka = self.sessions.keepalive(&ids, APPLY_NOW_NS);
+        for id in &ids {
+            self.checkpointed.remove(&id.0);
+        }
+        Outcome::KeepAlive {
+            refreshed: ka.refreshed,
+            unknown: ka.unknown.into_iter().map(|s| s.0).collect(),
+        }
+    }
+
+    /// End session `id` (revoked or expired) and delete the keys it still owns; whether it was.
+    fn end_session(&mut self, id: u64) -> bool {
+        self.checkpointed.remove(&id);
+        match self.sessions.revoke(SessionId(id)) {
+            Some(revoked) => {
+                self.delete_owned(id, &revoked.keys);
+                true
+            }
+            None => false,
         }
     }
 
@@ -342,11 +422,14 @@ impl KvState {
         }
     }
 
-    fn lock(&mut self, name: &str, session: u64, now_ns: u64) -> Outcome {
-        match self.sessions.lock(name, SessionId(session), now_ns) {
+    fn lock(&mut self, name: &str, session: u64) -> Outcome {
+        match self.sessions.lock(name, SessionId(session), APPLY_NOW_NS) {
             Ok(token) => Outcome::Token(token),
-            Err(SessionError::LockHeld { holder, .. }) => {
-                Outcome::Refused(Refusal::LockHeld { holder: holder.0 })
+            Err(SessionError::LockHeld { holder, token, .. }) => {
+                Outcome::Refused(Refusal::LockHeld {
+                    holder: holder.0,
+                    token,
+                })
             }
             Err(_) => Outcome::Refused(Refusal::UnknownSession(session)),
         }
@@ -357,7 +440,7 @@ impl KvState {
         index: u64,
         key: String,
         value: &[u8],
-        session: Option<(u64, u64)>,
+        session: Option<u64>,
         fence: Option<(String, u64)>,
     ) -> Outcome {
         if let Some((lock, token)) = fence {
@@ -372,10 +455,10 @@ impl KvState {
             }
         }
         match session {
-            Some((id, now_ns)) => {
+            Some(id) => {
                 if self
                     .sessions
-                    .attach_key(SessionId(id), key.as_bytes(), now_ns)
+                    .attach_key(SessionId(id), key.as_bytes(), APPLY_NOW_NS)
                     .is_err()
                 {
                     return Outcome::Refused(Refusal::UnknownSession(id));
@@ -456,6 +539,7 @@ impl KvState {
                 .collect(),
             lock_tokens: image.lock_tokens.clone(),
             owners: self.owners.iter().map(|(k, s)| (k.clone(), *s)).collect(),
+            checkpoint: checkpoint_rows(&self.sessions.last_checkpoint()),
             keys: self
                 .kv
                 .iter()
@@ -508,6 +592,17 @@ impl KvState {
             lock_tokens: h.lock_tokens,
         };
         state.sessions = Sessions::from_image(session_config(), image);
+        // The checkpoint of the same moment as the image: without it, a node restored from this
+        // snapshot would give full TTLs at its next takeover.
+        let checkpoint = SessionsCheckpoint {
+            remaining: h
+                .checkpoint
+                .iter()
+                .map(|&(id, r)| (SessionId(id), r))
+                .collect(),
+        };
+        state.sessions.restore_checkpoint(&checkpoint);
+        state.checkpointed = h.checkpoint.iter().map(|(id, _)| *id).collect();
         state.sessions_term = h.sessions_term;
         state.applied = h.applied;
         state.owners = h.owners.into_iter().collect();
@@ -528,8 +623,15 @@ struct SnapshotHeader {
     /// (key, session) of every key tied to a session.
     #[serde(default)]
     owners: Vec<(String, u64)>,
+    /// (session, ns left) of the sessions' last checkpoint ([`Sessions::last_checkpoint`]).
+    #[serde(default)]
+    checkpoint: Vec<(u64, u64)>,
     /// (key, revision, value length); the values follow the header, in this order.
     keys: Vec<(String, u64, u64)>,
+}
+
+fn checkpoint_rows(c: &SessionsCheckpoint) -> Vec<(u64, u64)> {
+    c.remaining.iter().map(|(id, r)| (id.0, *r)).collect()
 }
 
 /// Session keys are attached from `String` keys, so they are UTF-8; nothing is decoded lossily.
@@ -621,23 +723,17 @@ mod tests {
                 },
                 b"",
             );
-            s.apply(
-                4,
-                Command::Expire {
-                    term: 3,
-                    now_ns: new_now + hold - 1,
-                },
-                b"",
-            );
+            // The leader's decision, from the expiries in its memory, on its clock alone.
+            assert!(s.expired_ids(new_now + hold - 1).is_empty());
             assert!(s.sessions.is_live(SessionId(id), new_now + hold - 1));
-            s.apply(
-                5,
-                Command::Expire {
-                    term: 3,
-                    now_ns: new_now + hold,
-                },
-                b"",
-            );
+            let ids = s.expired_ids(new_now + hold);
+            assert_eq!(ids, vec![id]);
+            let expire = Command::Expire {
+                term: 3,
+                now_ns: new_now + hold,
+                ids,
+            };
+            s.apply(4, expire, b"");
             assert!(
                 s.sessions.is_empty(),
                 "outlived a full TTL on the new leader's clock"
@@ -702,6 +798,7 @@ mod tests {
             Command::Expire {
                 term: 2,
                 now_ns: 2_000_000_000,
+                ids: copy.expired_ids(2_000_000_000),
             },
             b"",
         );
