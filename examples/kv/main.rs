@@ -36,6 +36,7 @@ mod log;
 mod marker;
 mod members;
 mod metrics;
+mod nemesis;
 mod node;
 mod peer_listen;
 mod raft_io;
@@ -68,6 +69,9 @@ enum Cmd {
     Certs(certs::CertsArgs),
     /// Start a local cluster with a peer delay and compare HTTP lease reads with index reads.
     Bench(bench::BenchArgs),
+    /// Randomized faults against a local cluster, every client operation checked (see README
+    /// "Correctness").
+    Nemesis(nemesis::NemesisArgs),
 }
 
 fn main() {
@@ -77,6 +81,7 @@ fn main() {
         Cmd::Cluster(args) => cluster::run(args),
         Cmd::Certs(args) => certs::run(args),
         Cmd::Bench(args) => bench::run(args),
+        Cmd::Nemesis(args) => nemesis::run(args),
     };
     std::process::exit(code);
 }
