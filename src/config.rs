@@ -53,6 +53,12 @@ pub struct TestingKnobs {
     /// Shared liveness: a leader that steps down does not release its followers' fortification,
     /// so a group stuck on a live node stays fortified to a leader that cannot serve.
     pub no_give_up: bool,
+    /// Shared liveness: a supporter that sees a later epoch ends the earlier one at once,
+    /// releasing its replicas before the promise made under it has run out.
+    pub end_epoch_at_once: bool,
+    /// Shared liveness: a leader of a new term keeps counting the fortifications its followers
+    /// made for an earlier term.
+    pub count_earlier_terms: bool,
 }
 
 impl TestingKnobs {
@@ -69,6 +75,8 @@ impl TestingKnobs {
             (self.no_campaign_jitter, "no_campaign_jitter"),
             (self.forget_withdrawals, "forget_withdrawals"),
             (self.no_give_up, "no_give_up"),
+            (self.end_epoch_at_once, "end_epoch_at_once"),
+            (self.count_earlier_terms, "count_earlier_terms"),
         ];
         knobs
             .into_iter()

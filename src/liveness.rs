@@ -13,8 +13,9 @@
 //!   never comes back at an epoch, so a fortification made under it can never be counted again
 //!   after the replica that made it was let go.
 //! - **Restart.** A node persists one counter, its incarnation, and bumps it at every boot. Its
-//!   epochs as a requester start from the new incarnation (the high 32 bits of an [`Epoch`]), so
-//!   every fortification naming its old epochs dies. As a supporter it forgets what it withdrew,
+//!   epochs as a requester start from the new incarnation (the high 32 bits of an [`Epoch`]): a
+//!   later epoch ends the earlier one as a withdrawal, and the fortifications that name it are
+//!   released once the promise made at it has run out. As a supporter it forgets what it withdrew,
 //!   so it refuses every vote and campaign for `P` after boot (the boot promise), and its
 //!   answers carry the new incarnation, so no requester counts a fortification made before.
 //! - **Fortification** (per group, [`Fortification`]): the replica on `S` of a group led by `R`
@@ -200,6 +201,8 @@ impl Requester {
 
     fn count(a: &mut Asking, epoch: Epoch, incarnation: u32, until_ns: u64) -> bool {
         match &mut a.support {
+            // A late answer from the supporter's earlier incarnation: the newer one is counted.
+            Some(s) if s.epoch == epoch && incarnation < s.incarnation => false,
             Some(s) if s.epoch == epoch && s.incarnation == incarnation => {
                 let later = until_ns > s.until_ns;
                 s.until_ns = s.until_ns.max(until_ns); // never regresses for one (epoch, incarnation)
@@ -250,28 +253,39 @@ pub struct Supporter {
     incarnation: u32,
     /// `P`.
     promise_ns: u64,
-    /// Every vote and campaign is refused before this local instant: the boot promise.
-    boot_until_ns: u64,
     requesters: BTreeMap<NodeId, Giving>,
-    /// Epochs ended early by a later epoch from the same requester (it restarted), not yet
-    /// returned by [`Supporter::withdraw_expired`].
-    ended: Vec<(NodeId, Epoch)>,
+    /// Epochs no longer supported (a later epoch arrived, or a heartbeat found one run out),
+    /// with the local instant their last promise runs to: each is returned by
+    /// [`Supporter::withdraw_expired`] once that instant has passed, never before. A promise
+    /// made is kept to its end, whatever arrives meanwhile.
+    ended: Vec<(NodeId, Epoch, u64)>,
     /// Negative control (tests only): withdrawals are not remembered.
     forget_withdrawals: bool,
+    /// Negative control (tests only): an epoch a later one ends is released at once, before
+    /// the promise made under it runs out.
+    end_at_once: bool,
 }
 
 impl Supporter {
-    /// A supporter of incarnation `incarnation` that booted at `boot_ns`.
-    pub fn new(incarnation: u32, derived: &Derived, boot_ns: u64) -> Self {
+    /// A supporter of incarnation `incarnation`. Its boot promise (no vote, no campaign for
+    /// `P` after boot) is each hosted group's [`crate::LeaseNode`]'s.
+    pub fn new(incarnation: u32, derived: &Derived) -> Self {
         assert!(incarnation > 0, "incarnations start at 1");
         Supporter {
             incarnation,
             promise_ns: derived.promise_ns,
-            boot_until_ns: boot_ns.saturating_add(derived.promise_ns),
             requesters: BTreeMap::new(),
             ended: Vec::new(),
             forget_withdrawals: false,
+            end_at_once: false,
         }
+    }
+
+    /// Negative control: an epoch ended by a later one is released at once.
+    #[doc(hidden)]
+    pub fn control_end_at_once(mut self) -> Self {
+        self.end_at_once = true;
+        self
     }
 
     /// Negative control: support may come back at a withdrawn epoch.
@@ -291,20 +305,27 @@ impl Supporter {
         receipt_ns: u64,
     ) -> Option<SupportMsg> {
         let g = self.requesters.entry(from).or_default();
+        let run_out = g.epoch.filter(|_| receipt_ns >= g.until_ns);
+        if let Some(current) = run_out.filter(|_| !self.forget_withdrawals) {
+            // Support that ran out is withdrawn here if no tick did yet: never renewed.
+            g.epoch = None;
+            g.withdrawn_through = g.withdrawn_through.max(Some(current));
+            self.ended.push((from, current, g.until_ns));
+        }
         if g.withdrawn_through.is_some_and(|w| epoch <= w) && !self.forget_withdrawals {
             return Some(SupportMsg::Withdrawn { epoch });
         }
         match g.epoch {
             Some(current) if epoch < current => return None,
-            // A later epoch while one is supported: the requester restarted (it moves on at
-            // one peer only after that peer withdrew), and its memory of every lease counted on
-            // the earlier epoch went with it. The earlier one ends now, for good, and the
-            // replicas fortified under it are released at once, not left waiting for support
-            // that will never be renewed.
+            // A later epoch while one is supported: the requester restarted, or moved on after
+            // a withdrawal it heard of (perhaps from this node's previous incarnation, late).
+            // The earlier epoch is never renewed again, but the promise made under it is kept to
+            // its end: a lease may still rest on it. Its replicas are released then.
             Some(current) if epoch > current => {
                 g.withdrawn_through = g.withdrawn_through.max(Some(current));
+                let kept_until_ns = if self.end_at_once { 0 } else { g.until_ns };
+                self.ended.push((from, current, kept_until_ns));
                 g.until_ns = 0;
-                self.ended.push((from, current));
             }
             _ => {}
         }
@@ -318,9 +339,13 @@ impl Supporter {
     }
 
     /// Withdraw, for good, every epoch whose support ran out by `now_ns`; returns them.
-    /// Epochs a later one ended since the last call are returned too.
+    /// Epochs ended otherwise (see `ended`) are returned once their promise has run out.
     pub fn withdraw_expired(&mut self, now_ns: u64) -> Vec<(NodeId, Epoch)> {
-        let mut out = std::mem::take(&mut self.ended);
+        let (due, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.ended)
+            .into_iter()
+            .partition(|&(_, _, until_ns)| now_ns >= until_ns);
+        self.ended = kept;
+        let mut out: Vec<(NodeId, Epoch)> = due.into_iter().map(|(r, e, _)| (r, e)).collect();
         for (&r, g) in self.requesters.iter_mut() {
             let Some(epoch) = g.epoch.filter(|_| now_ns >= g.until_ns) else {
                 continue;
@@ -336,11 +361,6 @@ impl Supporter {
     pub fn supports(&self, requester: NodeId, epoch: Epoch, now_ns: u64) -> bool {
         let g = self.requesters.get(&requester);
         g.is_some_and(|g| g.epoch == Some(epoch) && now_ns < g.until_ns)
-    }
-
-    /// Whether the boot promise holds at `now_ns`: no vote, no campaign, in any group.
-    pub fn in_boot_promise(&self, now_ns: u64) -> bool {
-        now_ns < self.boot_until_ns
     }
 
     /// This node's incarnation.
@@ -420,7 +440,7 @@ mod tests {
     fn support_runs_to_exactly_t0_plus_l_and_never_regresses() {
         let (mut r, mut s) = (
             Requester::new(1, &derived(), [2]),
-            Supporter::new(7, &derived(), 0),
+            Supporter::new(7, &derived()),
         );
         let (epoch, seq) = heartbeat(&mut r, 1_000);
         let ack = s.on_heartbeat(1, epoch, seq, 1_010).unwrap();
@@ -450,7 +470,7 @@ mod tests {
     fn a_withdrawn_epoch_offered_again_is_refused_for_good() {
         let (mut r, mut s) = (
             Requester::new(1, &derived(), [2]),
-            Supporter::new(7, &derived(), 0),
+            Supporter::new(7, &derived()),
         );
         let (epoch, seq) = heartbeat(&mut r, 0);
         let ack = s.on_heartbeat(1, epoch, seq, 0).unwrap();
@@ -475,8 +495,8 @@ mod tests {
     }
 
     #[test]
-    fn a_restarted_requesters_later_epoch_ends_the_earlier_one_as_a_withdrawal() {
-        let mut s = Supporter::new(7, &derived(), 0);
+    fn a_later_epoch_ends_the_earlier_one_but_its_promise_is_kept_to_the_end() {
+        let mut s = Supporter::new(7, &derived());
         let (old, new) = (Epoch::first(1), Epoch::first(2));
         s.on_heartbeat(1, old, 1, 0);
         assert!(s.supports(1, old, 1));
@@ -484,24 +504,120 @@ mod tests {
             s.on_heartbeat(1, new, 1, 2),
             Some(SupportMsg::Ack { .. })
         ));
-        assert!(!s.supports(1, old, 2), "the earlier epoch ended at once");
+        assert!(!s.supports(1, old, 2), "the earlier epoch is not renewed");
         assert!(s.supports(1, new, 2));
         assert_eq!(
-            s.withdraw_expired(3),
-            vec![(1, old)],
-            "reported, so that its fortifications are released"
+            s.withdraw_expired(P - 1),
+            vec![],
+            "its replicas stay fortified while the promise made at 0 runs"
         );
-        assert_eq!(s.withdraw_expired(4), vec![], "reported once");
         assert_eq!(
-            s.on_heartbeat(1, old, 2, 5),
+            s.withdraw_expired(P),
+            vec![(1, old)],
+            "then reported, so that they are released"
+        );
+        assert_eq!(s.withdraw_expired(P + 1), vec![], "reported once");
+        assert_eq!(
+            s.on_heartbeat(1, old, 2, P + 2),
             Some(SupportMsg::Withdrawn { epoch: old }),
             "and never supported again"
         );
     }
 
+    /// A withdrawal sent by the supporter's previous incarnation arrives after its new
+    /// incarnation supported the same epoch again: the requester moves on, and its next
+    /// heartbeat must not end support a lease still rests on (review of issue 15, finding 1).
+    fn late_withdrawal_from_an_earlier_incarnation(s2: Supporter) -> Vec<(NodeId, Epoch)> {
+        let mut r = Requester::new(1, &derived(), [2]);
+        let mut s1 = Supporter::new(1, &derived());
+        let (e, seq) = heartbeat(&mut r, 0);
+        r.on_answer(2, s1.on_heartbeat(1, e, seq, 0).unwrap(), 0);
+        assert_eq!(s1.withdraw_expired(P), vec![(1, e)]);
+        let (_, seq) = heartbeat(&mut r, P + 10);
+        let late = s1.on_heartbeat(1, e, seq, P + 10).unwrap();
+        assert_eq!(
+            late,
+            SupportMsg::Withdrawn { epoch: e },
+            "in flight, slowly"
+        );
+        // The supporter restarts as incarnation 2, which supports e again.
+        let mut s2 = s2;
+        let t0 = 2 * P + 20;
+        let (_, seq) = heartbeat(&mut r, t0);
+        assert!(r.on_answer(2, s2.on_heartbeat(1, e, seq, t0).unwrap(), t0));
+        let counted = r.support_from(2, t0).expect("counted");
+        assert_eq!(
+            (counted.epoch, counted.incarnation, counted.until_ns),
+            (e, 2, t0 + L)
+        );
+        // The old answer lands: the requester moves on; its next heartbeat reaches S2.
+        assert!(r.on_answer(2, late, t0 + 1));
+        assert_eq!(r.epoch_for(2), Some(e.next()));
+        let (next, seq) = heartbeat(&mut r, t0 + 1);
+        s2.on_heartbeat(1, next, seq, t0 + 2);
+        // Until t0 + L the requester may count on e from S2: nothing made under it is released.
+        let mut released = s2.withdraw_expired(t0 + 3);
+        released.extend(s2.withdraw_expired(t0 + L - 1));
+        released
+    }
+
+    #[test]
+    fn a_late_withdrawal_from_an_earlier_incarnation_never_cuts_a_promise_short() {
+        let released = late_withdrawal_from_an_earlier_incarnation(Supporter::new(2, &derived()));
+        assert_eq!(released, vec![], "support counted until t0 + L ended early");
+    }
+
+    #[test]
+    fn control_ending_an_epoch_at_once_cuts_a_promise_short() {
+        let s2 = Supporter::new(2, &derived()).control_end_at_once();
+        let released = late_withdrawal_from_an_earlier_incarnation(s2);
+        assert_eq!(
+            released,
+            vec![(1, Epoch::first(1))],
+            "the bug: released early"
+        );
+    }
+
+    #[test]
+    fn a_late_ack_from_an_earlier_incarnation_does_not_replace_the_newer_support() {
+        let mut r = Requester::new(1, &derived(), [2]);
+        let (e, seq_old) = heartbeat(&mut r, 0);
+        let (_, seq_new) = heartbeat(&mut r, 100);
+        let ack = |seq, incarnation| SupportMsg::Ack {
+            epoch: e,
+            seq,
+            incarnation,
+        };
+        assert!(r.on_answer(2, ack(seq_new, 2), 110));
+        assert!(
+            !r.on_answer(2, ack(seq_old, 1), 120),
+            "a copy from before the restart"
+        );
+        assert_eq!(r.support_from(2, 120).map(|s| s.incarnation), Some(2));
+    }
+
+    #[test]
+    fn an_epoch_that_ran_out_is_never_renewed_even_before_the_tick_withdraws_it() {
+        let mut s = Supporter::new(1, &derived());
+        let e = Epoch::first(1);
+        s.on_heartbeat(1, e, 1, 0);
+        assert!(!s.supports(1, e, P), "ran out at P");
+        assert_eq!(
+            s.on_heartbeat(1, e, 2, P + 50),
+            Some(SupportMsg::Withdrawn { epoch: e }),
+            "a heartbeat after the end is answered with the withdrawal"
+        );
+        assert!(!s.supports(1, e, P + 50));
+        assert_eq!(
+            s.withdraw_expired(P + 60),
+            vec![(1, e)],
+            "and its replicas released"
+        );
+    }
+
     #[test]
     fn control_forgetting_withdrawals_supports_a_withdrawn_epoch_again() {
-        let mut s = Supporter::new(7, &derived(), 0).control_forget_withdrawals();
+        let mut s = Supporter::new(7, &derived()).control_forget_withdrawals();
         let epoch = Epoch::first(1);
         s.on_heartbeat(1, epoch, 1, 0);
         s.withdraw_expired(P);
@@ -540,7 +656,7 @@ mod tests {
 
     #[test]
     fn a_restarted_requester_starts_above_every_earlier_epoch() {
-        let mut s = Supporter::new(7, &derived(), 0);
+        let mut s = Supporter::new(7, &derived());
         let old = Epoch::first(1);
         s.on_heartbeat(1, old, 5, 0);
         let new = Epoch::first(2);
@@ -551,19 +667,13 @@ mod tests {
         ));
         assert!(
             !s.supports(1, old, 11),
-            "the old incarnation's epoch ended at once"
+            "the old incarnation's epoch is not renewed"
         );
         assert_eq!(
             s.on_heartbeat(1, old, 6, 12),
             Some(SupportMsg::Withdrawn { epoch: old })
         );
         assert_eq!(new.incarnation(), 2);
-    }
-
-    #[test]
-    fn boot_promise_lasts_p_from_boot() {
-        let s = Supporter::new(3, &derived(), 1_000);
-        assert!(s.in_boot_promise(1_000 + P - 1) && !s.in_boot_promise(1_000 + P));
     }
 
     #[test]

@@ -148,6 +148,15 @@ fn a_restarted_node_recovers_from_its_data_dir_and_sigterm_stops_cleanly() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(exit.success(), "node {l} exited with {exit}");
+    // The log is flushed before exit (no sleep stands in for it): its last record is there.
+    let log = std::fs::read_to_string(c.log_path(l)).unwrap();
+    assert!(
+        log.lines()
+            .last()
+            .is_some_and(|l| l.contains("node stopped")),
+        "the log's last record is missing:\n{}",
+        &log[log.len().saturating_sub(2000)..]
+    );
 }
 
 /// Pause the leader past the election timeout (with `partitioned`, also cut it off first, so

@@ -227,6 +227,16 @@ fn control_drift_beyond_the_bound_is_caught() {
 }
 
 #[test]
+fn control_ending_an_epoch_at_once_is_caught() {
+    assert_caught(MultiControl::EndEpochAtOnce, false);
+}
+
+#[test]
+fn control_counting_an_earlier_terms_fortifications_is_caught() {
+    assert_caught(MultiControl::CountEarlierTerms, false);
+}
+
+#[test]
 fn control_no_give_up_is_caught_by_the_liveness_phase() {
     assert_caught(MultiControl::NoGiveUp, true);
 }
@@ -398,4 +408,102 @@ fn delayed_copy_of_the_winning_vote_request_never_releases_a_fortification() {
     later.term = term + 1;
     replay(&mut c, follower, later);
     assert_eq!(fortified(&c), None, "a campaign for a later term releases");
+}
+
+// ----- scripted episodes ----------------------------------------------------------------------
+
+/// The late-withdrawal episode on a settled 3-node cluster; returns the monitor's findings.
+fn late_withdrawal_violations(end_epoch_at_once: bool) -> usize {
+    use rand::SeedableRng;
+    let mut config = MultiSimConfig {
+        groups: 1,
+        election_spread_ticks: 0,
+        ..MultiSimConfig::default()
+    };
+    config.lease.safeties.testing.end_epoch_at_once = end_epoch_at_once;
+    let mut s = MultiSim::new(config);
+    assert!(s.run_until(5_000, all_leased), "the cluster never settled");
+    s.run_for_ms(1_000);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let done = raft_lease::sim::multi::episodes::late_withdrawal(&mut s, 1, &mut rng);
+    assert!(done.is_some(), "the episode did not run");
+    s.check().violations.len()
+}
+
+#[test]
+fn late_withdrawal_from_a_restarted_supporter_never_cuts_a_lease_short() {
+    assert_eq!(late_withdrawal_violations(false), 0);
+}
+
+#[test]
+fn control_ending_an_epoch_at_once_gives_two_lease_holders() {
+    assert!(
+        late_withdrawal_violations(true) > 0,
+        "the monitor saw nothing although the supporter released its replicas early"
+    );
+}
+
+/// The resumed-support episode on a settled 3-node cluster; returns the monitor's findings.
+fn resumed_support_violations(forget_withdrawals: bool) -> usize {
+    use rand::SeedableRng;
+    let mut config = MultiSimConfig {
+        groups: 1,
+        ..MultiSimConfig::default()
+    };
+    config.lease.safeties.testing.forget_withdrawals = forget_withdrawals;
+    let mut s = MultiSim::new(config);
+    assert!(s.run_until(5_000, all_leased), "the cluster never settled");
+    s.run_for_ms(1_000);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let done = raft_lease::sim::multi::episodes::resumed_support(&mut s, 1, &mut rng);
+    assert!(done.is_some(), "the episode did not run");
+    s.check().violations.len()
+}
+
+#[test]
+fn support_never_resumes_at_a_withdrawn_epoch_for_a_deposed_leader() {
+    assert_eq!(resumed_support_violations(false), 0);
+}
+
+#[test]
+fn control_support_resumed_at_a_withdrawn_epoch_gives_two_lease_holders() {
+    assert!(
+        resumed_support_violations(true) > 0,
+        "the monitor saw nothing although support came back at a withdrawn epoch"
+    );
+}
+
+/// A leader transfers a group away and wins it back: its followers' fortifications of its
+/// first term must not count in the second. Returns the monitor's findings.
+fn won_back_violations(count_earlier_terms: bool) -> usize {
+    let mut config = MultiSimConfig {
+        groups: 1,
+        ..MultiSimConfig::default()
+    };
+    config.lease.safeties.testing.count_earlier_terms = count_earlier_terms;
+    let mut s = MultiSim::new(config);
+    assert!(s.run_until(5_000, all_leased), "the cluster never settled");
+    s.run_for_ms(1_000);
+    let r = s.leader(1).expect("led");
+    let x = (1..=3).find(|&n| n != r).expect("a follower");
+    s.transfer_leader(1, r, x);
+    assert!(s.run_until(3_000, |s| s.leader(1) == Some(x) && leased(s, 1)));
+    s.run_for_ms(500);
+    s.transfer_leader(1, x, r);
+    assert!(s.run_until(3_000, |s| s.leader(1) == Some(r) && leased(s, 1)));
+    s.run_for_ms(3_000);
+    s.check().violations.len()
+}
+
+#[test]
+fn leader_winning_a_group_back_counts_only_its_new_terms_fortifications() {
+    assert_eq!(won_back_violations(false), 0);
+}
+
+#[test]
+fn control_counting_an_earlier_terms_fortifications_breaks_the_lease() {
+    assert!(
+        won_back_violations(true) > 0,
+        "the monitor saw nothing although the old term's fortifications were counted"
+    );
 }

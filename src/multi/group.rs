@@ -23,25 +23,29 @@ pub(super) struct Group<S: Storage, C: Clock> {
     pub fortification: Option<Fortification>,
     /// The term this replica led when last seen leading; taken when it no longer leads it.
     led_term: Option<u64>,
-    /// The last `(leader, term)` whose fortification the leader released: a delayed request for
-    /// it must not fortify this replica again.
-    released: Option<(NodeId, u64)>,
+    /// The highest term a leader released this replica from: that term is over, and so is
+    /// every earlier one, so a delayed request for any of them must not fortify it again.
+    released_term: u64,
     /// Ticks since the last message that was not a heartbeat, proposal or non-lease read.
     pub idle_ticks: u32,
     /// Not ticked, and its raft sends no heartbeats.
     pub quiescent: bool,
+    /// Negative control (tests only): a new term keeps counting the earlier term's
+    /// fortifications.
+    count_earlier_terms: bool,
 }
 
 impl<S: Storage, C: Clock> Group<S, C> {
-    pub fn new(node: LeaseNode<S, C>) -> Self {
+    pub fn new(node: LeaseNode<S, C>, count_earlier_terms: bool) -> Self {
         Group {
+            count_earlier_terms,
             node,
             fortified: Fortified::new(),
             fortified_term: 0,
             asked_ns: BTreeMap::new(),
             fortification: None,
             led_term: None,
-            released: None,
+            released_term: 0,
             idle_ticks: 0,
             quiescent: false,
         }
@@ -58,10 +62,18 @@ impl<S: Storage, C: Clock> Group<S, C> {
         self.node.set_fortified(Some(f.leader));
     }
 
-    /// Release the fortification: the node no longer supports its leader, or raft moved on.
+    /// Release the fortification: raft moved on to another term or leader.
     pub fn release(&mut self) {
         self.fortification = None;
         self.node.set_fortified(None);
+    }
+
+    /// Release the fortification because its leader's lease has ended (its support was
+    /// withdrawn, or it gave the term up): forget that leader too, so that raft-rs hears the
+    /// other replicas' campaigns at once.
+    pub fn release_from_ended_leader(&mut self) {
+        self.release();
+        self.node.forget_leader();
     }
 
     /// The term this replica has stopped leading since the last call, if any (it stepped down,
@@ -75,12 +87,12 @@ impl<S: Storage, C: Clock> Group<S, C> {
 
     /// The leader of `term` released this replica. Returns whether it was fortified to it.
     pub fn release_by(&mut self, leader: NodeId, term: u64) -> bool {
-        self.released = Some((leader, term));
+        self.released_term = self.released_term.max(term);
         let matches = self
             .fortification
             .is_some_and(|f| f.leader == leader && f.term == term);
         if matches {
-            self.release();
+            self.release_from_ended_leader();
         }
         matches
     }
@@ -102,9 +114,10 @@ impl<S: Storage, C: Clock> Group<S, C> {
         self.release_by(f.leader, f.term)
     }
 
-    /// Whether `leader` released its fortification of `term` here (a request for it is stale).
-    pub fn was_released_by(&self, leader: NodeId, term: u64) -> bool {
-        self.released == Some((leader, term))
+    /// Whether a leader released this replica from `term` or a later one (a request for
+    /// `term` is stale).
+    pub fn term_is_over(&self, term: u64) -> bool {
+        term <= self.released_term
     }
 
     /// A fortification belongs to one term and one leader: drop it once raft moved past either.
@@ -120,7 +133,7 @@ impl<S: Storage, C: Clock> Group<S, C> {
     /// As leader, forget fortifications counted for an earlier term.
     pub fn clear_fortified_if_new_term(&mut self) {
         let term = self.node.raw().raft.term;
-        if term != self.fortified_term {
+        if term != self.fortified_term && !self.count_earlier_terms {
             self.fortified.clear();
             self.asked_ns.clear();
             self.fortified_term = term;

@@ -153,7 +153,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             quiesce_after_ticks: config.quiesce_after_ticks,
             groups: BTreeMap::new(),
             requester: Requester::new(config.incarnation, &derived, []),
-            supporter: supporter(&config, &derived, now_ns),
+            supporter: supporter(&config, &derived),
             outbox: BTreeMap::new(),
             dirty: BTreeSet::new(),
             awake: BTreeSet::new(),
@@ -185,7 +185,9 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             self.clock.clone(),
             &logger,
         )?;
-        self.groups.insert(gid, Group::new(node));
+        let count_earlier_terms = self.config.lease.safeties.testing.count_earlier_terms;
+        self.groups
+            .insert(gid, Group::new(node, count_earlier_terms));
         self.wake(gid);
         self.peers_scanned_ns = None;
         Ok(())
@@ -281,12 +283,12 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         for (&gid, g) in self.groups.iter_mut() {
             let Some(f) = g.fortification else { continue };
             if withdrawn.contains(&(f.leader, f.epoch)) {
-                g.release();
-                released.push(gid);
+                g.release_from_ended_leader();
+                released.push((gid, f.leader));
             }
         }
-        for gid in released {
-            self.campaign_after_jitter(gid, now_ns);
+        for (gid, old_leader) in released {
+            self.campaign_after_jitter(gid, old_leader, now_ns);
         }
         slog::debug!(self.logger, "support withdrawn"; "withdrawn" => ?withdrawn);
     }
@@ -359,6 +361,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
                 let Some(g) = self.groups.get_mut(&group) else {
                     return;
                 };
+                g.clear_fortified_if_new_term();
                 if g.leads(term) && self.requester.epoch_for(from) == Some(epoch) {
                     g.fortified.insert(from, (epoch, incarnation));
                     self.extend_lease(group);
@@ -374,15 +377,32 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
                     return;
                 };
                 if g.release_by(from, term) {
-                    self.campaign_after_jitter(group, now_ns);
+                    self.campaign_after_jitter(group, from, now_ns);
                 }
             }
         }
     }
 
-    /// A released replica campaigns at a seeded random instant within the jitter.
-    fn campaign_after_jitter(&mut self, gid: GroupId, now_ns: u64) {
-        let at_ns = now_ns + self.rng.gen_range(0..=self.derived.campaign_jitter_ns);
+    /// A released replica campaigns in its slot: the voters that may succeed `old_leader` are
+    /// ranked by a hash of the group, so each group's survivors campaign one after another
+    /// (not together, which splits the vote), and the first campaigner differs between groups.
+    /// Within the slot, seeded jitter.
+    fn campaign_after_jitter(&mut self, gid: GroupId, old_leader: NodeId, now_ns: u64) {
+        let Some(g) = self.groups.get(&gid) else {
+            return;
+        };
+        let cs = g.node.raw().raft.prs().conf().to_conf_state();
+        let mut candidates: Vec<NodeId> =
+            cs.voters.into_iter().filter(|&v| v != old_leader).collect();
+        candidates.sort_by_key(|&v| mix(gid, v));
+        let rank = candidates
+            .iter()
+            .position(|&v| v == self.id)
+            .unwrap_or(candidates.len());
+        let tick_ns = self.config.tick_ms * 1_000_000;
+        let slot_ns =
+            (self.derived.campaign_jitter_ns / candidates.len().max(1) as u64).max(2 * tick_ns);
+        let at_ns = now_ns + rank as u64 * slot_ns + self.rng.gen_range(0..=slot_ns / 2);
         self.campaigns.push((at_ns, gid));
     }
 
@@ -401,7 +421,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             return FortifyMsg::Reject { group: gid, term };
         };
         let r = &g.node.raw().raft;
-        let stale = g.was_released_by(leader, term);
+        let stale = g.term_is_over(term);
         if !supported || stale || r.term != term || r.leader_id != leader {
             return FortifyMsg::Reject { group: gid, term };
         }
@@ -432,11 +452,8 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         if routine {
             g.idle_ticks = idle_ticks;
         }
-        if g.released_by_campaign(&m) {
-            // Its release may have been lost; a quiescent replica's raft timer stood still, and
-            // raft-rs would ignore the campaign as inside its own leader's lease.
-            g.node.expire_election_timer();
-        }
+        // A lost release: the old leader's own campaign for a later term ends the fortification.
+        g.released_by_campaign(&m);
         let _ = g.node.step(m); // a peer's bad message is raft's to refuse
         g.drop_stale_fortification();
     }
@@ -512,6 +529,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let Some(g) = self.groups.get_mut(&gid).filter(|g| g.node.is_leader()) else {
             return;
         };
+        g.clear_fortified_if_new_term(); // never count an earlier term's fortifications
         let cs = g.node.raw().raft.prs().conf().to_conf_state();
         let requester = &self.requester;
         let support = |v| requester.support_from(v, now_ns);
@@ -672,16 +690,13 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         self.groups.get(&gid).is_some_and(|g| g.quiescent)
     }
 
-    /// Whether this node's replica of `gid` backs `leader`'s lease now: fortified to it while
-    /// this node supports it, or its own clock promise (the boot promise included).
+    /// Whether this node's replica of `gid` backs `leader`'s lease now: fortified to it (it
+    /// refuses every other candidate until released), or its own clock promise (the boot
+    /// promise included).
     pub fn promise_backs(&self, gid: GroupId, leader: NodeId) -> bool {
-        let now_ns = self.clock.now_ns();
-        self.groups.get(&gid).is_some_and(|g| {
-            let fortified = g.fortification.is_some_and(|f| {
-                f.leader == leader && self.supporter.supports(leader, f.epoch, now_ns)
-            });
-            fortified || g.node.promise_backs(leader)
-        })
+        self.groups
+            .get(&gid)
+            .is_some_and(|g| g.node.promise_backs(leader))
     }
 
     /// This node's id.
@@ -695,12 +710,24 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     }
 }
 
-fn supporter(config: &MultiConfig, derived: &Derived, now_ns: u64) -> Supporter {
-    let s = Supporter::new(config.incarnation, derived, now_ns);
-    match config.lease.safeties.testing.forget_withdrawals {
-        true => s.control_forget_withdrawals(),
-        false => s,
+fn supporter(config: &MultiConfig, derived: &Derived) -> Supporter {
+    let knobs = &config.lease.safeties.testing;
+    let mut s = Supporter::new(config.incarnation, derived);
+    if knobs.forget_withdrawals {
+        s = s.control_forget_withdrawals();
     }
+    if knobs.end_epoch_at_once {
+        s = s.control_end_at_once();
+    }
+    s
+}
+
+/// A well-mixed hash of a group and a node (splitmix64's finalizer), for campaign order.
+fn mix(gid: GroupId, node: NodeId) -> u64 {
+    let mut z = gid.rotate_left(32) ^ node ^ 0x9e37_79b9_7f4a_7c15;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// Route a group's raft messages into the node's batches.

@@ -1,8 +1,9 @@
-//! `kv cluster` as a user runs it: the banner's first example works whichever node leads, the
+//! `kv cluster` as a user runs it: the banner's first examples, run as printed (by curl too when it
+//! is installed), work whichever node leads, the
 //! data persists across runs, a node killed with `kill -9` is reported with the command that
 //! restarts it while the others keep serving, `restart N` on the console brings it back, a second
-//! cluster on the same ports shows the real error with a hint, and ports that would overflow are
-//! refused.
+//! cluster on the same ports shows the real error with a hint (and `--temp` removes its dir), and
+//! ports that would overflow are refused.
 
 use std::io::Write;
 use std::path::Path;
@@ -89,6 +90,47 @@ fn wait(child: &mut Child, secs: u64) -> Option<i32> {
     None
 }
 
+/// The banner's `n`th curl example (from 0), run as a user runs it: read flag by flag (only the
+/// flags the banner uses: an unknown one fails the test) and sent the same way, and also by curl
+/// itself through `sh` when curl is installed. Returns what each printed: the response body.
+fn run_banner_example(printed: &str, n: usize) -> Vec<String> {
+    let line = printed
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("curl "))
+        .nth(n)
+        .unwrap_or_else(|| panic!("no curl example {n} in the banner:\n{printed}"));
+    eprintln!("banner example: {line}");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let (mut method, mut body, mut follow, mut url) = ("GET", Vec::new(), false, "");
+    let mut i = 1;
+    while i < words.len() {
+        match words[i] {
+            "-s" => {}
+            "-sL" => follow = true,
+            "-X" => (method, i) = (words[i + 1], i + 1),
+            "--data-binary" => (body, i) = (words[i + 1].trim_matches('\'').into(), i + 1),
+            w if w.trim_matches('\'').starts_with("http://") => url = w.trim_matches('\''),
+            w => panic!("the banner uses {w:?}, which this test does not read: {line}"),
+        }
+        i += 1;
+    }
+    let (authority, path) = url["http://".len()..].split_once('/').unwrap();
+    let port: u16 = authority.rsplit_once(':').unwrap().1.parse().unwrap();
+    let path = format!("/{path}");
+    let answer = match follow {
+        true => http_follow(port, method, &path, &body),
+        false => crate::cluster::http(port, method, &path, &body),
+    };
+    let mut printed = vec![answer.unwrap_or_else(|| panic!("no answer to {line}")).1];
+    if Command::new("curl").arg("--version").output().is_ok() {
+        let out = Command::new("sh").args(["-c", line]).output().unwrap();
+        assert!(out.status.success(), "{line}: {out:?}");
+        printed.push(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    printed
+}
+
 fn leader(base: u16) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -136,19 +178,21 @@ fn kv_cluster_keeps_its_data_reports_a_dead_node_restarts_it_and_explains_a_port
             std::thread::sleep(Duration::from_millis(50));
         }
     }
-    // The banner's first examples, on node 1, whichever node leads (curl -L follows the 307).
-    assert_eq!(
-        http_follow(node1, "PUT", "/kv/greeting", b"hello")
-            .unwrap()
-            .0,
-        200
-    );
-    let (code, body) = http_follow(node1, "GET", "/kv/greeting?read=lease", b"").unwrap();
-    assert_eq!(
-        (code, json(&body)["value"].as_str()),
-        (200, Some("hello")),
-        "{body}"
-    );
+    // The banner's first examples, exactly as printed (they name node 1, which does not lead now).
+    let banner = first.printed();
+    for out in run_banner_example(&banner, 0) {
+        assert!(json(&out)["revision"].as_u64().is_some(), "{out}");
+    }
+    for (n, mode) in [(1, "lease"), (2, "index")] {
+        for out in run_banner_example(&banner, n) {
+            let v = json(&out);
+            assert_eq!(
+                (v["value"].as_str(), v["read"].as_str()),
+                (Some("hello"), Some(mode)),
+                "{out}"
+            );
+        }
+    }
     // kill -9 one follower: reported, with the restart command; the others keep serving.
     let victim: u16 = (1..=3u16)
         .find(|&i| i != 1 && u64::from(i) != leader(base))
@@ -185,6 +229,18 @@ fn kv_cluster_keeps_its_data_reports_a_dead_node_restarts_it_and_explains_a_port
     assert!(
         code == Some(1) && text.contains("Address already in use") && text.contains("--base-port"),
         "{code:?}\n{text}"
+    );
+    // --temp: a throwaway data dir, removed on exit.
+    let temp = text
+        .lines()
+        .find_map(|l| {
+            l.split_once(", data in ")
+                .map(|(_, d)| d.trim().to_string())
+        })
+        .expect("the banner names the data dir");
+    assert!(
+        text.contains(&format!("removed {temp}")) && !Path::new(&temp).exists(),
+        "{temp} kept:\n{text}"
     );
     // Ports past 65535 are refused before anything starts.
     let out = Command::new(exe())

@@ -398,3 +398,77 @@ fn a_read_waiting_at_shutdown_gets_503_and_the_node_exits_promptly() {
         c.signal(f, libc::SIGCONT);
     }
 }
+
+/// `kv SUB --help`'s flags (`--help` aside), each with its default if it has one.
+fn flags_of(sub: &str) -> Vec<(String, Option<String>)> {
+    let out = Command::new(exe()).args([sub, "--help"]).output().unwrap();
+    assert!(out.status.success(), "kv {sub} --help: {out:?}");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let mut flags: Vec<(String, Option<String>)> = Vec::new();
+    for line in help.lines() {
+        let words = line.trim_start().trim_start_matches("-h, ");
+        if let Some(name) = words.strip_prefix("--").filter(|_| line.starts_with("  ")) {
+            let name: String = name
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect();
+            flags.push((format!("--{name}"), None));
+        }
+        if let (Some((_, d)), Some(last)) = (line.split_once("[default: "), flags.last_mut()) {
+            last.1 = Some(d.split(']').next().unwrap().to_string());
+        }
+    }
+    flags.retain(|(f, _)| f != "--help");
+    assert!(flags.len() >= 3, "kv {sub} --help lists no flags:\n{help}");
+    flags
+}
+
+/// The README's command line for `kv SUB`, with its continuation lines.
+fn readme_command(section: &str, sub: &str) -> String {
+    let start = format!("--example kv -- {sub} ");
+    let mut lines = section.lines().skip_while(|l| !l.contains(&start));
+    let mut text = String::new();
+    for line in lines.by_ref() {
+        text.push_str(line);
+        text.push('\n');
+        if !line.trim_end().ends_with('\\') {
+            break;
+        }
+    }
+    assert!(
+        !text.is_empty(),
+        "the README has no `kv {sub}` command line"
+    );
+    text
+}
+
+#[test]
+fn the_readme_command_lines_name_every_flag_with_its_default() {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split_once("## The example KV cluster")
+        .and_then(|(_, rest)| rest.split("\n## ").next())
+        .expect("the README's KV section");
+    assert!(section.contains("--example kv -- --version"));
+    for sub in ["node", "cluster", "bench", "certs"] {
+        let line = readme_command(section, sub);
+        for (flag, default) in flags_of(sub) {
+            let start = line
+                .match_indices(&flag)
+                .map(|(i, _)| i)
+                .find(|&i| {
+                    let end = &line[i + flag.len()..];
+                    !end.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-')
+                })
+                .unwrap_or_else(|| panic!("the README's `kv {sub}` leaves out {flag}:\n{line}"));
+            // `[--flag VALUE]` shows the default (an upper-case VALUE is a placeholder).
+            let shown = line[start + flag.len()..].split_whitespace().next();
+            let shown = shown.unwrap_or("").trim_end_matches(']');
+            let optional = line[..start].ends_with('[');
+            if let Some(d) = default.filter(|_| optional && !shown.starts_with(char::is_uppercase))
+            {
+                assert_eq!(shown, d, "the README's `kv {sub}` shows {flag} {shown}");
+            }
+        }
+    }
+}

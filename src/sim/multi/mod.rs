@@ -4,6 +4,7 @@
 //! membership changes. The lease monitor checks every group at every step; each group's history
 //! is checked for linearizability.
 
+pub mod episodes;
 mod io;
 mod net;
 pub mod random;
@@ -410,6 +411,11 @@ impl MultiSim {
                 self.net.block(y, x);
             }
         }
+    }
+
+    /// Delay batches on `from → to` by `extra_us` more from now on (0: normal again).
+    pub fn slow_link(&mut self, from: u64, to: u64, extra_us: u64) {
+        self.net.slow(from, to, extra_us);
     }
 
     /// Cut the link `from → to` only.

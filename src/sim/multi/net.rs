@@ -2,7 +2,7 @@
 //! node batches, plus directed link cuts.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -16,6 +16,9 @@ pub struct BatchNet {
     /// Fault settings, changeable at any time.
     pub config: NetConfig,
     blocked: HashSet<(u64, u64)>,
+    /// Extra one-way delay per directed link, in µs: a slow link, whose batches later ones
+    /// on other links overtake (a straggler from an earlier incarnation, say).
+    slow_us: HashMap<(u64, u64), u64>,
     queue: BinaryHeap<Reverse<(u64, u64)>>,
     by_seq: BTreeMap<u64, NodeBatch>,
     seq: u64,
@@ -44,7 +47,12 @@ impl BatchNet {
         let copies = 1 + usize::from(rng.gen_bool(self.config.duplicate.clamp(0.0, 1.0)));
         for _ in 0..copies {
             let hi = self.config.max_delay_us.max(self.config.min_delay_us);
-            let at = now_ns + rng.gen_range(self.config.min_delay_us..=hi) * 1_000;
+            let extra_us = self
+                .slow_us
+                .get(&(batch.from, batch.to))
+                .copied()
+                .unwrap_or(0);
+            let at = now_ns + (rng.gen_range(self.config.min_delay_us..=hi) + extra_us) * 1_000;
             self.seq += 1;
             self.queue.push(Reverse((at, self.seq)));
             self.by_seq.insert(self.seq, batch.clone());
@@ -85,9 +93,18 @@ impl BatchNet {
         self.blocked.remove(&(from, to));
     }
 
-    /// Restore every link.
+    /// Delay every batch sent on `from → to` from now on by `extra_us` more (0: back to normal).
+    pub fn slow(&mut self, from: u64, to: u64, extra_us: u64) {
+        match extra_us {
+            0 => self.slow_us.remove(&(from, to)),
+            _ => self.slow_us.insert((from, to), extra_us),
+        };
+    }
+
+    /// Restore every link: no cuts, no slow links.
     pub fn heal(&mut self) {
         self.blocked.clear();
+        self.slow_us.clear();
     }
 
     /// Whether `from → to` is cut.

@@ -7,7 +7,7 @@ use raft::eraftpb::ConfChangeType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{MultiSim, MultiSimConfig};
+use super::{episodes, MultiSim, MultiSimConfig};
 use crate::config::Safeties;
 use crate::multi::LivenessMode;
 use crate::read::ReadMode;
@@ -29,6 +29,10 @@ pub enum MultiControl {
     /// A leader that steps down leaves its followers fortified (a liveness failure when the
     /// group is stuck on a live node).
     NoGiveUp,
+    /// A supporter that sees a later epoch releases the earlier one's replicas at once.
+    EndEpochAtOnce,
+    /// A leader of a new term counts the fortifications made for its earlier term.
+    CountEarlierTerms,
 }
 
 /// What one run found.
@@ -63,6 +67,8 @@ pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
     knobs.forget_withdrawals = control == Some(MultiControl::ForgetWithdrawals);
     knobs.no_boot_promise = control == Some(MultiControl::NoBootPromise);
     knobs.no_give_up = control == Some(MultiControl::NoGiveUp);
+    knobs.end_epoch_at_once = control == Some(MultiControl::EndEpochAtOnce);
+    knobs.count_earlier_terms = control == Some(MultiControl::CountEarlierTerms);
     c.same_incarnation_on_restart = control == Some(MultiControl::SameIncarnation);
     c
 }
@@ -116,6 +122,8 @@ enum Undo {
     Reconnect(u64),
     /// Let this group's raft messages through to the node again.
     Unmute(u64),
+    /// The node's link to this peer is fast again.
+    Fast(u64),
 }
 
 fn undo_due(sim: &mut MultiSim, later: &mut Vec<(u64, u64, Undo)>, now_ms: u64) {
@@ -127,6 +135,7 @@ fn undo_due(sim: &mut MultiSim, later: &mut Vec<(u64, u64, Undo)>, now_ms: u64) 
             Undo::Resume if sim.is_paused(node) => sim.resume(node),
             Undo::Reconnect(peer) => sim.reconnect(node, peer),
             Undo::Unmute(gid) => sim.unmute_group(gid, node),
+            Undo::Fast(peer) => sim.slow_link(node, peer, 0),
             _ => {}
         }
     }
@@ -137,7 +146,7 @@ fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, U
     let node = rng.gen_range(1..=n);
     let gid = rng.gen_range(1..=sim.config().groups);
     let now_ms = sim.now_ns() / 1_000_000;
-    match rng.gen_range(0..12) {
+    match rng.gen_range(0..16) {
         0 => {
             let rest: Vec<u64> = (1..=n).filter(|&i| i != node).collect();
             sim.partition(&[node], &rest);
@@ -196,6 +205,23 @@ fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, U
             "net changed".into()
         }
         9 => restart_during_partial_partition(sim, rng, gid, later),
+        11 => straggler(sim, rng, node, later),
+        13..=15 => match match rng.gen_range(0..3) {
+            0 => episodes::late_withdrawal(sim, gid, rng),
+            1 => episodes::resumed_support(sim, gid, rng),
+            _ => episodes::transfer_round_trip(sim, gid, rng),
+        } {
+            Some((leader, what)) => {
+                later.push((sim.now_ns() / 1_000_000, leader, Undo::Unmute(gid)));
+                what
+            }
+            None => String::new(),
+        },
+        12 if sim.is_up(node) => {
+            sim.crash(node);
+            sim.restart(node);
+            format!("restart {node} at once")
+        }
         10 => match sim.leader(gid) {
             Some(leader) => {
                 sim.mute_group(gid, leader);
@@ -207,6 +233,24 @@ fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, U
         },
         _ => isolate_then_reconnect_one(sim, rng, gid, later),
     }
+}
+
+/// One link turns slow for a while (up to `3P` one way): batches sent on it meanwhile arrive
+/// after later ones, perhaps after the sender restarted.
+fn straggler(
+    sim: &mut MultiSim,
+    rng: &mut ChaCha8Rng,
+    node: u64,
+    later: &mut Vec<(u64, u64, Undo)>,
+) -> String {
+    let n = sim.config().nodes;
+    let peer = (node % n) + 1;
+    let p_us = sim.config().lease.promise_ms * 1_000;
+    let extra_us = rng.gen_range(p_us / 2..=3 * p_us);
+    sim.slow_link(node, peer, extra_us);
+    let until = sim.now_ns() / 1_000_000 + rng.gen_range(20..200);
+    later.push((until, node, Undo::Fast(peer)));
+    format!("link {node}->{peer} slow by {extra_us}us until {until}ms")
 }
 
 /// A group's leader is cut off for longer than `P`, then its links to one follower come back

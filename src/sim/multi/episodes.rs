@@ -1,0 +1,175 @@
+//! Scripted fault episodes for the multi-group simulator: sequences too precise for independent
+//! random faults to line up, run with seeded timing by the randomized run and as scenario tests.
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use super::MultiSim;
+use crate::multi::GroupId;
+
+fn fortified_to(sim: &MultiSim, node: u64, gid: GroupId) -> Option<u64> {
+    sim.node(node)?.group(gid)?.fortified_to()
+}
+
+/// An episode starts from a quiet network: no cuts, no slow links, no loss, and every paused
+/// node resumed; then the group settles for up to `P` (its followers fortify again).
+fn quiet(sim: &mut MultiSim, gid: GroupId) {
+    sim.heal();
+    sim.net_mut().config = crate::sim::NetConfig::default();
+    for n in 1..=sim.config().nodes {
+        if sim.is_paused(n) {
+            sim.resume(n);
+        }
+    }
+    let p_ms = sim.config().lease.promise_ms;
+    sim.run_until(p_ms, |sim| {
+        sim.leader(gid).is_some_and(|r| {
+            (1..=sim.config().nodes).all(|n| n == r || fortified_to(sim, n, gid) == Some(r))
+        })
+    });
+}
+
+/// A supporter's withdrawal, sent by its previous incarnation, arrives after its new incarnation
+/// supports the same epoch again and re-fortified (review of issue 15, finding 1). Group `gid`,
+/// led by `R` with followers `S` and the rest:
+/// 1. `R → S` is cut until `S` withdraws `R`'s epoch; then `S`'s answers turn slow (its
+///    `Withdrawn` is in flight) and the link comes back;
+/// 2. `S` restarts at once (its new incarnation forgot the withdrawal), supports `R` at the same
+///    epoch and fortifies again;
+/// 3. the others are cut from `R`, and the group's raft messages at `R` stop: `R`'s lease rests
+///    on `S` alone, renewed over the node stream;
+/// 4. the old `Withdrawn` lands: `R` moves to the next epoch, whose heartbeat tells `S` a later
+///    epoch began. `S` must keep the promise it made under the earlier one to its end.
+///
+/// Returns the leader and what it did, or `None` when the group is not in shape for it (no
+/// leader, not three voters, a node down). Leaves the cuts and the mute on: the caller heals
+/// and unmutes.
+pub fn late_withdrawal(
+    sim: &mut MultiSim,
+    gid: GroupId,
+    rng: &mut ChaCha8Rng,
+) -> Option<(u64, String)> {
+    quiet(sim, gid);
+    let r = sim.leader(gid)?;
+    let voters = sim
+        .node(r)?
+        .group(gid)?
+        .raw()
+        .raft
+        .prs()
+        .conf()
+        .to_conf_state();
+    if voters.voters.len() != 3 || !voters.voters_outgoing.is_empty() {
+        return None;
+    }
+    let others: Vec<u64> = voters.voters.iter().copied().filter(|&v| v != r).collect();
+    let (s, x) = (others[0], others[1]);
+    if !sim.is_up(s) || !sim.is_up(x) || fortified_to(sim, s, gid) != Some(r) {
+        return None;
+    }
+    let p_ms = sim.config().lease.promise_ms;
+    sim.block(r, s);
+    if !sim.run_until(3 * p_ms, |sim| fortified_to(sim, s, gid).is_none()) {
+        return None;
+    }
+    sim.run_for_ms(rng.gen_range(10..=p_ms / 2));
+    sim.slow_link(s, r, rng.gen_range(5..=10) * p_ms * 1_000);
+    sim.reconnect(r, s);
+    sim.run_for_ms(rng.gen_range(p_ms / 4..=p_ms / 2)); // S answers R's heartbeat: Withdrawn
+    sim.slow_link(s, r, 0);
+    sim.crash(s);
+    sim.restart(s);
+    let refortified = |sim: &MultiSim| {
+        fortified_to(sim, s, gid) == Some(r) && sim.node(r).is_some_and(|m| m.is_quiescent(gid))
+    };
+    sim.run_until(6 * p_ms, refortified);
+    sim.partition(&[r], &[x]);
+    sim.mute_group(gid, r);
+    sim.run_for_ms(rng.gen_range(p_ms..=2 * p_ms));
+    sim.run_until(10 * p_ms, |sim| fortified_to(sim, s, gid).is_none());
+    sim.block(r, s);
+    sim.run_for_ms(2 * p_ms);
+    let what = format!("group {gid}: late withdrawal from {s}'s earlier incarnation reaches {r}");
+    Some((r, what))
+}
+
+/// Support comes back to a leader its followers have left: group `gid`'s leader `R` is cut from
+/// both followers (and the group's raft messages at `R` stop, so `R` keeps believing it leads),
+/// they withdraw `R`'s epoch and elect one of themselves; then `R → S` comes back. `S` must
+/// answer `R`'s heartbeat with the withdrawal, never support that epoch again: if it did, `R`
+/// would count `S`'s old fortification and hold a lease beside the new leader.
+///
+/// Returns the old leader and what it did, or `None` when the group is not in shape for it.
+/// Leaves the cuts and the mute on: the caller heals and unmutes.
+pub fn resumed_support(
+    sim: &mut MultiSim,
+    gid: GroupId,
+    rng: &mut ChaCha8Rng,
+) -> Option<(u64, String)> {
+    quiet(sim, gid);
+    let r = sim.leader(gid)?;
+    let voters = sim
+        .node(r)?
+        .group(gid)?
+        .raw()
+        .raft
+        .prs()
+        .conf()
+        .to_conf_state();
+    if voters.voters.len() != 3 || !voters.voters_outgoing.is_empty() {
+        return None;
+    }
+    let others: Vec<u64> = voters.voters.iter().copied().filter(|&v| v != r).collect();
+    let (s, x) = (others[0], others[1]);
+    if !sim.is_up(s) || !sim.is_up(x) || fortified_to(sim, s, gid) != Some(r) {
+        return None;
+    }
+    let p_ms = sim.config().lease.promise_ms;
+    sim.mute_group(gid, r);
+    sim.partition(&[r], &[x]);
+    sim.block(r, s);
+    let moved = |sim: &MultiSim| sim.leader(gid).is_some_and(|l| l != r);
+    sim.run_until(10 * p_ms, moved);
+    sim.run_for_ms(rng.gen_range(0..=p_ms));
+    sim.reconnect(r, s);
+    sim.run_for_ms(rng.gen_range(p_ms..=3 * p_ms));
+    Some((
+        r,
+        format!("group {gid}: support from {s} resumes to deposed leader {r}"),
+    ))
+}
+
+/// Group `gid`'s leader `R` hands it to a follower and wins it back at once, with every epoch
+/// unchanged: in its new term it must count only the fortifications made for that term (each
+/// follower's replica made one for the term between).
+pub fn transfer_round_trip(
+    sim: &mut MultiSim,
+    gid: GroupId,
+    rng: &mut ChaCha8Rng,
+) -> Option<(u64, String)> {
+    quiet(sim, gid);
+    let r = sim.leader(gid)?;
+    let voters = sim
+        .node(r)?
+        .group(gid)?
+        .raw()
+        .raft
+        .prs()
+        .conf()
+        .to_conf_state();
+    let others: Vec<u64> = voters.voters.iter().copied().filter(|&v| v != r).collect();
+    let x = *others.get(rng.gen_range(0..others.len().max(1)))?;
+    let p_ms = sim.config().lease.promise_ms;
+    sim.transfer_leader(gid, r, x);
+    if !sim.run_until(10 * p_ms, |sim| sim.leader(gid) == Some(x)) {
+        return None;
+    }
+    sim.run_for_ms(rng.gen_range(0..=5 * p_ms));
+    sim.transfer_leader(gid, x, r);
+    sim.run_until(10 * p_ms, |sim| sim.leader(gid) == Some(r));
+    sim.run_for_ms(rng.gen_range(p_ms..=3 * p_ms));
+    Some((
+        r,
+        format!("group {gid}: {r} hands leadership to {x} and wins it back"),
+    ))
+}
