@@ -171,12 +171,12 @@ pub fn print(r: &Value) {
             format!(
                 "{}:{}",
                 e["kind"].as_str().unwrap_or("?"),
-                e["lease_reads_again_ms"]
+                e["lease_read_gap_ms"]
             )
         })
         .collect();
     println!(
-        "lease reads served again after each fault (ms): {}",
+        "longest gap in lease reads from each fault's start until served again (ms): {}",
         again.join(" ")
     );
     println!(
