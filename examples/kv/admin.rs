@@ -1,7 +1,8 @@
 //! `/admin`: membership (`/admin/members`) and leadership (`/admin/transfer`) for a request that
 //! carries the node's admin token (`Authorization: Bearer <token>`), and fault injection
 //! (`/admin/partition`, `/admin/heal`, `/admin/clock`, `/admin/delay`) only with
-//! `--fault-injection` as well.
+//! `--fault-injection` as well. `/admin/partition {"peers": [N, ...], "direction": "both" | "out" |
+//! "in"}` drops this node's messages to and from those peers, only to them, or only from them.
 
 use std::fmt;
 use std::path::Path;
@@ -191,9 +192,23 @@ fn faults(c: &Ctx<'_>, what: &str, body: Value) -> Result<Reply, Reply> {
                 .get("peers")
                 .and_then(Value::as_array)
                 .ok_or_else(|| error(400, "bad_json", "expected {\"peers\": [N, ...]}"))?;
-            app.blocked
-                .write()
-                .extend(peers.iter().filter_map(Value::as_u64));
+            let flag = match body.get("direction").and_then(Value::as_str) {
+                None | Some("both") => 0,
+                Some("out") => crate::transport::ONLY_OUT,
+                Some("in") => crate::transport::ONLY_IN,
+                Some(d) => {
+                    return Err(error(
+                        400,
+                        "bad_json",
+                        format!("direction {d:?}: use both, out or in"),
+                    ))
+                }
+            };
+            let ids = peers
+                .iter()
+                .filter_map(Value::as_u64)
+                .filter(|&id| id < flag.max(1 << 60));
+            app.blocked.write().extend(ids.map(|id| id | flag));
             reply(200, json!({"blocked": *app.blocked.read()}))
         }
         "heal" => {

@@ -37,6 +37,7 @@ mod log;
 mod marker;
 mod members;
 mod metrics;
+mod nemesis;
 mod node;
 mod peer_listen;
 mod raft_io;
@@ -70,6 +71,9 @@ enum Cmd {
     Certs(certs::CertsArgs),
     /// Start a local 3-node cluster and measure HTTP writes, lease reads and index reads.
     Bench(bench::BenchArgs),
+    /// Randomized faults against a local cluster, every client operation checked (see README
+    /// "Correctness").
+    Nemesis(nemesis::NemesisArgs),
 }
 
 fn main() {
@@ -79,6 +83,7 @@ fn main() {
         Cmd::Cluster(args) => cluster::run(args),
         Cmd::Certs(args) => certs::run(args),
         Cmd::Bench(args) => bench::run(args),
+        Cmd::Nemesis(args) => nemesis::run(args),
     };
     std::process::exit(code);
 }

@@ -272,7 +272,7 @@ fn deliver(
         return;
     }
     cfg.metrics.received(msg.get_msg_type());
-    if cfg.blocked.read().contains(&msg.from) {
+    if crate::transport::cut(&cfg.blocked, msg.from, true) {
         return;
     }
     let inbound = Inbound {

@@ -95,9 +95,18 @@ impl<M: StateMachine> LoopIo<M> {
     }
 
     /// Answer `w` when the entry at `index` (proposed in `term`) applies.
+    ///
+    /// A request already waiting there was proposed by this node in an earlier term, which it
+    /// lost; its entry was then overwritten (a leader never overwrites its own log), so it will
+    /// never commit: it is answered "not applied" now (found by `kv nemesis`, seed 3).
     pub fn wait(&mut self, index: u64, term: u64, w: Waiter<M::Outcome>) {
-        let old = self.waiting.insert(index, (term, w));
-        debug_assert!(old.is_none(), "two requests wait on index {index}");
+        if let Some((old_term, old)) = self.waiting.insert(index, (term, w)) {
+            assert!(
+                old_term < term,
+                "two requests wait on index {index} in term {term}"
+            );
+            not_applied(old, "another leader's entry took its place: not applied");
+        }
     }
 
     /// Leadership changed: a write's bytes are on disk or gone, so its budget is released; the
@@ -177,10 +186,10 @@ impl<M: StateMachine> LoopIo<M> {
                 let why = "another leader's entry took its place: not applied";
                 let _ = reply.send(WriteReply::NotApplied(why.into()));
             }
-            (Waiter::Members(reply), _) => {
-                let why = "raft replaced the change with an empty entry: not applied";
-                let _ = reply.send(MembersReply::Refused(why.into()));
-            }
+            (w, _) => not_applied(
+                w,
+                "raft replaced the change with an empty entry: not applied",
+            ),
         }
     }
 
@@ -308,5 +317,17 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
 
     fn set_commit(&mut self, _: &mut Node, commit: u64) -> Result<(), DiskError> {
         self.storage.set_commit(commit)
+    }
+}
+
+/// Answer a request whose entry will never apply.
+fn not_applied<O>(w: Waiter<O>, why: &str) {
+    match w {
+        Waiter::Write(reply, _) => {
+            let _ = reply.send(WriteReply::NotApplied(why.into()));
+        }
+        Waiter::Members(reply) => {
+            let _ = reply.send(MembersReply::Refused(why.into()));
+        }
     }
 }

@@ -39,8 +39,19 @@ pub const FRAME_TIMEOUT: Duration = Duration::from_secs(2);
 /// TLS handshakes between peers must finish within this.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Peers cut off by fault injection (both directions).
+/// Peers cut off by fault injection: an id alone cuts both directions; `id | ONLY_OUT` drops
+/// only what this node sends to it, `id | ONLY_IN` only what it receives from it.
 pub type Blocked = Arc<RwLock<HashSet<u64>>>;
+/// In [`Blocked`]: only messages to the peer are dropped.
+pub const ONLY_OUT: u64 = 1 << 62;
+/// In [`Blocked`]: only messages from the peer are dropped.
+pub const ONLY_IN: u64 = 1 << 61;
+
+/// Whether messages from (`inbound`) or to peer `id` are dropped.
+pub fn cut(blocked: &Blocked, id: u64, inbound: bool) -> bool {
+    let b = blocked.read();
+    b.contains(&id) || b.contains(&(id | if inbound { ONLY_IN } else { ONLY_OUT }))
+}
 
 /// What the transport tells the raft thread about messages it could not deliver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +139,7 @@ impl Transport {
     /// Queue `msg` for its peer. Never blocks; a message that cannot be queued is reported.
     pub fn send(&mut self, msg: Message) {
         self.cfg.metrics.sent(msg.get_msg_type());
-        if self.cfg.blocked.read().contains(&msg.to) {
+        if cut(&self.cfg.blocked, msg.to, false) {
             return report_lost(&self.reports, &self.cfg.metrics, &msg);
         }
         let Some(q) = self.queue(msg.to) else {
@@ -301,5 +312,24 @@ async fn connect(
         other => Err(format!(
             "peer at {addr} presented node {other:?}, expected {peer}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_one_way_cut_drops_one_direction_only() {
+        let b: Blocked = Arc::default();
+        assert!(!cut(&b, 2, true) && !cut(&b, 2, false));
+        b.write().insert(2 | ONLY_OUT);
+        assert!(cut(&b, 2, false), "to 2 dropped");
+        assert!(!cut(&b, 2, true), "from 2 delivered");
+        assert!(!cut(&b, 3, false));
+        b.write().insert(3 | ONLY_IN);
+        assert!(cut(&b, 3, true) && !cut(&b, 3, false));
+        b.write().insert(4);
+        assert!(cut(&b, 4, true) && cut(&b, 4, false), "both ways");
     }
 }

@@ -1,0 +1,471 @@
+//! The nemesis's hands: it finds the leader, applies one fault, undoes it, and records when it
+//! began and ended. Waits for the cluster (a leader, a member caught up) have generous deadlines:
+//! a deadline passed is noted in the timeline, never judged as safety.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::procs::{call, Procs, MAX_IDS};
+use super::schedule::{Fault, Who};
+
+/// One fault as it happened.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// Its kind.
+    pub kind: &'static str,
+    /// The fault as scheduled.
+    pub fault: Fault,
+    /// The nodes it hit.
+    pub nodes: Vec<u64>,
+    /// When it began and ended (undone), ms since the run began.
+    pub start_ms: u64,
+    /// When it was undone.
+    pub end_ms: u64,
+    /// What happened (`done`, or why it was cut short).
+    pub outcome: String,
+}
+
+/// The nemesis's view of the cluster.
+pub struct Nemesis {
+    /// The processes.
+    pub procs: Mutex<Procs>,
+    /// The ids clients send to (members), shared with them.
+    pub targets: Arc<RwLock<Vec<u64>>>,
+    /// Ids that have been members (their data dirs exist).
+    pub used: Mutex<BTreeSet<u64>>,
+    /// Faults so far.
+    pub timeline: Mutex<Vec<Event>>,
+    /// When the run began.
+    pub start: Instant,
+    /// HTTP addresses by id.
+    pub addrs: Arc<Vec<String>>,
+    /// The admin `Authorization` header value.
+    pub auth: String,
+}
+
+fn sleep_ms(ms: u64) {
+    std::thread::sleep(Duration::from_millis(ms));
+}
+
+impl Nemesis {
+    fn ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn members(&self) -> Vec<u64> {
+        self.targets.read().clone()
+    }
+
+    /// A JSON call to node `id` with the admin token (no redirect followed), within 2 s.
+    fn http(&self, id: u64, method: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
+        let b = if body.is_null() {
+            Vec::new()
+        } else {
+            body.to_string().into_bytes()
+        };
+        let headers = [("Authorization", self.auth.as_str())];
+        let a = call(
+            &self.addrs[id as usize],
+            method,
+            path,
+            &b,
+            &headers,
+            Duration::from_secs(2),
+        )
+        .ok()?;
+        Some((
+            a.status,
+            serde_json::from_str(&a.body).unwrap_or(Value::Null),
+        ))
+    }
+
+    /// A node's `/status`.
+    pub fn status(&self, id: u64) -> Option<Value> {
+        self.http(id, "GET", "/status", &Value::Null)
+            .filter(|(c, _)| *c == 200)
+            .map(|(_, v)| v)
+    }
+
+    /// The leader of the highest term among the members (None within `secs`).
+    pub fn leader(&self, secs: u64) -> Option<u64> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            let best = self
+                .members()
+                .into_iter()
+                .filter_map(|id| Some((self.status(id)?, id)))
+                .filter(|(s, _)| s["role"] == "leader")
+                .max_by_key(|(s, _)| s["term"].as_u64());
+            if let Some((_, id)) = best {
+                return Some(id);
+            }
+            sleep_ms(100);
+        }
+        None
+    }
+
+    fn resolve(&self, who: Who, leader: u64) -> u64 {
+        let others: Vec<u64> = self
+            .members()
+            .into_iter()
+            .filter(|&i| i != leader)
+            .collect();
+        match who {
+            Who::Leader => leader,
+            Who::Follower(n) if !others.is_empty() => others[n % others.len()],
+            Who::Follower(_) => leader,
+        }
+    }
+
+    fn admin(&self, id: u64, path: &str, body: Value) -> Option<(u16, Value)> {
+        self.http(id, "POST", path, &body)
+    }
+
+    /// Cut `a` from `b` both ways, or with `dir` on `a` only (`out`: a's messages to b).
+    fn cut(&self, a: &[u64], b: &[u64], dir: Option<&str>) {
+        for &x in a {
+            let d = dir.unwrap_or("both");
+            self.admin(x, "/admin/partition", json!({"peers": b, "direction": d}));
+        }
+        if dir.is_none() {
+            for &y in b {
+                self.admin(y, "/admin/partition", json!({"peers": a}));
+            }
+        }
+    }
+
+    fn heal(&self, ids: &[u64]) {
+        for &id in ids {
+            self.admin(id, "/admin/heal", Value::Null);
+        }
+    }
+
+    fn signal(&self, id: u64, sig: libc::c_int) {
+        self.procs.lock().signal(id, sig);
+    }
+
+    /// Apply `fault`, undo it, record it.
+    pub fn apply(&self, fault: &Fault) {
+        let start_ms = self.ms();
+        let (nodes, outcome) = match self.leader(20) {
+            None => (vec![], "skipped: no leader within 20 s".to_string()),
+            Some(l) => self.run(fault, l),
+        };
+        let e = Event {
+            kind: fault.kind(),
+            fault: fault.clone(),
+            nodes,
+            start_ms,
+            end_ms: self.ms(),
+            outcome,
+        };
+        println!(
+            "[{:>7.1}s] {:<20} nodes {:?}: {}",
+            e.start_ms as f64 / 1e3,
+            e.kind,
+            e.nodes,
+            e.outcome
+        );
+        self.timeline.lock().push(e);
+    }
+
+    fn run(&self, fault: &Fault, l: u64) -> (Vec<u64>, String) {
+        let others: Vec<u64> = self.members().into_iter().filter(|&i| i != l).collect();
+        let done = "done".to_string();
+        match *fault {
+            Fault::Pause { who, ms } => {
+                let id = self.resolve(who, l);
+                self.signal(id, libc::SIGSTOP);
+                sleep_ms(ms);
+                self.signal(id, libc::SIGCONT);
+                (vec![id], done)
+            }
+            Fault::Kill { who, down_ms } => {
+                let id = self.resolve(who, l);
+                self.procs.lock().kill9(id);
+                sleep_ms(down_ms);
+                (vec![id], self.restart(id))
+            }
+            Fault::IsolateLeader { ms } | Fault::IsolatePauseLeader { ms } => {
+                self.cut(&[l], &others, None);
+                let pause = matches!(fault, Fault::IsolatePauseLeader { .. });
+                if pause {
+                    self.signal(l, libc::SIGSTOP);
+                    sleep_ms(ms);
+                    self.signal(l, libc::SIGCONT);
+                }
+                sleep_ms(if pause { 1000 } else { ms });
+                self.heal(&self.members());
+                (vec![l], done)
+            }
+            Fault::Split {
+                ms,
+                leader_in_minority,
+            } => {
+                let all = self.members();
+                let minority_n = (all.len() - 1) / 2;
+                let mut minority: Vec<u64> = if leader_in_minority { vec![l] } else { vec![] };
+                minority.extend(
+                    others
+                        .iter()
+                        .rev()
+                        .copied()
+                        .take(minority_n - minority.len()),
+                );
+                let majority: Vec<u64> = all
+                    .iter()
+                    .copied()
+                    .filter(|i| !minority.contains(i))
+                    .collect();
+                self.cut(&minority, &majority, None);
+                sleep_ms(ms);
+                self.heal(&all);
+                (minority, done)
+            }
+            Fault::OneWay { ms, out } => {
+                self.cut(&[l], &others, Some(if out { "out" } else { "in" }));
+                sleep_ms(ms);
+                self.heal(&[l]);
+                (vec![l], done)
+            }
+            Fault::Clock {
+                who,
+                rate,
+                ms,
+                isolate,
+            } => {
+                let id = self.resolve(who, l);
+                let rest: Vec<u64> = self.members().into_iter().filter(|&i| i != id).collect();
+                self.admin(id, "/admin/clock", json!({"rate": rate}));
+                if isolate {
+                    self.cut(&[id], &rest, None);
+                    self.signal(id, libc::SIGSTOP);
+                    sleep_ms(ms / 2);
+                    self.signal(id, libc::SIGCONT);
+                }
+                sleep_ms(if isolate { ms / 2 } else { ms });
+                if isolate {
+                    self.heal(&self.members());
+                }
+                self.admin(id, "/admin/clock", json!({"rate": 1.0}));
+                (vec![id], done)
+            }
+            Fault::Transfer { pause_ms } => {
+                let Some(&to) = others.first() else {
+                    return (vec![l], "skipped: no follower".into());
+                };
+                let r = self.admin(l, "/admin/transfer", json!({"to": to}));
+                if let Some(ms) = pause_ms {
+                    self.signal(l, libc::SIGSTOP);
+                    sleep_ms(ms);
+                    self.signal(l, libc::SIGCONT);
+                }
+                (
+                    vec![l, to],
+                    format!("transfer answered {:?}", r.map(|r| r.0)),
+                )
+            }
+            Fault::RemoveAddBack { who } => self.remove_add_back(self.resolve(who, l), l),
+            Fault::Replace { who } => self.replace(self.resolve(who, l), l),
+            Fault::Lagging {
+                behind_ms,
+                restarts,
+            } => self.lagging(
+                self.resolve(Who::Follower(behind_ms as usize), l),
+                behind_ms,
+                restarts,
+            ),
+        }
+    }
+
+    /// Restart `id` from its data dir.
+    fn restart(&self, id: u64) -> String {
+        match self.procs.lock().spawn(id, None) {
+            Ok(()) => "done".into(),
+            Err(e) => format!("restart failed: {e}"),
+        }
+    }
+
+    /// `POST /admin/members` through the leader (redirects followed once).
+    fn change(&self, changes: Value) -> Result<Value, String> {
+        let l = self.leader(20).ok_or("no leader")?;
+        match self.admin(l, "/admin/members", json!({ "changes": changes })) {
+            Some((200, v)) => Ok(v),
+            other => Err(format!("membership change answered {other:?}")),
+        }
+    }
+
+    /// Wait until the leader's configuration has `id` as a voter (`want`) or not.
+    fn wait_voter(&self, id: u64, want: bool, secs: u64) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            let conf = self
+                .leader(5)
+                .and_then(|l| self.http(l, "GET", "/members", &Value::Null));
+            if let Some((200, m)) = conf {
+                let voters: Vec<u64> = m["voters"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                    .unwrap_or_default();
+                if voters.contains(&id) == want && m["joint"] == false {
+                    return true;
+                }
+            }
+            sleep_ms(100);
+        }
+        false
+    }
+
+    fn set_targets(&self, remove: u64, add: Option<u64>) {
+        let mut t = self.targets.write();
+        t.retain(|&i| i != remove);
+        t.extend(add);
+        t.sort_unstable();
+        t.dedup();
+    }
+
+    /// Remove `id` (the leader after a transfer), stop it, start it again with `--join`.
+    fn remove_add_back(&self, id: u64, l: u64) -> (Vec<u64>, String) {
+        if id == l {
+            let to = self.members().into_iter().find(|&i| i != l);
+            let Some(to) = to else {
+                return (vec![id], "skipped: a single member".into());
+            };
+            self.admin(l, "/admin/transfer", json!({"to": to}));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while self.leader(5) == Some(l) && Instant::now() < deadline {
+                sleep_ms(100);
+            }
+        }
+        if let Err(e) = self.change(json!([{"op": "remove", "id": id}])) {
+            return (vec![id], format!("remove: {e}"));
+        }
+        self.wait_voter(id, false, 30);
+        self.set_targets(id, None);
+        // Let it apply its own removal (so it asks to join again), then stop it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && self.status(id).is_some_and(|s| s["member"] == true) {
+            sleep_ms(100);
+        }
+        self.procs.lock().kill9(id);
+        sleep_ms(500);
+        (vec![id], self.join(id))
+    }
+
+    /// Start `id` with `--join` through the leader and wait until it votes.
+    fn join(&self, id: u64) -> String {
+        let Some(via) = self.leader(20) else {
+            return "no leader to join through".into();
+        };
+        if let Err(e) = self.procs.lock().spawn(id, Some(via)) {
+            return format!("spawn: {e}");
+        }
+        self.used.lock().insert(id);
+        let ok = self.wait_voter(id, true, 60);
+        self.set_targets(0, Some(id));
+        if ok {
+            "done".into()
+        } else {
+            "not a voter again within 60 s".into()
+        }
+    }
+
+    /// Replace `old` by an id that has not been a member, in one joint change.
+    fn replace(&self, old: u64, l: u64) -> (Vec<u64>, String) {
+        let fresh = (1..=MAX_IDS).find(|i| !self.used.lock().contains(i));
+        let Some(new) = fresh.filter(|_| old != l) else {
+            return self.remove_add_back(old, l);
+        };
+        let (peer, http) = (
+            self.procs.lock().peer(new),
+            self.addrs[new as usize].clone(),
+        );
+        let change = json!([{"op": "add_voter", "id": new, "peer": peer, "http": http}, {"op": "remove", "id": old}]);
+        if let Err(e) = self.change(change) {
+            return (vec![old, new], format!("replace: {e}"));
+        }
+        self.set_targets(old, None);
+        let outcome = self.join(new);
+        self.wait_voter(old, false, 30);
+        self.procs.lock().kill9(old);
+        (vec![old, new], outcome)
+    }
+
+    /// Leave `id` behind (cut off) while the log is compacted past it, then kill and restart
+    /// it `restarts` times as it catches up, and wait until it has applied the leader's commit.
+    fn lagging(&self, id: u64, behind_ms: u64, restarts: u32) -> (Vec<u64>, String) {
+        let rest: Vec<u64> = self.members().into_iter().filter(|&i| i != id).collect();
+        let mut snaps = 0; // summed over its processes: a restart starts the counters again
+        self.cut(&[id], &rest, None);
+        sleep_ms(behind_ms);
+        let target = self
+            .leader(20)
+            .and_then(|l| self.status(l))
+            .and_then(|s| s["commit"].as_u64())
+            .unwrap_or(0);
+        self.heal(&self.members());
+        for i in 0..restarts {
+            snaps += self.snapshots(id);
+            self.procs.lock().kill9(id);
+            let _ = self.procs.lock().spawn(id, None);
+            sleep_ms(300 + 200 * i as u64);
+        }
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(60) {
+            if self
+                .status(id)
+                .and_then(|s| s["applied"].as_u64())
+                .is_some_and(|a| a >= target)
+            {
+                snaps += self.snapshots(id);
+                let ms = t0.elapsed().as_millis();
+                let outcome = format!("caught up to {target} {ms} ms after {restarts} restarts; {snaps} snapshots received");
+                return (vec![id], outcome);
+            }
+            sleep_ms(100);
+        }
+        (vec![id], format!("not caught up to {target} within 60 s"))
+    }
+
+    /// Snapshots node `id`'s current process received.
+    fn snapshots(&self, id: u64) -> u64 {
+        let m = call(
+            &self.addrs[id as usize],
+            "GET",
+            "/metrics",
+            b"",
+            &[],
+            Duration::from_secs(2),
+        )
+        .map_or(String::new(), |a| a.body);
+        m.lines()
+            .find(|l| l.starts_with("raft_messages_received_total") && l.contains("MsgSnapshot"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0) as u64
+    }
+
+    /// Undo everything: resume, heal and reset the clock of every member, restart any member
+    /// that is not running. Returns the members that had exited on their own.
+    pub fn heal_all(&self) -> Vec<u64> {
+        let mut exited = Vec::new();
+        for id in self.members() {
+            let mut p = self.procs.lock();
+            p.signal(id, libc::SIGCONT);
+            if !p.running(id) {
+                exited.push(id);
+                let _ = p.spawn(id, None);
+            }
+        }
+        for id in self.members() {
+            self.admin(id, "/admin/heal", Value::Null);
+            self.admin(id, "/admin/clock", json!({"rate": 1.0}));
+        }
+        exited
+    }
+}
