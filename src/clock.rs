@@ -18,6 +18,12 @@ use parking_lot::Mutex;
 /// A source of monotonic time in nanoseconds since an arbitrary origin.
 ///
 /// Implementations must never go backwards. The production clocks assert it.
+///
+/// Every reading is an instant of **this machine's** clock, meaningful only against other
+/// readings of the same clock: never compare it with an instant read on another node or before a
+/// reboot (send durations instead, as the lease rounds, the support session and the session
+/// checkpoints do). A clock that is `Clone` must give its clones the same readings: a
+/// [`crate::multi::MultiNode`] hands clones to its groups and compares their instants.
 pub trait Clock: Send + Sync {
     /// Nanoseconds since this clock's origin. Never decreases between calls.
     fn now_ns(&self) -> u64;

@@ -438,6 +438,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                 self.raw_read_states.push(rs);
             }
         }
+        self.note_timeout_now(rd.messages());
+        self.note_timeout_now(rd.persisted_messages());
         self.in_ready = true;
         self.sync();
         rd
@@ -507,6 +509,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Like `RawNode::advance`: apply the `Ready`'s committed entries first.
     pub fn advance(&mut self, rd: Ready) -> LightReady {
         let light = self.raw.advance(rd);
+        self.note_timeout_now(light.messages());
         self.after_advance();
         light
     }
@@ -514,8 +517,24 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Like `RawNode::advance_append`.
     pub fn advance_append(&mut self, rd: Ready) -> LightReady {
         let light = self.raw.advance_append(rd);
+        self.note_timeout_now(light.messages());
         self.after_advance();
         light
+    }
+
+    /// raft handed out `MsgTimeoutNow` (in a `Ready` or `LightReady`): record it and fence now,
+    /// when raft produces it, so that a caller who takes the messages without [`Self::take_messages`]
+    /// still cannot have the fence lifted while it is in flight.
+    fn note_timeout_now(&mut self, msgs: &[Message]) {
+        let leading = self.raw.raft.state == StateRole::Leader;
+        if leading
+            && msgs
+                .iter()
+                .any(|m| m.get_msg_type() == MessageType::MsgTimeoutNow)
+        {
+            self.timeout_now_term = self.raw.raft.term;
+            self.fence_for_transfer("raft produced MsgTimeoutNow");
+        }
     }
 
     /// Like `RawNode::advance_apply`: call after applying the `LightReady`'s committed entries.

@@ -448,8 +448,12 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         }
         // A lost release: the old leader's own campaign for a later term ends the fortification.
         g.released_by_campaign(&m);
+        let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
         let _ = g.node.step(m); // a peer's bad message is raft's to refuse
         g.drop_stale_fortification();
+        if snapshot {
+            self.refresh_members(gid); // raft restores a snapshot's configuration as it steps it
+        }
     }
 
     fn batch_to(&mut self, to: NodeId) -> &mut NodeBatch {
@@ -536,34 +540,59 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     // ----- clients -----------------------------------------------------------------------------
 
     /// Process every `Ready` of the groups touched since the last call.
+    ///
+    /// If `app` fails, the error is returned at once; the groups not yet handled stay due for
+    /// the next call, and the failing group's members are read again all the same (a
+    /// configuration it applied before the failure is in force).
     pub fn handle_ready<A: MultiApp<S, C>>(&mut self, app: &mut A) -> Result<(), A::Error> {
-        let dirty = std::mem::take(&mut self.dirty);
-        for gid in dirty {
-            let Some(g) = self.groups.get_mut(&gid) else {
-                continue;
-            };
-            let (outbox, from) = (&mut self.outbox, self.id);
-            g.node.drive_ready(|node, step| match step {
-                ReadyStep::Send(msgs) => {
-                    route(outbox, from, gid, msgs);
-                    Ok(())
-                }
-                ReadyStep::InstallSnapshot(snapshot) => app.install_snapshot(gid, node, snapshot),
-                ReadyStep::Apply(entries) => app.apply(gid, node, entries),
-                ReadyStep::Persist(entries, hs) => app.persist(gid, node, entries, hs),
-                ReadyStep::SetCommit(commit) => app.set_commit(gid, node, commit),
-            })?;
-            if g.refresh_members() {
-                self.peers_scanned_ns = None; // the support session may have a new peer
-            }
-            if g.node.is_leader() {
-                g.clear_fortified_if_new_term();
-            }
-            if let Some(term) = g.take_stepped_down() {
-                self.give_up(gid, term);
+        let mut dirty = std::mem::take(&mut self.dirty).into_iter();
+        while let Some(gid) = dirty.next() {
+            if let Err(e) = self.ready_one(gid, app) {
+                self.dirty.insert(gid);
+                self.dirty.extend(dirty);
+                return Err(e);
             }
         }
         Ok(())
+    }
+
+    fn ready_one<A: MultiApp<S, C>>(&mut self, gid: GroupId, app: &mut A) -> Result<(), A::Error> {
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return Ok(());
+        };
+        let (outbox, from) = (&mut self.outbox, self.id);
+        let driven = g.node.drive_ready(|node, step| match step {
+            ReadyStep::Send(msgs) => {
+                route(outbox, from, gid, msgs);
+                Ok(())
+            }
+            ReadyStep::InstallSnapshot(snapshot) => app.install_snapshot(gid, node, snapshot),
+            ReadyStep::Apply(entries) => app.apply(gid, node, entries),
+            ReadyStep::Persist(entries, hs) => app.persist(gid, node, entries, hs),
+            ReadyStep::SetCommit(commit) => app.set_commit(gid, node, commit),
+        });
+        self.refresh_members(gid);
+        driven?;
+        let g = self.groups.get_mut(&gid).expect("present");
+        if g.node.is_leader() {
+            g.clear_fortified_if_new_term();
+        }
+        if let Some(term) = g.take_stepped_down() {
+            self.give_up(gid, term);
+        }
+        Ok(())
+    }
+
+    /// Read group `gid`'s members again after raft may have changed its configuration (a
+    /// `Ready` handled, or a snapshot stepped), so that no path computes over a stale voter set.
+    fn refresh_members(&mut self, gid: GroupId) {
+        let changed = self
+            .groups
+            .get_mut(&gid)
+            .is_some_and(|g| g.refresh_members());
+        if changed {
+            self.peers_scanned_ns = None; // the support session may have a new peer
+        }
     }
 
     /// This replica no longer leads `gid` at `term`, and its lease ended with it: release every

@@ -167,9 +167,15 @@ fn a_killed_leader_leaves_no_believed_session_expired_and_no_lock_moved_early() 
 /// Leader A is cut off and stopped; B is elected, takes over and will give lock `L` to client 2
 /// once client 1's session expires on B's clock. A keep-alive sent to A after B took over is
 /// read when A resumes. Returns (client 1's view end, when client 2 was answered `L`).
+///
+/// The TTL is long enough that A, on resume, still holds the session in memory as live and not
+/// idle for half its TTL (else it would send the keep-alive through raft, which cannot commit:
+/// 504 either way, and the control would show nothing). Drift is 1% so that the late keep-alive,
+/// sent 500 ms after B's takeover, outlives B's grant by more than `2ρ·TTL + 2ε` when A answers
+/// it without the lease.
 fn deposed_leader_keepalive(unsafe_keepalive: bool) -> (Instant, Instant) {
-    const TTL_MS: u64 = 2_000;
-    let mut args = vec!["--fault-injection"];
+    const TTL_MS: u64 = 8_000;
+    let mut args = vec!["--fault-injection", "--drift-ppm", "10000"];
     if unsafe_keepalive {
         args.push("--unsafe-keepalive-without-lease");
     }
