@@ -140,9 +140,10 @@ fn check_key(writes: &[&Op], reads: &[&Op], v: &mut Verdict) {
         .iter()
         .filter(|w| matches!(w.ret(), None | Some(Ret::Unknown { .. })))
         .count();
+    let by_id: WritesById = writes.iter().map(|w| (w.id, *w)).collect();
     let invoked: Vec<u64> = acked
         .iter()
-        .map(|&(_, _, id)| writes_op(writes, id).invoke_ns)
+        .map(|&(_, _, id)| writes_op(&by_id, id).invoke_ns)
         .collect();
     for ((_, rev, id), before) in acked.iter().zip(newest_before(&acked, &invoked)) {
         if let Some((prev, first)) = before.filter(|(prev, _)| prev >= rev) {
@@ -175,13 +176,15 @@ fn check_key(writes: &[&Op], reads: &[&Op], v: &mut Verdict) {
         })
         .collect();
     check_stale(&acked, &answered, v);
-    check_final(&acked, writes, &answered, v);
+    check_final(&acked, &by_id, &answered, v);
 }
 
-fn writes_op<'a>(writes: &[&'a Op], id: usize) -> &'a Op {
+/// One key's writes by id (a key has tens of thousands in a long run: no linear search).
+type WritesById<'a> = HashMap<usize, &'a Op>;
+
+fn writes_op<'a>(writes: &WritesById<'a>, id: usize) -> &'a Op {
     writes
-        .iter()
-        .find(|w| w.id == id)
+        .get(&id)
         .expect("an acknowledged write is in the list")
 }
 
@@ -245,7 +248,12 @@ fn check_stale(acked: &[Done], answered: &[(&Op, u64, bool)], v: &mut Verdict) {
 }
 
 /// Every write acknowledged before a final read was invoked is in it.
-fn check_final(acked: &[Done], writes: &[&Op], answered: &[(&Op, u64, bool)], v: &mut Verdict) {
+fn check_final(
+    acked: &[Done],
+    writes: &WritesById<'_>,
+    answered: &[(&Op, u64, bool)],
+    v: &mut Verdict,
+) {
     let mut lost = BTreeMap::new();
     for (r, got, _) in answered.iter().filter(|a| a.2) {
         let value = match read(r) {
@@ -317,6 +325,9 @@ fn check_fences(ops: &[Op], v: &mut Verdict) {
 }
 
 /// No lock is granted while another session provably holds it.
+///
+/// Linear in the history plus the pairs of grants of one lock: unlocks and successful
+/// keep-alives are indexed first (a 30-minute run has about 600,000 operations).
 fn check_lock_holders(ops: &[Op], v: &mut Verdict) {
     let grants: Vec<(&Op, &str, u64, u64)> = ops
         .iter()
@@ -327,20 +338,45 @@ fn check_lock_holders(ops: &[Op], v: &mut Verdict) {
             _ => None,
         })
         .collect();
+    // The earliest unlock invoked per holding (lock, session, token).
+    let mut unlocked: HashMap<(&str, u64, u64), u64> = HashMap::new();
+    // Per session, its last keep-alive answered alive (invocation time, op).
+    let mut last_alive: HashMap<u64, (u64, &Op)> = HashMap::new();
+    for o in ops {
+        match &o.call {
+            Call::Unlock {
+                lock,
+                session,
+                token,
+            } => {
+                let at = unlocked
+                    .entry((lock.as_str(), *session, *token))
+                    .or_insert(u64::MAX);
+                *at = (*at).min(o.invoke_ns);
+            }
+            Call::KeepAlive { session }
+                if matches!(o.ret(), Some(Ret::Refreshed { alive: true })) =>
+            {
+                let e = last_alive.entry(*session).or_insert((o.invoke_ns, o));
+                if o.invoke_ns > e.0 {
+                    *e = (o.invoke_ns, o);
+                }
+            }
+            _ => {}
+        }
+    }
     for &(a, lock, sa, ta) in &grants {
         for &(b, _, sb, tb) in grants
             .iter()
             .filter(|g| g.1 == lock && g.2 != sa && g.3 > ta)
         {
-            let released = ops.iter().any(|o| {
-                matches!(&o.call, Call::Unlock { lock: l, session, token } if l == lock && *session == sa && *token == ta)
-                    && o.invoke_ns < b.complete_ns()
-            });
-            let alive_after = ops.iter().find(|o| {
-                matches!(o.call, Call::KeepAlive { session } if session == sa)
-                    && matches!(o.ret(), Some(Ret::Refreshed { alive: true }))
-                    && o.invoke_ns > b.complete_ns()
-            });
+            let released = unlocked
+                .get(&(lock, sa, ta))
+                .is_some_and(|&at| at < b.complete_ns());
+            let alive_after = last_alive
+                .get(&sa)
+                .filter(|(at, _)| *at > b.complete_ns())
+                .map(|(_, k)| k);
             if let (false, Some(k)) = (released, alive_after) {
                 let detail = format!(
                     "{lock} granted to session {sb} (token {tb}) while session {sa} held it (token {ta}), refreshed by op {} after the grant",
