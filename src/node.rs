@@ -26,7 +26,7 @@ use thiserror::Error;
 use crate::clock::Clock;
 use crate::config::{ConfigError, Derived, LeaseConfig, Safeties};
 use crate::ctx::{LayerCtx, ReservedContext};
-use crate::handle::{ReadHandle, Shared};
+use crate::handle::{ReadHandle, Shared, Slot};
 use crate::lease::{AckOutcome, LeaderLease, LeaseState};
 use crate::promise::{CampaignJitter, FollowerPromise, VoteDecision};
 use crate::read::{ReadError, ReadId, ReadKind, ReadMode, ReadQueue, ServedRead};
@@ -228,6 +228,21 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         clock: C,
         logger: &Logger,
     ) -> Result<Self, NodeError> {
+        let (clock, slot) = (Arc::new(clock), Slot::alone());
+        LeaseNode::in_node(raft_config, storage, config, tick_ms, clock, slot, logger)
+    }
+
+    /// A node that reads `clock` (shared with the other groups of its node) and publishes for
+    /// read handles in `slot` (a slot of its node's lease table).
+    pub(crate) fn in_node(
+        raft_config: &Config,
+        storage: S,
+        config: LeaseConfig,
+        tick_ms: u64,
+        clock: Arc<C>,
+        slot: Slot,
+        logger: &Logger,
+    ) -> Result<Self, NodeError> {
         let derived = config.validate(raft_config, tick_ms)?;
         let safeties = config.safeties;
         let mut rc = raft_config.clone();
@@ -252,7 +267,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         let seen = (raw.raft.state, raw.raft.term);
         let mut node = LeaseNode {
             raw,
-            clock: Arc::new(clock),
+            clock,
             safeties,
             lease: LeaderLease::new(&derived),
             jitter: CampaignJitter::new(jitter_seed, derived.campaign_jitter_ns),
@@ -264,7 +279,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             promise,
             rounds: RoundTracker::new(safeties.testing.remap_retired_ctx),
             reads: ReadQueue::default(),
-            shared: Arc::new(Shared::default()),
+            shared: Arc::new(Shared::new(slot)),
             logger,
             seen,
             lease_was_held: false,

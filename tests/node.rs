@@ -3,6 +3,7 @@
 use raft::eraftpb::{Message, MessageType};
 use raft::storage::MemStorage;
 use raft::{RawNode, StateRole};
+use raft_lease::handle::HANDLE_FLUSH_EVERY;
 use raft_lease::{
     CampaignError, Clock, Collect, ConfigError, LeaseConfig, LeaseNode, LeaseState, NodeError,
     ReadError, ReadKind, ReadMode, SimClock,
@@ -409,7 +410,7 @@ fn caller_read_contexts_cannot_collide_with_the_layers() {
 }
 
 #[test]
-fn handle_counters_are_per_handle_and_survive_the_handle() {
+fn handle_counts_reach_the_node_in_batches_at_drop_and_on_flush() {
     let clock = SimClock::new(0, 0);
     let mut node = leader(&clock);
     node.tick();
@@ -419,16 +420,30 @@ fn handle_counters_are_per_handle_and_survive_the_handle() {
     assert_eq!(b.try_read(|| 2), Ok(2));
     assert_eq!(
         node.counters().lease_reads,
-        2,
-        "both handles' reads are counted"
+        0,
+        "a live handle's counts wait for a flush"
     );
     drop(b);
     assert_eq!(
         node.counters().lease_reads,
-        2,
-        "a dropped handle's reads stay counted"
+        1,
+        "a dropped handle's reads are counted"
+    );
+    for _ in 2..HANDLE_FLUSH_EVERY {
+        assert_eq!(a.try_read(|| 3), Ok(3));
+    }
+    assert_eq!(node.counters().lease_reads, 1, "one read short of a batch");
+    assert_eq!(a.try_read(|| 4), Ok(4));
+    assert_eq!(
+        node.counters().lease_reads,
+        1 + u64::from(HANDLE_FLUSH_EVERY),
+        "a full batch is flushed"
     );
     clock.advance(1_000 * MS); // the lease runs out
-    assert_eq!(a.try_read(|| 3), Err(ReadError::LeaseNotHeld));
-    assert_eq!(node.counters().lease_refusals, 1);
+    assert_eq!(a.try_read(|| 5), Err(ReadError::LeaseNotHeld));
+    assert_eq!(node.counters().lease_refusals, 0);
+    a.flush_counts();
+    let counters = node.counters();
+    assert_eq!(counters.lease_refusals, 1, "flushed on demand");
+    assert_eq!(counters.lease_reads, 1 + u64::from(HANDLE_FLUSH_EVERY));
 }

@@ -18,6 +18,7 @@ mod group;
 mod mem;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use raft::eraftpb::{ConfChangeV2, Entry, HardState, Message, MessageType, Snapshot};
 use raft::Storage;
@@ -31,6 +32,7 @@ pub use mem::MultiMemApp;
 use crate::clock::Clock;
 use crate::config::{Derived, LeaseConfig};
 use crate::drive::ReadyStep;
+use crate::handle::LeaseTable;
 use crate::liveness::{
     lease_until_ns, Epoch, Fortification, NodeId, Requester, SupportMsg, Supporter,
 };
@@ -108,7 +110,10 @@ pub trait MultiApp<S: Storage, C: Clock> {
 pub struct MultiNode<S: Storage, C: Clock + Clone> {
     id: NodeId,
     mode: LivenessMode,
-    clock: C,
+    /// One clock for the node and every group: a handle read on any group finds it cached.
+    clock: Arc<C>,
+    /// Where the groups publish for read handles, densely.
+    leases: LeaseTable,
     derived: Derived,
     quiesce_after_ticks: u32,
     groups: BTreeMap<GroupId, Group<S, C>>,
@@ -148,7 +153,8 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let mut node = MultiNode {
             id: config.node_id,
             mode: config.mode,
-            clock,
+            clock: Arc::new(clock),
+            leases: LeaseTable::default(),
             derived,
             quiesce_after_ticks: config.quiesce_after_ticks,
             groups: BTreeMap::new(),
@@ -177,12 +183,13 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let mut lease = self.config.lease.clone();
         lease.seed ^= gid.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let logger = self.logger.new(slog::o!("group" => gid));
-        let node = LeaseNode::new(
+        let node = LeaseNode::in_node(
             &rc,
             storage,
             lease,
             self.config.tick_ms,
             self.clock.clone(),
+            self.leases.slot(),
             &logger,
         )?;
         let count_earlier_terms = self.config.lease.safeties.testing.count_earlier_terms;
