@@ -312,10 +312,10 @@ async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
     c.conn.set(Phase::Waiting);
     // Fast path: the lease, on this worker. raft-rs LeaseBased (unsafe mode) goes through raft.
     if mode != ReadMode::ReadIndex && !app.opts.unsafe_lease_based {
-        let local = app
-            .raft
-            .handle
-            .read(|| app.raft.machine.read().kv.get(&key).cloned());
+        // A clone per request: a handle counts its reads in itself and hands them to the node's
+        // counters when dropped, so `raft_lease_reads_total` stays exact across worker threads.
+        let handle = app.raft.handle.clone();
+        let local = handle.read(|| app.raft.machine.read().kv.get(&key).cloned());
         if let Ok(stored) = local {
             app.metrics
                 .lease_read_seconds

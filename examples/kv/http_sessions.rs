@@ -65,7 +65,7 @@ async fn keepalive(c: &Ctx<'_>, ids: &[u64]) -> Result<Reply, Reply> {
     };
     let local = match c.app.opts.unsafe_keepalive_without_lease {
         true => refresh(), // the control: no lease check
-        false => raft.handle.read(refresh).map_err(|_| {
+        false => raft.handle.clone().read(refresh).map_err(|_| {
             let detail = "no valid leader lease: keep-alives are answered only under it; retry";
             error(503, "lease_not_held", detail).with_header("retry-after", "1")
         })?,
