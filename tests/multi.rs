@@ -247,22 +247,69 @@ mod manual {
     //! Three `MultiNode`s on one simulated clock, delivering every batch at once, recording
     //! every raft message sent: to replay one later, as a delayed duplicate.
 
-    use raft::eraftpb::{Entry, Message};
+    use raft::eraftpb::{Entry, EntryType, HardState, Message, Snapshot};
     use raft::storage::MemStorage;
-    use raft_lease::multi::{LivenessMode, MultiConfig, MultiMemApp, MultiNode, NodeBatch};
+    use raft_lease::multi::{
+        LivenessMode, MultiApp, MultiConfig, MultiMemApp, MultiNode, NodeBatch,
+    };
     use raft_lease::{LeaseConfig, LeaseNode, SimClock};
 
     pub type Node = MultiNode<MemStorage, SimClock>;
+    type Replica = LeaseNode<MemStorage, SimClock>;
 
     struct NoState;
 
     impl MultiMemApp<SimClock> for NoState {
-        fn apply(&mut self, _: u64, _: &mut LeaseNode<MemStorage, SimClock>, _: Vec<Entry>) {}
+        fn apply(&mut self, _: u64, _: &mut Replica, _: Vec<Entry>) {}
+    }
+
+    /// One node's app: no state, and optionally one persist failure right after a `Ready`
+    /// applied a membership change (a disk error at the worst moment).
+    #[derive(Default)]
+    pub struct App {
+        pub fail_after_conf_change: bool,
+        conf_changed: bool,
+        pub failed: bool,
+    }
+
+    impl MultiApp<MemStorage, SimClock> for App {
+        type Error = raft::Error;
+
+        fn install_snapshot(&mut self, g: u64, n: &mut Replica, s: Snapshot) -> raft::Result<()> {
+            MultiApp::install_snapshot(&mut NoState, g, n, s)
+        }
+
+        fn apply(&mut self, g: u64, n: &mut Replica, entries: Vec<Entry>) -> raft::Result<()> {
+            let normal = |e: &Entry| e.get_entry_type() == EntryType::EntryNormal;
+            self.conf_changed |= !entries.iter().all(normal);
+            MultiApp::apply(&mut NoState, g, n, entries)
+        }
+
+        fn persist(
+            &mut self,
+            g: u64,
+            n: &mut Replica,
+            entries: &[Entry],
+            hs: Option<&HardState>,
+        ) -> raft::Result<()> {
+            if self.fail_after_conf_change && self.conf_changed && !self.failed {
+                self.failed = true;
+                return Err(raft::Error::Store(raft::StorageError::Unavailable));
+            }
+            MultiApp::persist(&mut NoState, g, n, entries, hs)
+        }
+
+        fn set_commit(&mut self, g: u64, n: &mut Replica, commit: u64) -> raft::Result<()> {
+            MultiApp::set_commit(&mut NoState, g, n, commit)
+        }
     }
 
     pub struct Cluster {
         pub clock: SimClock,
         pub nodes: Vec<Node>,
+        pub apps: Vec<App>,
+        /// Errors `handle_ready` returned (the driver reports them and goes on).
+        pub errors: usize,
         /// Every raft message sent so far, with its group.
         pub sent: Vec<(u64, Message)>,
     }
@@ -302,6 +349,8 @@ mod manual {
             Cluster {
                 clock,
                 nodes,
+                apps: (0..3).map(|_| App::default()).collect(),
+                errors: 0,
                 sent: Vec::new(),
             }
         }
@@ -318,11 +367,15 @@ mod manual {
         pub fn settle(&mut self) {
             loop {
                 let mut batches = Vec::new();
-                for node in self.nodes.iter_mut() {
-                    node.handle_ready(&mut NoState).expect("memory storage");
+                let errors = self.errors;
+                for (node, app) in self.nodes.iter_mut().zip(&mut self.apps) {
+                    if node.handle_ready(app).is_err() {
+                        self.errors += 1;
+                    }
                     batches.extend(node.take_outbox());
                 }
-                if batches.is_empty() {
+                // After an error the driver reports it and goes back to its loop: a tick next.
+                if batches.is_empty() || self.errors > errors {
                     return;
                 }
                 for b in batches {
@@ -537,4 +590,35 @@ fn an_abandoned_transfer_never_leaves_a_group_without_a_lease() {
         "{:?}",
         s.check().violations
     );
+}
+
+/// An app error inside `handle_ready`, right after a Ready applied a membership change, must not
+/// leave the leader's cached voters at the old ones: before the fix the lease went on being
+/// computed over them (debug builds panic "stale members").
+#[test]
+fn an_app_error_after_a_conf_change_never_leaves_the_member_cache_stale() {
+    use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
+    let mut c = manual::Cluster::new(1);
+    c.run_ms(2_000);
+    let l = c.leader(1).expect("a leader");
+    let x = (1..=3).find(|&n| n != l).expect("a follower");
+    c.apps[l as usize - 1].fail_after_conf_change = true;
+    let mut remove = ConfChangeSingle::default();
+    remove.set_change_type(ConfChangeType::RemoveNode);
+    remove.node_id = x;
+    let mut cc = ConfChangeV2::default();
+    cc.mut_changes().push(remove);
+    c.nodes[l as usize - 1]
+        .propose_conf_change(1, cc)
+        .expect("proposed");
+    c.run_ms(500);
+    assert!(
+        c.apps[l as usize - 1].failed,
+        "the injected error never fired"
+    );
+    assert_eq!(c.errors, 1);
+    let g = c.nodes[l as usize - 1].group(1).expect("hosted");
+    let voters = g.raw().raft.prs().conf().to_conf_state().voters;
+    assert!(!voters.contains(&x), "the removal was not applied");
+    assert!(g.lease_status().state.is_held(), "no lease after the error");
 }
