@@ -207,6 +207,9 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     in_ready: bool,
     /// This leader applied its own removal; it steps down at the next point outside a `Ready`.
     removed_while_leading: bool,
+    /// Bumped whenever raft's configuration may have changed: a conf change applied, a snapshot
+    /// stepped (raft restores its configuration as it steps it). See [`Self::conf_version`].
+    conf_version: u64,
     /// The term in which this leader last sent `MsgTimeoutNow` (0: never). A transfer raft gives
     /// up after that cannot lift the fence: the message may still arrive and force an election.
     timeout_now_term: u64,
@@ -286,6 +289,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             in_ready: false,
             removed_while_leading: false,
             timeout_now_term: 0,
+            conf_version: 0,
             ticks_since_round: 0,
             raw_read_states: Vec::new(),
         };
@@ -330,6 +334,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
         );
         let (from, term) = (m.from, m.term);
+        if m.get_msg_type() == MessageType::MsgSnapshot {
+            self.conf_version += 1;
+        }
         let result = self.raw.step(m);
         if from_leader && result.is_ok() {
             self.on_leader_message(from, term);
@@ -493,8 +500,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                     self.stamp_heartbeat(m, &mut tag, now_ns);
                 }
                 MessageType::MsgTimeoutNow => {
-                    self.timeout_now_term = term;
-                    self.fence_for_transfer("MsgTimeoutNow is leaving");
+                    // Recorded and fenced when raft handed it out (`note_timeout_now`).
+                    debug_assert_eq!(self.timeout_now_term, term, "MsgTimeoutNow not noted");
+                    debug_assert!(
+                        self.lease.is_fenced() || !self.safeties.transfer_fence(),
+                        "MsgTimeoutNow leaving an unfenced lease"
+                    );
                 }
                 _ => {}
             }
@@ -657,6 +668,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// drops proposals, and panics when the commit index moves on (`maybe_commit` unwraps the
     /// leader's own progress, which the change removed).
     pub fn apply_conf_change(&mut self, cc: &impl ConfChangeI) -> raft::Result<ConfState> {
+        self.conf_version += 1;
         let cs = self.raw.apply_conf_change(cc)?;
         if self.raw.raft.state == StateRole::Leader {
             self.lose_lease(Loss::ConfigChanged);
@@ -672,6 +684,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
         self.sync();
         Ok(cs)
+    }
+
+    /// A counter that changes whenever raft's configuration may have changed (a conf change
+    /// applied, a snapshot stepped): cache what you derive from the configuration against it.
+    pub fn conf_version(&self) -> u64 {
+        self.conf_version
     }
 
     /// Tell raft whether a snapshot sent to `to` arrived (like `RawNode::report_snapshot`). A

@@ -48,8 +48,10 @@ impl Members {
 /// One hosted group.
 pub(super) struct Group<S: Storage, C: Clock> {
     pub node: LeaseNode<S, C>,
-    /// The configuration's members, as of the last `Ready` handled (see [`Members`]).
+    /// The configuration's members, read at `members_version` of the node's configuration.
     members: Members,
+    /// [`LeaseNode::conf_version`] when `members` was read.
+    members_version: u64,
     /// As leader: per voter, the `(epoch, incarnation)` its fortification was made under.
     pub fortified: Fortified,
     /// The term `fortified` belongs to.
@@ -77,6 +79,7 @@ impl<S: Storage, C: Clock> Group<S, C> {
         Group {
             count_earlier_terms,
             members: Members::of(&node),
+            members_version: node.conf_version(),
             node,
             fortified: Fortified::new(),
             fortified_term: 0,
@@ -95,8 +98,13 @@ impl<S: Storage, C: Clock> Group<S, C> {
         &self.members
     }
 
-    /// Read the members again after a `Ready`. Returns whether they changed.
+    /// Read the members again if the node's configuration may have changed since they were
+    /// read (nothing to do otherwise). Returns whether they changed.
     pub fn refresh_members(&mut self) -> bool {
+        if self.node.conf_version() == self.members_version {
+            return false;
+        }
+        self.members_version = self.node.conf_version();
         let now = Members::of(&self.node);
         let changed = now != self.members;
         self.members = now;
@@ -222,7 +230,7 @@ impl<S: Storage, C: Clock> Group<S, C> {
 
     /// Whether the group may quiesce: idle for `after_ticks`, and as leader holding a lease
     /// with everything committed and applied and no read waiting, or as follower fortified.
-    pub fn may_quiesce(&self, after_ticks: u32, now_ns: u64) -> bool {
+    pub fn may_quiesce(&self, after_ticks: u32) -> bool {
         if self.quiescent || self.idle_ticks < after_ticks {
             return false;
         }
@@ -232,7 +240,6 @@ impl<S: Storage, C: Clock> Group<S, C> {
                 let log = &r.raft_log;
                 let settled = log.committed == log.last_index() && log.applied == log.committed;
                 let held = self.node.lease_status().remaining_ns > 0;
-                let _ = now_ns;
                 settled && held && self.node.pending_reads() == 0 && r.lead_transferee.is_none()
             }
             _ => self.fortification.is_some(),

@@ -455,12 +455,9 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         }
         // A lost release: the old leader's own campaign for a later term ends the fortification.
         g.released_by_campaign(&m);
-        let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
         let _ = g.node.step(m); // a peer's bad message is raft's to refuse
         g.drop_stale_fortification();
-        if snapshot {
-            self.refresh_members(gid); // raft restores a snapshot's configuration as it steps it
-        }
+        self.refresh_members(gid); // raft restores a snapshot's configuration as it steps it
     }
 
     fn batch_to(&mut self, to: NodeId) -> &mut NodeBatch {
@@ -506,7 +503,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             self.extend_lease(gid);
         }
         let g = self.groups.get_mut(&gid).expect("present");
-        if g.may_quiesce(self.quiesce_after_ticks, now_ns) {
+        if g.may_quiesce(self.quiesce_after_ticks) {
             g.quiescent = true;
             self.awake.remove(&gid);
         }
