@@ -49,24 +49,7 @@ pub fn late_withdrawal(
     gid: GroupId,
     rng: &mut ChaCha8Rng,
 ) -> Option<(u64, String)> {
-    quiet(sim, gid);
-    let r = sim.leader(gid)?;
-    let voters = sim
-        .node(r)?
-        .group(gid)?
-        .raw()
-        .raft
-        .prs()
-        .conf()
-        .to_conf_state();
-    if voters.voters.len() != 3 || !voters.voters_outgoing.is_empty() {
-        return None;
-    }
-    let others: Vec<u64> = voters.voters.iter().copied().filter(|&v| v != r).collect();
-    let (s, x) = (others[0], others[1]);
-    if !sim.is_up(s) || !sim.is_up(x) || fortified_to(sim, s, gid) != Some(r) {
-        return None;
-    }
+    let (r, s, x) = three_in_shape(sim, gid)?;
     let p_ms = sim.config().lease.promise_ms;
     sim.block(r, s);
     if !sim.run_until(3 * p_ms, |sim| fortified_to(sim, s, gid).is_none()) {
@@ -106,24 +89,7 @@ pub fn resumed_support(
     gid: GroupId,
     rng: &mut ChaCha8Rng,
 ) -> Option<(u64, String)> {
-    quiet(sim, gid);
-    let r = sim.leader(gid)?;
-    let voters = sim
-        .node(r)?
-        .group(gid)?
-        .raw()
-        .raft
-        .prs()
-        .conf()
-        .to_conf_state();
-    if voters.voters.len() != 3 || !voters.voters_outgoing.is_empty() {
-        return None;
-    }
-    let others: Vec<u64> = voters.voters.iter().copied().filter(|&v| v != r).collect();
-    let (s, x) = (others[0], others[1]);
-    if !sim.is_up(s) || !sim.is_up(x) || fortified_to(sim, s, gid) != Some(r) {
-        return None;
-    }
+    let (r, s, x) = three_in_shape(sim, gid)?;
     let p_ms = sim.config().lease.promise_ms;
     sim.mute_group(gid, r);
     sim.partition(&[r], &[x]);
@@ -149,14 +115,7 @@ pub fn transfer_round_trip(
 ) -> Option<(u64, String)> {
     quiet(sim, gid);
     let r = sim.leader(gid)?;
-    let voters = sim
-        .node(r)?
-        .group(gid)?
-        .raw()
-        .raft
-        .prs()
-        .conf()
-        .to_conf_state();
+    let voters = voters_of(sim, r, gid)?;
     let others: Vec<u64> = voters.voters.iter().copied().filter(|&v| v != r).collect();
     let x = *others.get(rng.gen_range(0..others.len().max(1)))?;
     let p_ms = sim.config().lease.promise_ms;
@@ -172,4 +131,34 @@ pub fn transfer_round_trip(
         r,
         format!("group {gid}: {r} hands leadership to {x} and wins it back"),
     ))
+}
+
+/// After [`quiet`]: group `gid`'s leader `R` and its two followers `(S, X)`, when the group has
+/// exactly three voters (not joint), all up, and `S` fortified to `R`; else `None`.
+fn three_in_shape(sim: &mut MultiSim, gid: GroupId) -> Option<(u64, u64, u64)> {
+    quiet(sim, gid);
+    let r = sim.leader(gid)?;
+    let voters = voters_of(sim, r, gid)?;
+    if voters.voters.len() != 3 || !voters.voters_outgoing.is_empty() {
+        return None;
+    }
+    let others: Vec<u64> = voters.voters.iter().copied().filter(|&v| v != r).collect();
+    let (s, x) = (others[0], others[1]);
+    if !sim.is_up(s) || !sim.is_up(x) || fortified_to(sim, s, gid) != Some(r) {
+        return None;
+    }
+    Some((r, s, x))
+}
+
+/// Group `gid`'s configuration as node `n` sees it.
+fn voters_of(sim: &MultiSim, n: u64, gid: GroupId) -> Option<raft::eraftpb::ConfState> {
+    Some(
+        sim.node(n)?
+            .group(gid)?
+            .raw()
+            .raft
+            .prs()
+            .conf()
+            .to_conf_state(),
+    )
 }
