@@ -265,11 +265,7 @@ impl<C: Clock, A: MemApp<C>> ReadyIo<MemStorage, C> for A {
         node: &mut LeaseNode<MemStorage, C>,
         entries: Vec<Entry>,
     ) -> raft::Result<()> {
-        for e in &entries {
-            if let Some(cs) = apply_conf_change_entry(node, e)? {
-                node.raw().store().wl().set_conf_state(cs);
-            }
-        }
+        apply_conf_changes_to_mem(node, &entries)?;
         MemApp::apply(self, node, entries);
         Ok(())
     }
@@ -280,19 +276,40 @@ impl<C: Clock, A: MemApp<C>> ReadyIo<MemStorage, C> for A {
         entries: &[Entry],
         hs: Option<&HardState>,
     ) -> raft::Result<()> {
-        let store = node.raw().store();
-        let mut core = store.wl();
-        core.append(entries)?;
-        if let Some(hs) = hs {
-            core.set_hardstate(hs.clone());
-        }
-        Ok(())
+        persist_to_mem(node.raw().store(), entries, hs)
     }
 
     fn set_commit(&mut self, node: &mut LeaseNode<MemStorage, C>, commit: u64) -> raft::Result<()> {
         node.raw().store().wl().mut_hard_state().set_commit(commit);
         Ok(())
     }
+}
+
+/// Apply the membership changes among `entries` to `node` and record each in its `MemStorage`.
+pub(crate) fn apply_conf_changes_to_mem<C: Clock>(
+    node: &mut LeaseNode<MemStorage, C>,
+    entries: &[Entry],
+) -> raft::Result<()> {
+    for e in entries {
+        if let Some(cs) = apply_conf_change_entry(node, e)? {
+            node.raw().store().wl().set_conf_state(cs);
+        }
+    }
+    Ok(())
+}
+
+/// Append `entries` to a `MemStorage` (replacing any conflicting suffix) and record `hs`.
+pub(crate) fn persist_to_mem(
+    store: &MemStorage,
+    entries: &[Entry],
+    hs: Option<&HardState>,
+) -> raft::Result<()> {
+    let mut core = store.wl();
+    core.append(entries)?;
+    if let Some(hs) = hs {
+        core.set_hardstate(hs.clone());
+    }
+    Ok(())
 }
 
 /// A [`MemApp`] that collects outgoing messages and committed entries for the caller.

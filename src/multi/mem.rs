@@ -6,7 +6,7 @@ use raft::storage::MemStorage;
 
 use super::{GroupId, MultiApp};
 use crate::clock::Clock;
-use crate::drive::apply_conf_change_entry;
+use crate::drive::{apply_conf_changes_to_mem, persist_to_mem};
 use crate::node::LeaseNode;
 
 /// Implement this (the state machine of each group) to get a [`MultiApp`] over `MemStorage`.
@@ -34,11 +34,7 @@ impl<C: Clock, A: MultiMemApp<C>> MultiApp<MemStorage, C> for A {
         node: &mut LeaseNode<MemStorage, C>,
         entries: Vec<Entry>,
     ) -> raft::Result<()> {
-        for e in &entries {
-            if let Some(cs) = apply_conf_change_entry(node, e)? {
-                node.raw().store().wl().set_conf_state(cs);
-            }
-        }
+        apply_conf_changes_to_mem(node, &entries)?;
         MultiMemApp::apply(self, group, node, entries);
         Ok(())
     }
@@ -50,13 +46,7 @@ impl<C: Clock, A: MultiMemApp<C>> MultiApp<MemStorage, C> for A {
         entries: &[Entry],
         hs: Option<&HardState>,
     ) -> raft::Result<()> {
-        let store = node.raw().store();
-        let mut core = store.wl();
-        core.append(entries)?;
-        if let Some(hs) = hs {
-            core.set_hardstate(hs.clone());
-        }
-        Ok(())
+        persist_to_mem(node.raw().store(), entries, hs)
     }
 
     fn set_commit(

@@ -35,12 +35,7 @@ impl SimStorage {
 
     /// Append entries (replacing any conflicting suffix) and record the hard state.
     pub fn persist(&self, entries: &[Entry], hs: Option<&HardState>) -> raft::Result<()> {
-        let mut core = self.mem.wl();
-        core.append(entries)?;
-        if let Some(hs) = hs {
-            core.set_hardstate(hs.clone());
-        }
-        Ok(())
+        crate::drive::persist_to_mem(&self.mem, entries, hs)
     }
 
     /// Record a newer commit index.
