@@ -116,7 +116,14 @@ impl Procs {
     }
 
     /// Start node `id` from its data dir, or, with `join`, as a new member through that node.
+    /// Refused while a process of `id` still runs: two faults overlapping on one node (a kill
+    /// and restart beside a lagging follower's restarts) must not start a second process on its
+    /// data dir (the node would refuse it, exit 3, and the run would blame the node), nor lose
+    /// track of the first.
     pub fn spawn(&mut self, id: u64, join: Option<u64>) -> Result<(), String> {
+        if self.running(id) {
+            return Err(format!("node {id} is already running"));
+        }
         let list = |port: &dyn Fn(u64) -> u16| {
             let mut ids = self.founders.clone();
             ids.push(id);
