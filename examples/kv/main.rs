@@ -35,6 +35,7 @@ mod kv_machine;
 mod limits;
 mod log;
 mod marker;
+mod mem_log;
 mod members;
 mod metrics;
 mod nemesis;

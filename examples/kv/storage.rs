@@ -13,6 +13,8 @@ use raft::{GetEntriesContext, RaftState, StorageError};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
+use crate::mem_log::{MemLog, TAIL_BYTES};
+
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 const HARD_STATE: &str = "hard_state";
@@ -25,15 +27,13 @@ const NODE_ID: &str = "node_id";
 pub type DiskError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What is cached in memory; the disk is the truth.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Cache {
     hard_state: HardState,
     conf_state: ConfState,
     snapshot_meta: SnapshotMetadata,
-    /// First index in the log (snapshot index + 1 when the log is empty).
-    first_index: u64,
-    /// Last index in the log (the snapshot index when the log is empty).
-    last_index: u64,
+    /// The log's indexes, terms and newest entries, as on disk.
+    log: MemLog,
 }
 
 /// raft storage on a redb file. Clones share the database.
@@ -41,6 +41,8 @@ struct Cache {
 pub struct DiskStorage {
     db: Arc<Database>,
     cache: Arc<RwLock<Cache>>,
+    /// Bytes of the newest entries kept in memory (`TAIL_BYTES`; smaller in tests).
+    tail_bytes: usize,
 }
 
 fn other(e: impl std::error::Error + Send + Sync + 'static) -> raft::Error {
@@ -169,7 +171,13 @@ impl DiskStorage {
         }
         let storage = DiskStorage {
             db: Arc::new(db),
-            cache: Arc::default(),
+            cache: Arc::new(RwLock::new(Cache {
+                hard_state: HardState::default(),
+                conf_state: ConfState::default(),
+                snapshot_meta: SnapshotMetadata::default(),
+                log: MemLog::new(1, TAIL_BYTES),
+            })),
+            tail_bytes: TAIL_BYTES,
         };
         storage.reload().map_err(corrupt)?;
         Ok(storage)
@@ -181,7 +189,7 @@ impl DiskStorage {
         let c = self.cache.read();
         Ok(c.hard_state.vote == 0
             && c.hard_state.term <= 1
-            && c.last_index == c.snapshot_meta.index
+            && c.log.last_index() == c.snapshot_meta.index
             && c.snapshot_meta.index <= 1)
     }
 
@@ -206,14 +214,21 @@ impl DiskStorage {
             .unwrap_or_default();
         let snapshot_meta = snapshot.get_metadata().clone();
         let first = log.first()?.map(|(k, _)| k.value());
-        let last = log.last()?.map(|(k, _)| k.value());
+        let mut mem = MemLog::new(first.unwrap_or(snapshot_meta.index + 1), self.tail_bytes);
+        let mut chunk = Vec::new();
+        for row in log.iter()? {
+            chunk.push(Entry::parse_from_bytes(row?.1.value())?);
+            if chunk.len() == 1024 {
+                mem.append(&std::mem::take(&mut chunk));
+            }
+        }
+        mem.append(&chunk);
         let mut c = self.cache.write();
         *c = Cache {
             hard_state,
             conf_state,
-            first_index: first.unwrap_or(snapshot_meta.index + 1),
-            last_index: last.unwrap_or(snapshot_meta.index),
             snapshot_meta,
+            log: mem,
         };
         Ok(())
     }
@@ -227,16 +242,13 @@ impl DiskStorage {
         if entries.is_empty() && hard_state.is_none() {
             return Ok(());
         }
+        let last_index = self.cache.read().log.last_index();
         let txn = self.db.begin_write()?;
         {
             let mut log = txn.open_table(LOG)?;
             if let Some(first) = entries.first() {
-                let stale: Vec<u64> = log
-                    .range(first.index..)?
-                    .map(|r| r.map(|(k, _)| k.value()))
-                    .collect::<Result<_, _>>()?;
-                for index in stale {
-                    log.remove(index)?;
+                if first.index <= last_index {
+                    log.retain_in(first.index.., |_, _| false)?; // a conflicting suffix
                 }
                 for e in entries {
                     log.insert(e.index, e.write_to_bytes()?.as_slice())?;
@@ -249,12 +261,7 @@ impl DiskStorage {
         }
         txn.commit()?;
         let mut c = self.cache.write();
-        if let Some(last) = entries.last() {
-            c.last_index = last.index;
-            if c.first_index > entries[0].index {
-                c.first_index = entries[0].index;
-            }
-        }
+        c.log.append(entries);
         if let Some(hs) = hard_state {
             c.hard_state = hs.clone();
         }
@@ -342,17 +349,29 @@ impl DiskStorage {
     /// Entries in the log (for status and tests).
     pub fn log_len(&self) -> u64 {
         let c = self.cache.read();
-        (c.last_index + 1).saturating_sub(c.first_index)
+        (c.log.last_index() + 1).saturating_sub(c.log.first_index())
     }
 
-    fn read_entry(&self, index: u64) -> raft::Result<Entry> {
+    /// Keep at most `bytes` of entries in memory (tests: to read older ones from disk).
+    #[cfg(test)]
+    fn set_tail_bytes(&mut self, bytes: usize) -> Result<(), DiskError> {
+        self.tail_bytes = bytes;
+        self.reload()
+    }
+
+    /// Entries `[low, high)` read from disk (older than those kept in memory).
+    fn read_range(&self, low: u64, high: u64) -> raft::Result<Vec<Entry>> {
         let txn = self.db.begin_read().map_err(other)?;
         let log = txn.open_table(LOG).map_err(other)?;
-        let bytes = log
-            .get(index)
-            .map_err(other)?
-            .ok_or(raft::Error::Store(StorageError::Unavailable))?;
-        Entry::parse_from_bytes(bytes.value()).map_err(raft::Error::CodecError)
+        let mut entries = Vec::with_capacity((high - low) as usize);
+        for row in log.range(low..high).map_err(other)? {
+            let (_, v) = row.map_err(other)?;
+            entries.push(Entry::parse_from_bytes(v.value()).map_err(raft::Error::CodecError)?);
+        }
+        if entries.len() as u64 != high - low {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        Ok(entries)
     }
 }
 
@@ -369,48 +388,48 @@ impl raft::Storage for DiskStorage {
         max_size: impl Into<Option<u64>>,
         _: GetEntriesContext,
     ) -> raft::Result<Vec<Entry>> {
-        let (first, last) = {
-            let c = self.cache.read();
-            (c.first_index, c.last_index)
-        };
-        if low < first {
+        let max_size = max_size.into();
+        let c = self.cache.read();
+        if low < c.log.first_index() {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
+        let last = c.log.last_index();
         assert!(
             high <= last + 1,
             "entries [{low}, {high}) past the last index {last}"
         );
-        let txn = self.db.begin_read().map_err(other)?;
-        let log = txn.open_table(LOG).map_err(other)?;
-        let mut entries = Vec::with_capacity((high - low) as usize);
-        for row in log.range(low..high).map_err(other)? {
-            let (_, v) = row.map_err(other)?;
-            entries.push(Entry::parse_from_bytes(v.value()).map_err(raft::Error::CodecError)?);
+        let in_memory = c.log.tail_start().max(low);
+        let mut entries = match low < in_memory {
+            true => self.read_range(low, in_memory.min(high))?,
+            false => Vec::with_capacity((high - low) as usize),
+        };
+        let before = entries.len();
+        raft::util::limit_size(&mut entries, max_size);
+        if entries.len() == before && high > in_memory {
+            c.log.copy_tail(in_memory, high, max_size, &mut entries);
         }
-        raft::util::limit_size(&mut entries, max_size.into());
         Ok(entries)
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
-        let c = self.cache.read().clone();
+        let c = self.cache.read();
         if idx == c.snapshot_meta.index {
             return Ok(c.snapshot_meta.term);
         }
-        if idx < c.first_index {
+        if idx < c.log.first_index() {
             return Err(raft::Error::Store(StorageError::Compacted));
         }
-        if idx > c.last_index {
-            return Err(raft::Error::Store(StorageError::Unavailable));
-        }
-        Ok(self.read_entry(idx)?.term)
+        c.log
+            .term(idx)
+            .ok_or(raft::Error::Store(StorageError::Unavailable))
     }
 
     fn first_index(&self) -> raft::Result<u64> {
-        Ok(self.cache.read().first_index)
+        Ok(self.cache.read().log.first_index())
     }
 
     fn last_index(&self) -> raft::Result<u64> {
-        Ok(self.cache.read().last_index)
+        Ok(self.cache.read().log.last_index())
     }
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
@@ -432,7 +451,7 @@ mod tests {
     use raft::Storage as _;
 
     /// The first snapshot of a cluster of `voters`.
-    pub fn bootstrap(voters: &[u64]) -> Snapshot {
+    fn bootstrap(voters: &[u64]) -> Snapshot {
         let mut s = Snapshot::default();
         s.mut_metadata().index = 1;
         s.mut_metadata().term = 1;
@@ -510,5 +529,45 @@ mod tests {
             ),
             (6, 1, &b"state"[..])
         );
+    }
+
+    /// Every read answered from memory, from disk, or from both equals the disk's own answer,
+    /// with and without raft's size limit, and after a conflicting suffix and a reopen.
+    #[test]
+    fn entries_and_terms_from_memory_equal_the_disks() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1).unwrap();
+        let one = entry(2, 1).compute_size() as usize;
+        s.set_tail_bytes(3 * one).unwrap();
+        s.persist(&(2..=12).map(|i| entry(i, 1)).collect::<Vec<_>>(), None)
+            .unwrap();
+        s.persist(&[entry(9, 2), entry(10, 2)], None).unwrap();
+        let check = |s: &DiskStorage, tail_start: u64| {
+            assert_eq!(s.cache.read().log.tail_start(), tail_start);
+            for low in 2..=10 {
+                for high in low..=11 {
+                    let disk = s.read_range(low, high).unwrap();
+                    for max in [None, Some(2 * one as u64), Some(1)] {
+                        let mut want = disk.clone();
+                        raft::util::limit_size(&mut want, max);
+                        let got = s.entries(low, high, max, GetEntriesContext::empty(false));
+                        assert_eq!(got.unwrap(), want, "entries [{low}, {high}) max {max:?}");
+                    }
+                }
+                assert_eq!(
+                    s.term(low).unwrap(),
+                    s.read_range(low, low + 1).unwrap()[0].term
+                );
+            }
+            assert!(matches!(
+                s.term(11),
+                Err(raft::Error::Store(StorageError::Unavailable))
+            ));
+        };
+        check(&s, 9); // the suffix replaced the three in memory
+        drop(s);
+        let mut s = DiskStorage::open_existing(dir.path(), 1).unwrap();
+        s.set_tail_bytes(3 * one).unwrap();
+        check(&s, 8); // reloaded: the newest three
     }
 }
