@@ -3,6 +3,10 @@
 //! `GET ?read=index`, each for `--seconds`, all on the leader, in one run. `--json PATH` writes one
 //! cell per line: `{"op": "put" | "get_lease" | "get_index", "clients": N, "ops_per_s": X,
 //! "p50_us": Y, "p99_us": Z}`, as a JSON array.
+//!
+//! Each cell also prints the CPU it cost per operation, the three nodes' and the bench's own (its
+//! clients), and how busy the machine was (see `bench_cpu`): where clients and nodes share a few
+//! cores, that CPU, not the store, bounds the latency at many clients.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -10,6 +14,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use serde_json::json;
 
+use crate::bench_cpu::CpuSample;
 use crate::client::Client;
 use crate::cluster::{shutdown, ClusterArgs, Layout, Plan};
 
@@ -54,6 +59,8 @@ pub struct Cell {
     p50_us: f64,
     p99_us: f64,
     errors: u64,
+    /// How long the cell ran.
+    seconds: f64,
 }
 
 /// `kv bench`.
@@ -96,7 +103,8 @@ pub fn run(args: BenchArgs) -> i32 {
     let children: Result<Vec<_>, _> = (1..=3).map(|id| plan.spawn(id)).collect();
     let code = match children {
         Ok(c) => {
-            let code = match pick(&args, layout) {
+            let pids: Vec<u32> = c.iter().map(|child| child.id()).collect();
+            let code = match pick(&args, layout, &pids) {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -115,9 +123,9 @@ pub fn run(args: BenchArgs) -> i32 {
 }
 
 /// The sessions bench with `--sessions`, else the cells.
-fn pick(args: &BenchArgs, layout: Layout) -> Result<(), String> {
+fn pick(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
     let Some(sessions) = args.sessions else {
-        return bench(args, layout);
+        return bench(args, layout, pids);
     };
     let load = crate::bench_sessions::SessionLoad {
         sessions,
@@ -152,7 +160,7 @@ fn leader_addr(layout: Layout) -> Result<String, String> {
     Err("no leader with a lease within 30 s".into())
 }
 
-fn bench(args: &BenchArgs, layout: Layout) -> Result<(), String> {
+fn bench(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
     let addr = leader_addr(layout)?;
     let mut c = Client::connect(&addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
     for k in 0..100 {
@@ -169,14 +177,27 @@ fn bench(args: &BenchArgs, layout: Layout) -> Result<(), String> {
         args.peer_delay_ms, args.seconds, args.value_bytes
     );
     println!(
-        "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8} {:>14}",
-        "op", "clients", "ops/s", "p50 µs", "p99 µs", "errors", "writes/fsync (fsync)"
+        "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8} {:>22} {:>26}",
+        "op",
+        "clients",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "errors",
+        "writes/fsync (fsync)",
+        "CPU µs/op nodes+bench (busy)"
     );
     let mut cells = Vec::new();
     for &clients in &args.clients {
         for op in ["put", "get_lease", "get_index"] {
             let before = batches(&addr);
+            let cpu_before = CpuSample::now(pids);
             let cell = load(&addr, op, clients, args)?;
+            let cpu = cpu_before.zip(CpuSample::now(pids)).map(|(b, a)| {
+                let c = b.cost(&a, cell.ops_per_s * cell.seconds);
+                let (nodes, bench) = (c.nodes_us_per_op, c.bench_us_per_op);
+                format!("{nodes:.1}+{bench:.1} ({:.0}%)", c.machine_busy_pct)
+            });
             let after = batches(&addr);
             let per_batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
             let persist_us = (after.2 - before.2) / (after.3 - before.3).max(1.0) * 1e6;
@@ -185,8 +206,15 @@ fn bench(args: &BenchArgs, layout: Layout) -> Result<(), String> {
                 _ => String::new(),
             };
             println!(
-                "{:<10} {:>8} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>14}",
-                cell.op, cell.clients, cell.ops_per_s, cell.p50_us, cell.p99_us, cell.errors, batch
+                "{:<10} {:>8} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>22} {:>26}",
+                cell.op,
+                cell.clients,
+                cell.ops_per_s,
+                cell.p50_us,
+                cell.p99_us,
+                cell.errors,
+                batch,
+                cpu.unwrap_or_default()
             );
             cells.push(cell);
         }
@@ -292,6 +320,7 @@ fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Resul
         p50_us: at(0.5),
         p99_us: at(0.99),
         errors,
+        seconds: secs,
     })
 }
 
@@ -345,6 +374,7 @@ mod tests {
             p50_us: 812.345,
             p99_us: 2000.0,
             errors: 0,
+            seconds: 3.0,
         };
         let text = to_json(&[cell("put", 1), cell("get_lease", 64)]);
         let lines: Vec<&str> = text.lines().collect();

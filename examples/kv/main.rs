@@ -17,6 +17,7 @@ mod admin;
 mod app;
 mod args;
 mod bench;
+mod bench_cpu;
 mod bench_sessions;
 mod budget;
 mod certs;
