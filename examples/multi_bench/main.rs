@@ -175,7 +175,7 @@ fn run_cell(mode: LivenessMode, groups: u64, delay: Duration, seed: u64, p: &Pha
     let reads = measure::reads(&cluster, p.read, seed);
     let failover = measure::failover(&mut cluster, p.failover_timeout);
     eprintln!(
-        "[{name} × {groups}] idle {:.0} msgs/s {:.2} cpu ms/s per node, lease ≥ {:.2}%; read p50 {} ns; failover of node {} ({} groups) max {:?} ms",
+        "[{name} × {groups}] idle {:.0} msgs/s {:.2} cpu ms/s per node, lease ≥ {:.2}%; read p50 {:.1} ns; failover of node {} ({} groups) max {:?} ms",
         idle.msgs_per_s,
         idle.cpu_ms_per_s,
         idle.min_lease_pct,
