@@ -48,17 +48,22 @@ pub(crate) struct Published {
 /// no bounds check).
 const CHUNK_SLOTS: usize = 128;
 
-/// A block of slots. Aligned to 128 bytes, so the `Arc` counts (written when a handle is cloned
-/// or dropped) sit on lines of their own before the slots.
+/// A block of slots, and the clock of the node whose groups publish in them. Aligned to 128
+/// bytes, so the `Arc` counts (written when a handle is cloned or dropped) sit on lines of their
+/// own before the clock and the slots.
 #[repr(align(128))]
 #[derive(Debug)]
-pub(crate) struct Chunk {
+pub(crate) struct Chunk<C> {
+    /// The clock every group publishing here reads: a handle reaches it through the chunk it
+    /// holds anyway, so it keeps no pointer of its own (and is 24 bytes, not 32).
+    clock: Arc<C>,
     slots: [Published; CHUNK_SLOTS],
 }
 
-impl Chunk {
-    fn new() -> Arc<Chunk> {
+impl<C> Chunk<C> {
+    fn new(clock: Arc<C>) -> Arc<Chunk<C>> {
         Arc::new(Chunk {
+            clock,
             slots: std::array::from_fn(|_| Published::default()),
         })
     }
@@ -73,20 +78,26 @@ impl Chunk {
 
 /// Where one group publishes: a slot in a chunk that the group and each of its handles keep
 /// alive, so a handle never dangles and a read reaches the slot in one pointer hop.
-#[derive(Debug, Clone)]
-pub(crate) struct Slot {
-    chunk: Arc<Chunk>,
+#[derive(Debug)]
+pub(crate) struct Slot<C> {
+    chunk: Arc<Chunk<C>>,
     /// Invariant: `index < CHUNK_SLOTS`, and no other group publishes in this slot.
     index: u32,
 }
 
-impl Slot {
-    /// A slot with a chunk of its own (a single group: nothing else is published beside it).
-    pub fn alone() -> Slot {
+impl<C> Slot<C> {
+    /// A slot with a chunk of its own (a single group: nothing else is published beside it),
+    /// for a group that reads `clock`.
+    pub fn alone(clock: Arc<C>) -> Slot<C> {
         Slot {
-            chunk: Chunk::new(),
+            chunk: Chunk::new(clock),
             index: 0,
         }
+    }
+
+    /// The clock of the group publishing here.
+    pub fn clock(&self) -> &Arc<C> {
+        &self.chunk.clock
     }
 
     fn get(&self) -> &Published {
@@ -94,20 +105,39 @@ impl Slot {
     }
 }
 
-/// Hands out slots densely, for a node that hosts many groups. Slots are never reused: a
-/// removed group's handles may still read its slot (and find no lease there).
-#[derive(Debug, Default)]
-pub(crate) struct LeaseTable {
-    /// The chunk being filled, and its next free slot.
-    filling: Option<(Arc<Chunk>, u32)>,
+impl<C> Clone for Slot<C> {
+    fn clone(&self) -> Self {
+        Slot {
+            chunk: self.chunk.clone(),
+            index: self.index,
+        }
+    }
 }
 
-impl LeaseTable {
+/// Hands out slots densely, for a node that hosts many groups. Slots are never reused: a
+/// removed group's handles may still read its slot (and find no lease there).
+#[derive(Debug)]
+pub(crate) struct LeaseTable<C> {
+    /// The clock of the node (every group of the table reads it).
+    clock: Arc<C>,
+    /// The chunk being filled, and its next free slot.
+    filling: Option<(Arc<Chunk<C>>, u32)>,
+}
+
+impl<C> LeaseTable<C> {
+    /// A table for the groups of a node whose clock is `clock`.
+    pub fn new(clock: Arc<C>) -> LeaseTable<C> {
+        LeaseTable {
+            clock,
+            filling: None,
+        }
+    }
+
     /// A slot no other group of this table publishes in.
-    pub fn slot(&mut self) -> Slot {
+    pub fn slot(&mut self) -> Slot<C> {
         let (chunk, next) = match self.filling.take() {
             Some((chunk, next)) if (next as usize) < CHUNK_SLOTS => (chunk, next),
-            _ => (Chunk::new(), 0),
+            _ => (Chunk::new(self.clock.clone()), 0),
         };
         self.filling = Some((chunk.clone(), next + 1));
         Slot { chunk, index: next }
@@ -116,9 +146,9 @@ impl LeaseTable {
 
 /// State the raft thread shares with read handles.
 #[derive(Debug)]
-pub(crate) struct Shared {
-    /// The lease and the stamp, for readers.
-    published: Slot,
+pub(crate) struct Shared<C> {
+    /// The lease and the stamp, for readers (and the clock they read).
+    published: Slot<C>,
     /// The commit index, stored before the stamp that summarizes it. Read only by a read that
     /// found apply behind.
     commit: AtomicU64,
@@ -136,9 +166,9 @@ fn store_if_changed(atomic: &AtomicU64, value: u64) {
     }
 }
 
-impl Shared {
+impl<C> Shared<C> {
     /// Shared state publishing in `published`.
-    pub fn new(published: Slot) -> Shared {
+    pub fn new(published: Slot<C>) -> Shared<C> {
         Shared {
             published,
             commit: AtomicU64::new(0),
@@ -297,23 +327,22 @@ const _: () = assert!(HANDLE_FLUSH_EVERY < REFUSAL_UNIT / 2);
 /// ```
 #[derive(Debug)]
 pub struct ReadHandle<C: Clock> {
-    /// The chunk holding the group's published lease and stamp: the one line a read needs
-    /// besides the clock.
-    chunk: Arc<Chunk>,
+    /// The chunk holding the group's published lease and stamp (the one line a read needs
+    /// besides the clock's), and the clock.
+    chunk: Arc<Chunk<C>>,
     /// The group's slot in `chunk`. Invariant: below [`CHUNK_SLOTS`].
     index: u32,
     /// Counts since the last flush (see [`REFUSAL_UNIT`]). Beside `index`, so that the handle
-    /// is 32 bytes: two to a cache line.
+    /// is 24 bytes.
     unflushed: AtomicU32,
-    clock: Arc<C>,
     /// Where counts are flushed to, and the indexes a read loads when apply is behind (not
     /// touched by a read otherwise).
-    shared: Arc<Shared>,
+    shared: Arc<Shared<C>>,
 }
 
 impl<C: Clock> Clone for ReadHandle<C> {
     fn clone(&self) -> Self {
-        ReadHandle::new(self.shared.clone(), self.clock.clone())
+        ReadHandle::new(self.shared.clone())
     }
 }
 
@@ -331,14 +360,17 @@ enum Attempt {
 }
 
 impl<C: Clock> ReadHandle<C> {
-    pub(crate) fn new(shared: Arc<Shared>, clock: Arc<C>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared<C>>) -> Self {
         ReadHandle {
             chunk: shared.published.chunk.clone(),
             index: shared.published.index,
             unflushed: AtomicU32::new(0),
-            clock,
             shared,
         }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.chunk.clock.now_ns()
     }
 
     /// Add this handle's counts so far to the node's counters now, rather than at the next
@@ -426,7 +458,7 @@ impl<C: Clock> ReadHandle<C> {
         // The stamp after the lease: it summarizes indexes at least as new as the lease's.
         let behind = p.stamp.load(Ordering::Acquire) & BEHIND != 0;
         if behind && !self.applied_reached(wait_for) {
-            if self.clock.now_ns() >= until_ns {
+            if self.now_ns() >= until_ns {
                 self.count(REFUSAL_UNIT);
                 return Err(Attempt::NotHeld);
             }
@@ -434,7 +466,7 @@ impl<C: Clock> ReadHandle<C> {
         }
         let value = read_state();
         // Validate after the read: a pause before this point shows up as an expired lease.
-        let now_ns = self.clock.now_ns();
+        let now_ns = self.now_ns();
         let still_until_ns = p.lease_until_ns.load(Ordering::Acquire);
         if epoch(p.stamp.load(Ordering::Acquire)) != epoch_before || now_ns >= still_until_ns {
             self.count(REFUSAL_UNIT);
@@ -453,13 +485,13 @@ impl<C: Clock> ReadHandle<C> {
 
     /// Whether a lease is held right now (a hint: the read itself validates again).
     pub fn lease_held(&self) -> bool {
-        self.clock.now_ns() < self.published().lease_until_ns.load(Ordering::Acquire)
+        self.now_ns() < self.published().lease_until_ns.load(Ordering::Acquire)
     }
 }
 
-// The sizes the layout is for: a slot is 16 bytes (four to a cache line), a handle 32 (two).
+// The sizes the layout is for: a slot is 16 bytes (four to a cache line), a handle 24.
 const _: () = assert!(std::mem::size_of::<Published>() == 16);
-const _: () = assert!(std::mem::size_of::<ReadHandle<crate::clock::MonotonicClock>>() == 32);
+const _: () = assert!(std::mem::size_of::<ReadHandle<crate::clock::MonotonicClock>>() == 24);
 
 #[cfg(test)]
 mod tests;

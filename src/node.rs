@@ -197,7 +197,7 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     fortified_to: Option<u64>,
     rounds: RoundTracker,
     reads: ReadQueue,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<C>>,
     logger: Logger,
     /// Role and term last seen; a change loses the lease and fails queued reads.
     seen: (StateRole, u64),
@@ -231,7 +231,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         clock: C,
         logger: &Logger,
     ) -> Result<Self, NodeError> {
-        let (clock, slot) = (Arc::new(clock), Slot::alone());
+        let clock = Arc::new(clock);
+        let slot = Slot::alone(clock.clone());
         LeaseNode::in_node(raft_config, storage, config, tick_ms, clock, slot, logger)
     }
 
@@ -243,9 +244,13 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         config: LeaseConfig,
         tick_ms: u64,
         clock: Arc<C>,
-        slot: Slot,
+        slot: Slot<C>,
         logger: &Logger,
     ) -> Result<Self, NodeError> {
+        assert!(
+            Arc::ptr_eq(&clock, slot.clock()),
+            "a group publishes in a slot of its table for the clock it reads"
+        );
         let derived = config.validate(raft_config, tick_ms)?;
         let safeties = config.safeties;
         let mut rc = raft_config.clone();
@@ -994,7 +999,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// A handle for lease reads from other threads.
     pub fn read_handle(&self) -> ReadHandle<C> {
-        ReadHandle::new(self.shared.clone(), self.clock.clone())
+        ReadHandle::new(self.shared.clone())
     }
 
     /// The lease as of now.

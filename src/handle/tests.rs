@@ -26,8 +26,8 @@ struct Model {
 /// How the raft thread's side publishes and revokes: [`Shared`]'s own, or a broken one.
 #[derive(Clone, Copy)]
 struct Publisher {
-    publish: fn(&Shared, u64, u64, u64),
-    revoke: fn(&Shared),
+    publish: fn(&Shared<SimClock>, u64, u64, u64),
+    revoke: fn(&Shared<SimClock>),
 }
 
 const CORRECT: Publisher = Publisher {
@@ -37,7 +37,7 @@ const CORRECT: Publisher = Publisher {
 
 /// One group's shared state, the clock, a handle, and the model of what was published.
 struct Rig {
-    shared: Arc<Shared>,
+    shared: Arc<Shared<SimClock>>,
     clock: SimClock,
     handle: ReadHandle<SimClock>,
     model: Model,
@@ -50,9 +50,9 @@ struct Rig {
 
 impl Rig {
     fn new(publisher: Publisher, seed: u64) -> Rig {
-        let shared = Arc::new(Shared::new(Slot::alone()));
         let clock = SimClock::new(1_000, 0);
-        let handle = ReadHandle::new(shared.clone(), Arc::new(clock.clone()));
+        let shared = Arc::new(Shared::new(Slot::alone(Arc::new(clock.clone()))));
+        let handle = ReadHandle::new(shared.clone());
         Rig {
             shared,
             clock,
@@ -106,7 +106,7 @@ impl Rig {
         let start = self.model;
         let start_now_ns = self.clock.now_ns();
         let (before, after) = (self.rng.gen_range(0..3), self.rng.gen_range(0..3));
-        let handle = ReadHandle::new(self.shared.clone(), self.handle.clock.clone());
+        let handle = ReadHandle::new(self.shared.clone());
         let captured = *wait_for;
         let mut seen = None;
         let got = handle.attempt(wait_for, || {
@@ -206,7 +206,13 @@ fn caught(publisher: Publisher) -> Vec<u64> {
 
 /// Publish with the stamp's "behind" computed from `flag_applied` instead of `applied` (the
 /// indexes themselves are published right).
-fn publish_flag_from(s: &Shared, commit: u64, applied: u64, flag_applied: u64, until_ns: u64) {
+fn publish_flag_from(
+    s: &Shared<SimClock>,
+    commit: u64,
+    applied: u64,
+    flag_applied: u64,
+    until_ns: u64,
+) {
     Shared::publish(s, commit, flag_applied, until_ns);
     s.applied.store(applied, Ordering::Release);
 }
@@ -219,7 +225,7 @@ fn assert_caught(broken: Publisher, what: &str) {
 
 #[test]
 fn control_a_stamp_that_never_says_behind_is_caught() {
-    fn publish(s: &Shared, commit: u64, applied: u64, until_ns: u64) {
+    fn publish(s: &Shared<SimClock>, commit: u64, applied: u64, until_ns: u64) {
         publish_flag_from(s, commit, applied, commit, until_ns);
     }
     assert_caught(Publisher { publish, ..CORRECT }, "a lost 'behind'");
@@ -227,7 +233,7 @@ fn control_a_stamp_that_never_says_behind_is_caught() {
 
 #[test]
 fn control_a_behind_flag_off_by_one_is_caught() {
-    fn publish(s: &Shared, commit: u64, applied: u64, until_ns: u64) {
+    fn publish(s: &Shared<SimClock>, commit: u64, applied: u64, until_ns: u64) {
         let flag_applied = applied.saturating_add(1).min(commit);
         publish_flag_from(s, commit, applied, flag_applied, until_ns);
     }
@@ -239,7 +245,7 @@ fn control_a_behind_flag_off_by_one_is_caught() {
 
 #[test]
 fn control_a_revocation_without_an_epoch_bump_is_caught() {
-    fn revoke(s: &Shared) {
+    fn revoke(s: &Shared<SimClock>) {
         s.published.get().lease_until_ns.store(0, Ordering::Release);
     }
     assert_caught(
@@ -294,11 +300,11 @@ fn a_revocation_and_a_new_lease_to_the_same_instant_during_the_read_fail_it() {
 }
 
 #[test]
-fn a_handle_is_32_bytes_and_a_slot_16() {
-    assert_eq!(std::mem::size_of::<ReadHandle<SimClock>>(), 32);
+fn a_handle_is_24_bytes_and_a_slot_16() {
+    assert_eq!(std::mem::size_of::<ReadHandle<SimClock>>(), 24);
     assert_eq!(std::mem::size_of::<Published>(), 16);
-    let mut table = LeaseTable::default();
-    let slots: Vec<Slot> = (0..CHUNK_SLOTS + 1).map(|_| table.slot()).collect();
+    let mut table = LeaseTable::new(Arc::new(SimClock::new(0, 0)));
+    let slots: Vec<Slot<SimClock>> = (0..CHUNK_SLOTS + 1).map(|_| table.slot()).collect();
     let (a, b) = (slots[0].get() as *const _, slots[1].get() as *const _);
     assert_eq!(b as usize - a as usize, 16, "slots of one table are dense");
     assert!(
