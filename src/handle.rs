@@ -478,7 +478,10 @@ impl<C: Clock> ReadHandle<C> {
     }
 
     /// Whether the applied index has reached the commit index this read waits for (captured
-    /// now if this is the first time the read found apply behind).
+    /// now if this is the first time the read found apply behind). Out of line: the common
+    /// read never calls it.
+    #[cold]
+    #[inline(never)]
     fn applied_reached(&self, wait_for: &mut Option<u64>) -> bool {
         let commit = *wait_for.get_or_insert_with(|| self.shared.commit.load(Ordering::Acquire));
         self.shared.applied.load(Ordering::Acquire) >= commit
