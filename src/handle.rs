@@ -458,7 +458,9 @@ impl<C: Clock> ReadHandle<C> {
         }
         // The stamp after the lease: it summarizes indexes at least as new as the lease's.
         let behind = p.stamp.load(Ordering::Acquire) & BEHIND != 0;
-        if behind && !self.applied_reached(wait_for) {
+        // A read that already captured a commit index keeps waiting for it, even if a stamp it
+        // sees now is older than the commit it captured (stores may land out of order for it).
+        if (behind || wait_for.is_some()) && !self.applied_reached(wait_for) {
             if self.now_ns() >= until_ns {
                 self.count(REFUSAL_UNIT);
                 return Err(Attempt::NotHeld);

@@ -45,6 +45,9 @@ pub enum NodeError {
     /// raft's `LeaseBased` read option is unsafe; the layer needs `Safe` (it provides the lease).
     #[error("raft read_only_option must be Safe; the lease layer provides lease reads")]
     UnsafeReadOption,
+    /// A `MultiNode` already hosts a group with this id.
+    #[error("group {0} is already hosted on this node")]
+    GroupExists(u64),
 }
 
 /// Why [`LeaseNode::campaign`] did not start an election.
@@ -217,6 +220,14 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     ticks_since_round: u64,
     /// Answers to [`LeaseNode::raw_read_index`] calls, for the caller to take.
     raw_read_states: Vec<raft::ReadState>,
+}
+
+/// A node that goes away takes its lease with it: its read handles (clones may live on other
+/// threads) refuse from then on, rather than serve until the last lease published runs out.
+impl<S: Storage, C: Clock> Drop for LeaseNode<S, C> {
+    fn drop(&mut self) {
+        self.shared.revoke();
+    }
 }
 
 impl<S: Storage, C: Clock> LeaseNode<S, C> {

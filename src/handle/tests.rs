@@ -275,6 +275,25 @@ fn a_waiting_read_waits_for_the_commit_it_captured_not_a_later_one() {
 }
 
 #[test]
+fn a_read_that_captured_a_commit_waits_for_it_whatever_stamp_it_sees_next() {
+    // Publication a (5, 4: behind), publication b (5, 5: not behind), then publication c stores
+    // commit 6 but its stamp (behind) is not yet visible to the reader (store order is only
+    // guaranteed for loads that synchronize). An attempt that captured 6 from c must not serve
+    // state at 5 because b's stamp says "not behind" (found by review of the 16-byte slots).
+    let rig = Rig::new(CORRECT, 0);
+    rig.shared.publish(5, 4, 10_000);
+    rig.shared.publish(5, 5, 10_000);
+    rig.shared.commit.store(6, Ordering::Release); // c's first store; its stamp lags
+    let mut wait_for = Some(6);
+    assert_eq!(
+        rig.handle.attempt(&mut wait_for, || 5),
+        Err(Attempt::ApplyBehind)
+    );
+    rig.shared.publish(6, 6, 10_000);
+    assert_eq!(rig.handle.attempt(&mut wait_for, || 6), Ok(6));
+}
+
+#[test]
 fn a_read_never_serves_state_behind_the_commit_at_its_start() {
     let rig = Rig::new(CORRECT, 0);
     rig.shared.publish(5, 4, 10_000);

@@ -177,8 +177,12 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         Ok(node)
     }
 
-    /// Host one more group.
+    /// Host one more group. A group id already hosted is refused ([`NodeError::GroupExists`]):
+    /// replacing it would leave the old group's read handles with its last lease.
     pub fn add_group(&mut self, gid: GroupId, storage: S) -> Result<(), NodeError> {
+        if self.groups.contains_key(&gid) {
+            return Err(NodeError::GroupExists(gid));
+        }
         let mut rc = self.config.raft.clone();
         rc.id = self.id;
         let mut lease = self.config.lease.clone();
