@@ -45,6 +45,9 @@ pub enum NodeError {
     /// raft's `LeaseBased` read option is unsafe; the layer needs `Safe` (it provides the lease).
     #[error("raft read_only_option must be Safe; the lease layer provides lease reads")]
     UnsafeReadOption,
+    /// A `MultiNode` already hosts a group with this id.
+    #[error("group {0} is already hosted on this node")]
+    GroupExists(u64),
 }
 
 /// Why [`LeaseNode::campaign`] did not start an election.
@@ -197,7 +200,7 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     fortified_to: Option<u64>,
     rounds: RoundTracker,
     reads: ReadQueue,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<C>>,
     logger: Logger,
     /// Role and term last seen; a change loses the lease and fails queued reads.
     seen: (StateRole, u64),
@@ -219,6 +222,14 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     raw_read_states: Vec<raft::ReadState>,
 }
 
+/// A node that goes away takes its lease with it: its read handles (clones may live on other
+/// threads) refuse from then on, rather than serve until the last lease published runs out.
+impl<S: Storage, C: Clock> Drop for LeaseNode<S, C> {
+    fn drop(&mut self) {
+        self.shared.revoke();
+    }
+}
+
 impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Create a node. `tick_ms` is the real interval between calls to [`LeaseNode::tick`].
     ///
@@ -231,7 +242,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         clock: C,
         logger: &Logger,
     ) -> Result<Self, NodeError> {
-        let (clock, slot) = (Arc::new(clock), Slot::alone());
+        let clock = Arc::new(clock);
+        let slot = Slot::alone(clock.clone());
         LeaseNode::in_node(raft_config, storage, config, tick_ms, clock, slot, logger)
     }
 
@@ -243,9 +255,13 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         config: LeaseConfig,
         tick_ms: u64,
         clock: Arc<C>,
-        slot: Slot,
+        slot: Slot<C>,
         logger: &Logger,
     ) -> Result<Self, NodeError> {
+        assert!(
+            Arc::ptr_eq(&clock, slot.clock()),
+            "a group publishes in a slot of its table for the clock it reads"
+        );
         let derived = config.validate(raft_config, tick_ms)?;
         let safeties = config.safeties;
         let mut rc = raft_config.clone();
@@ -994,7 +1010,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// A handle for lease reads from other threads.
     pub fn read_handle(&self) -> ReadHandle<C> {
-        ReadHandle::new(self.shared.clone(), self.clock.clone())
+        ReadHandle::new(self.shared.clone())
     }
 
     /// The lease as of now.

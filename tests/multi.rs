@@ -622,3 +622,19 @@ fn an_app_error_after_a_conf_change_never_leaves_the_member_cache_stale() {
     assert!(!voters.contains(&x), "the removal was not applied");
     assert!(g.lease_status().state.is_held(), "no lease after the error");
 }
+
+#[test]
+fn a_group_id_already_hosted_is_refused_not_replaced() {
+    let mut c = manual::Cluster::new(1);
+    let storage = raft::storage::MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+    let refused = c.nodes[0].add_group(1, storage);
+    assert!(
+        matches!(refused, Err(raft_lease::NodeError::GroupExists(1))),
+        "{refused:?}"
+    );
+    let storage = raft::storage::MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+    assert!(
+        c.nodes[0].add_group(2, storage).is_ok(),
+        "a new id is hosted"
+    );
+}

@@ -447,3 +447,16 @@ fn handle_counts_reach_the_node_in_batches_at_drop_and_on_flush() {
     assert_eq!(counters.lease_refusals, 1, "flushed on demand");
     assert_eq!(counters.lease_reads, 1 + u64::from(HANDLE_FLUSH_EVERY));
 }
+
+#[test]
+fn a_dropped_node_takes_its_lease_from_its_read_handles() {
+    let clock = SimClock::new(0, 0);
+    let mut node = leader(&clock);
+    node.tick();
+    let handle = node.read_handle();
+    assert_eq!(handle.try_read(|| 1), Ok(1), "served while the node lives");
+    drop(node);
+    // The lease published last has not run out (no time passed), so only the drop refuses.
+    assert_eq!(handle.try_read(|| 2), Err(ReadError::LeaseNotHeld));
+    assert!(!handle.lease_held());
+}

@@ -118,15 +118,25 @@ fn cpu_rate_ms_per_s(before: Option<(Instant, u64)>, after: Option<(Instant, u64
     }
 }
 
+/// Reads timed together by one pair of timer readings (see [`reads`]).
+pub const BATCH: usize = 64;
+
 /// Read latencies on random groups, in ns.
 pub struct Reads {
-    pub p50_ns: u64,
+    /// Per-read p50: the median over batches of [`BATCH`] reads of the batch's time / [`BATCH`].
+    pub p50_ns: f64,
+    /// p50 and p99 of reads timed one by one (each includes one timer reading's cost, and the
+    /// timer moves in steps of about 10 ns on this machine).
+    pub single_p50_ns: u64,
     pub p99_ns: u64,
+    /// Lease reads done in the timed phases (after warm-up), and how many failed.
     pub reads: u64,
     pub failed: u64,
     /// The same random choice and state load with a clock reading but no lease check (the
-    /// floor: what reaching a random group's state costs at this number of groups).
-    pub local_p50_ns: u64,
+    /// floor: what reaching a random group's state costs at this number of groups), measured
+    /// as `p50_ns` and `single_p50_ns` are.
+    pub local_p50_ns: f64,
+    pub local_single_p50_ns: u64,
 }
 
 /// How one timed read is done.
@@ -138,9 +148,10 @@ enum Kind {
     Local,
 }
 
-/// For `window` each, on one reader thread: lease reads of a random leased group through its
-/// leader's read handle (the thread's own clones), then local reads of random groups as the
-/// floor. The first fifth of each window warms up.
+/// On one reader thread, for `window` each: lease reads of random leased groups through their
+/// leaders' read handles (the thread's own clones) timed in batches of [`BATCH`], then timed one
+/// by one; then the floor (local reads of random groups) the same two ways. The first fifth of
+/// each window warms up.
 pub fn reads(c: &Cluster, window: Duration, seed: u64) -> Reads {
     let targets: Vec<(usize, usize)> = lease_holders(c)
         .iter()
@@ -149,11 +160,13 @@ pub fn reads(c: &Cluster, window: Duration, seed: u64) -> Reads {
         .collect();
     if targets.is_empty() {
         let none = Reads {
-            p50_ns: 0,
+            p50_ns: 0.0,
+            single_p50_ns: 0,
             p99_ns: 0,
             reads: 0,
             failed: 0,
-            local_p50_ns: 0,
+            local_p50_ns: 0.0,
+            local_single_p50_ns: 0,
         };
         return none;
     }
@@ -163,17 +176,20 @@ pub fn reads(c: &Cluster, window: Duration, seed: u64) -> Reads {
                 .iter()
                 .map(|&(g, n)| (c.nodes[n].handles[g].clone(), &c.nodes[n].state[g + 1]))
                 .collect();
-            let (mut lease, failed) = read_loop(&handles, Kind::Lease, window, seed);
-            let (mut local, _) = read_loop(&handles, Kind::Local, window, seed);
-            let (p50_ns, p99_ns) = percentiles(&mut lease);
-            let reads = lease.len() as u64;
-            let local_p50_ns = percentiles(&mut local).0;
+            let lease = Loop::new(&handles, Kind::Lease, window, seed);
+            let local = Loop::new(&handles, Kind::Local, window, seed);
+            let (mut batched, mut single) = (lease.batched(), lease.single());
+            let (mut local_batched, mut local_single) = (local.batched(), local.single());
+            let per_read = |batch_ns: u64| batch_ns as f64 / BATCH as f64;
+            let (p50_ns, p99_ns) = percentiles(&mut single.lat);
             Reads {
-                p50_ns,
+                p50_ns: per_read(percentiles(&mut batched.lat).0),
+                single_p50_ns: p50_ns,
                 p99_ns,
-                reads,
-                failed,
-                local_p50_ns,
+                reads: batched.lat.len() as u64 * BATCH as u64 + single.lat.len() as u64,
+                failed: batched.failed + single.failed,
+                local_p50_ns: per_read(percentiles(&mut local_batched.lat).0),
+                local_single_p50_ns: percentiles(&mut local_single.lat).0,
             }
         })
         .join()
@@ -183,38 +199,101 @@ pub fn reads(c: &Cluster, window: Duration, seed: u64) -> Reads {
 
 type Target<'a> = (ReadHandle<Clock>, &'a AtomicU64);
 
-/// Timed reads of random targets for `window`: the latencies after warm-up, and failures.
-fn read_loop(targets: &[Target<'_>], kind: Kind, window: Duration, seed: u64) -> (Vec<u64>, u64) {
-    let clock = Clock::new();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut lat = Vec::with_capacity(1 << 20);
-    let mut failed = 0u64;
-    let start = Instant::now();
-    let (warm, end) = (start + window / 5, start + window);
-    while Instant::now() < end {
-        let measuring = Instant::now() >= warm;
-        for _ in 0..256 {
-            let (h, state) = &targets[rng.gen_range(0..targets.len())];
-            let t0 = Instant::now();
-            let r = match kind {
-                Kind::Lease => h.read(|| state.load(Ordering::Acquire)),
-                Kind::Local => {
-                    std::hint::black_box(clock.now_ns());
-                    Ok(state.load(Ordering::Acquire))
-                }
-            };
-            let dt = t0.elapsed().as_nanos() as u64;
-            match (r, measuring) {
-                (Ok(v), true) => {
-                    std::hint::black_box(v);
-                    lat.push(dt);
-                }
-                (Err(_), true) => failed += 1,
-                _ => {}
-            }
+/// Timed reads of random targets of one kind, for `window`.
+struct Loop<'a, 'b> {
+    targets: &'a [Target<'b>],
+    kind: Kind,
+    window: Duration,
+    seed: u64,
+}
+
+/// Times measured after warm-up (of a batch, or of one read), in ns, and the reads that failed.
+struct Timed {
+    lat: Vec<u64>,
+    failed: u64,
+}
+
+impl<'a, 'b> Loop<'a, 'b> {
+    fn new(targets: &'a [Target<'b>], kind: Kind, window: Duration, seed: u64) -> Self {
+        Loop {
+            targets,
+            kind,
+            window,
+            seed,
         }
     }
-    (lat, failed)
+
+    /// One read of target `i`: whether it succeeded.
+    #[inline(always)]
+    fn read(&self, clock: &Clock, i: usize) -> bool {
+        let (h, state) = &self.targets[i];
+        let r = match self.kind {
+            Kind::Lease => h.read(|| state.load(Ordering::Acquire)),
+            Kind::Local => {
+                std::hint::black_box(clock.now_ns());
+                Ok(state.load(Ordering::Acquire))
+            }
+        };
+        std::hint::black_box(r).is_ok()
+    }
+
+    /// Batches of [`BATCH`] reads of random targets, each batch timed as a whole. The targets
+    /// are drawn before the timer starts, so the time is the reads' alone (plus one timer
+    /// reading per batch). A batch with a failed read is not kept.
+    fn batched(&self) -> Timed {
+        let (clock, mut rng) = (Clock::new(), ChaCha8Rng::seed_from_u64(self.seed));
+        let mut timed = Timed {
+            lat: Vec::with_capacity(1 << 16),
+            failed: 0,
+        };
+        let mut picks = [0usize; BATCH];
+        let start = Instant::now();
+        let (warm, end) = (start + self.window / 5, start + self.window);
+        while Instant::now() < end {
+            let measuring = Instant::now() >= warm;
+            for _ in 0..4 {
+                for p in picks.iter_mut() {
+                    *p = rng.gen_range(0..self.targets.len());
+                }
+                let t0 = Instant::now();
+                let ok = picks.iter().filter(|&&i| self.read(&clock, i)).count();
+                let dt = t0.elapsed().as_nanos() as u64;
+                if measuring {
+                    timed.failed += (BATCH - ok) as u64;
+                    if ok == BATCH {
+                        timed.lat.push(dt);
+                    }
+                }
+            }
+        }
+        timed
+    }
+
+    /// Reads of random targets timed one by one.
+    fn single(&self) -> Timed {
+        let (clock, mut rng) = (Clock::new(), ChaCha8Rng::seed_from_u64(self.seed));
+        let mut timed = Timed {
+            lat: Vec::with_capacity(1 << 20),
+            failed: 0,
+        };
+        let start = Instant::now();
+        let (warm, end) = (start + self.window / 5, start + self.window);
+        while Instant::now() < end {
+            let measuring = Instant::now() >= warm;
+            for _ in 0..256 {
+                let i = rng.gen_range(0..self.targets.len());
+                let t0 = Instant::now();
+                let ok = self.read(&clock, i);
+                let dt = t0.elapsed().as_nanos() as u64;
+                match (ok, measuring) {
+                    (true, true) => timed.lat.push(dt),
+                    (false, true) => timed.failed += 1,
+                    _ => {}
+                }
+            }
+        }
+        timed
+    }
 }
 
 /// (p50, p99) of `lat`, 0 when empty.

@@ -3,7 +3,7 @@
 
 use raft_lease::multi::LivenessMode;
 
-use crate::measure::{Failover, Idle, Reads, Setup};
+use crate::measure::{Failover, Idle, Reads, Setup, BATCH};
 use crate::timing;
 
 /// Everything measured for one mode at one number of groups.
@@ -32,8 +32,11 @@ impl Cell {
             "idle_msgs_per_s": i.msgs_per_s, "idle_batches_per_s": i.batches_per_s,
             "idle_cpu_ms_per_s": i.cpu_ms_per_s, "groups_with_lease_pct": i.min_lease_pct,
             "idle_ticks_missed": i.ticks_missed,
-            "read_p50_ns": r.p50_ns, "read_p99_ns": r.p99_ns, "reads": r.reads, "reads_failed": r.failed,
-            "read_local_p50_ns": r.local_p50_ns,
+            "read_p50_ns": round1(r.p50_ns), "read_batch": BATCH,
+            "read_single_p50_ns": r.single_p50_ns, "read_p99_ns": r.p99_ns,
+            "reads": r.reads, "reads_failed": r.failed,
+            "read_local_p50_ns": round1(r.local_p50_ns),
+            "read_local_single_p50_ns": r.local_single_p50_ns,
             "failover_p50_ms": f.p50_ms, "failover_max_ms": f.max_ms, "failover_groups": f.groups,
             "failover_unrecovered": f.unrecovered, "failover_over_bound": f.over_bound,
             "failover_bound_ms": timing::failover_bound_ms(), "failover_killed_node": f.killed,
@@ -46,22 +49,28 @@ impl Cell {
     }
 }
 
+/// `v` to one decimal, for the JSON.
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
 fn opt_ms(v: Option<f64>) -> String {
     v.map_or("none".into(), |v| format!("{v:.0}"))
 }
 
 pub fn print_table(cells: &[Cell]) {
     println!(
-        "{:<9} {:>6} {:>9} {:>7} {:>8} {:>7} {:>6} {:>7} {:>7} {:>7} {:>6} {:>6} {:>11} {:>6} {:>6}",
+        "{:<9} {:>6} {:>9} {:>7} {:>8} {:>7} {:>6} {:>7} {:>6} {:>7} {:>7} {:>6} {:>6} {:>6} {:>11} {:>6} {:>6}",
         "mode", "groups", "msgs/s", "batch/s", "cpu_ms/s", "lease%", "missed", "rd_p50",
-        "rd_p99", "loc_p50", "fo_p50", "fo_max", "fo_late/led", "boot_s", "quiet%"
+        "rd_1", "rd_p99", "loc_p50", "loc_1", "fo_p50", "fo_max", "fo_late/led", "boot_s", "quiet%"
     );
     for c in cells {
         let (s, i, r, f) = (&c.setup, &c.idle, &c.reads, &c.failover);
         println!(
-            "{:<9} {:>6} {:>9.0} {:>7.1} {:>8.2} {:>7.2} {:>6} {:>7} {:>7} {:>7} {:>6.0} {:>6} {:>11} {:>6.1} {:>6.1}",
+            "{:<9} {:>6} {:>9.0} {:>7.1} {:>8.2} {:>7.2} {:>6} {:>7.1} {:>6} {:>7} {:>7.1} {:>6} {:>6.0} {:>6} {:>11} {:>6.1} {:>6.1}",
             mode_name(c.mode), c.groups, i.msgs_per_s, i.batches_per_s, i.cpu_ms_per_s,
-            i.min_lease_pct, i.ticks_missed, r.p50_ns, r.p99_ns, r.local_p50_ns, f.p50_ms,
+            i.min_lease_pct, i.ticks_missed, r.p50_ns, r.single_p50_ns, r.p99_ns, r.local_p50_ns,
+            r.local_single_p50_ns, f.p50_ms,
             opt_ms(f.max_ms), format!("{}/{}", f.over_bound, f.groups), s.leased_ms / 1e3,
             s.quiescent_pct
         );
@@ -70,7 +79,10 @@ pub fn print_table(cells: &[Cell]) {
         "Per node: msgs/s and batch/s sent, cpu_ms/s node-thread CPU. lease%: lowest share of \
          groups with a leased leader over the idle window. missed: ticks the node threads were \
          too late for (all nodes, idle window). rd: lease reads on random groups through read \
-         handles, ns; loc: the same random state load and clock reading without the lease check. \
+         handles, ns: rd_p50 per read, the median over batches of {BATCH} reads timed together \
+         of the batch's time / {BATCH}; rd_1 and rd_p99 of reads timed one by one (each with a \
+         timer reading's cost, in the timer's steps). loc: the same random state load and clock \
+         reading without the lease check, measured both ways. \
          fo: failover in ms after killing the node leading the most groups; late: groups led \
          again after P + election timeout + 1 s = {} ms, or never. boot_s: boot to every group \
          leased. quiet%: replicas quiescent after boot.",
@@ -146,14 +158,18 @@ fn print_read_target(cells: &[Cell], s: &Cell, p: &Cell) {
         println!("  read p50        no shared cell at 1 group to compare with");
         return;
     };
-    let ratio = s.reads.p50_ns as f64 / one.reads.p50_ns.max(1) as f64;
+    let ratio = s.reads.p50_ns / one.reads.p50_ns.max(f64::MIN_POSITIVE);
     let ok = ratio <= 1.2 && s.reads.reads > 0 && one.reads.reads > 0;
     println!(
-        "  read p50        {} ns at {} groups / {} ns at 1 group = {ratio:.2}x  (target ≤ 1.2x)  {}",
+        "  read p50        {:.1} ns at {} groups / {:.1} ns at 1 group = {ratio:.2}x  (target ≤ 1.2x)  {}",
         s.reads.p50_ns, s.groups, one.reads.p50_ns, verdict(ok)
     );
+    let floor = s.reads.local_p50_ns / one.reads.local_p50_ns.max(f64::MIN_POSITIVE);
     println!(
-        "                  (floor without the lease check: {} ns at {} groups, {} ns at 1; per-group mode: {} ns at {} groups)",
-        s.reads.local_p50_ns, s.groups, one.reads.local_p50_ns, p.reads.p50_ns, p.groups
+        "                  (per read, batches of {BATCH}; floor without the lease check: {:.1} ns at {} groups, {:.1} ns at 1 = {floor:.2}x; \
+         timed one by one: {} / {} ns, floor {} / {} ns; per-group mode: {:.1} ns at {} groups)",
+        s.reads.local_p50_ns, s.groups, one.reads.local_p50_ns, s.reads.single_p50_ns,
+        one.reads.single_p50_ns, s.reads.local_single_p50_ns, one.reads.local_single_p50_ns,
+        p.reads.p50_ns, p.groups
     );
 }

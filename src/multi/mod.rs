@@ -113,7 +113,7 @@ pub struct MultiNode<S: Storage, C: Clock + Clone> {
     /// One clock for the node and every group: a handle read on any group finds it cached.
     clock: Arc<C>,
     /// Where the groups publish for read handles, densely.
-    leases: LeaseTable,
+    leases: LeaseTable<C>,
     derived: Derived,
     quiesce_after_ticks: u32,
     groups: BTreeMap<GroupId, Group<S, C>>,
@@ -150,11 +150,12 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let derived = config.lease.validate(&rc, config.tick_ms)?;
         let logger = logger.new(slog::o!("node" => config.node_id));
         let now_ns = clock.now_ns();
+        let clock = Arc::new(clock);
         let mut node = MultiNode {
             id: config.node_id,
             mode: config.mode,
-            clock: Arc::new(clock),
-            leases: LeaseTable::default(),
+            leases: LeaseTable::new(clock.clone()),
+            clock,
             derived,
             quiesce_after_ticks: config.quiesce_after_ticks,
             groups: BTreeMap::new(),
@@ -176,8 +177,12 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         Ok(node)
     }
 
-    /// Host one more group.
+    /// Host one more group. A group id already hosted is refused ([`NodeError::GroupExists`]):
+    /// replacing it would leave the old group's read handles with its last lease.
     pub fn add_group(&mut self, gid: GroupId, storage: S) -> Result<(), NodeError> {
+        if self.groups.contains_key(&gid) {
+            return Err(NodeError::GroupExists(gid));
+        }
         let mut rc = self.config.raft.clone();
         rc.id = self.id;
         let mut lease = self.config.lease.clone();
