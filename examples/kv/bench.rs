@@ -4,9 +4,9 @@
 //! cell per line: `{"op": "put" | "get_lease" | "get_index", "clients": N, "ops_per_s": X,
 //! "p50_us": Y, "p99_us": Z}`, as a JSON array.
 //!
-//! The clients spin: each polls for its answer for `--spin-us`
-//! before blocking on it, and the nodes run with `--http-spin-us`; 0 turns either off, to show
-//! what waking a halted CPU costs on each side of the socket (see `spin_io`).
+//! The clients spin when there are fewer of them than CPUs: each polls for its answer for
+//! `--spin-us` before blocking on it, and the nodes run with `--http-spin-us`; 0 turns either
+//! off, to show what waking a halted CPU costs on each side of the socket (see `spin_io`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -47,7 +47,8 @@ pub struct BenchArgs {
     /// Keep-alive connections for `--sessions`.
     #[arg(long, default_value_t = 32)]
     conns: usize,
-    /// Microseconds each client polls for its answer before blocking; 0 blocks at once.
+    /// Microseconds each client polls for its answer before blocking, in cells with fewer clients
+    /// than CPUs; 0 blocks at once.
     #[arg(long, default_value_t = 50)]
     spin_us: u64,
     /// The nodes' `--http-spin-us`: how long a connection polls for its next request.
@@ -186,8 +187,10 @@ fn bench(args: &BenchArgs, layout: Layout) -> Result<(), String> {
         args.peer_delay_ms, args.seconds, args.value_bytes
     );
     println!(
-        "clients poll for each answer for {} µs before blocking (--spin-us); nodes poll for the next request for {} µs (--http-spin-us)",
-        args.spin_us, args.http_spin_us
+        "clients poll for each answer for {} µs before blocking (--spin-us; in cells with fewer clients than the {} CPUs); nodes poll for the next request for {} µs (--http-spin-us)",
+        args.spin_us,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        args.http_spin_us
     );
     println!(
         "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8} {:>14}",
@@ -284,7 +287,7 @@ fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Resul
         let workers: Vec<_> = (0..clients)
             .map(|i| {
                 let value = &value;
-                let spin = Duration::from_micros(args.spin_us);
+                let spin = client_spin(args.spin_us, clients);
                 s.spawn(move || client(addr, op, i, value, end, spin))
             })
             .collect();
@@ -315,6 +318,16 @@ fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Resul
         p99_us: at(0.99),
         errors,
     })
+}
+
+/// A client's spin: `spin_us`, but none when there are as many clients as CPUs or more (then the
+/// spinning threads would only take CPU from the nodes, on the same machine).
+fn client_spin(spin_us: u64, clients: usize) -> Duration {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match clients < cpus {
+        true => Duration::from_micros(spin_us),
+        false => Duration::ZERO,
+    }
 }
 
 /// One client: latencies (ns) of its successful requests, and how many failed.

@@ -79,7 +79,10 @@ async fn connection(
     stop: watch::Receiver<bool>,
 ) {
     let _ = tcp.set_nodelay(true);
-    let tcp = SpinIo::new(tcp, app.limits.spin());
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    let table = app.conns.clone();
+    let crowded = Box::new(move || table.len() > workers);
+    let tcp = SpinIo::new(tcp, app.limits.spin(), crowded);
     let slot = guard.slot.clone();
     let guard = Arc::new(guard);
     let served = async {

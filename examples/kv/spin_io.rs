@@ -16,6 +16,9 @@
 //!   slow body costs no spin;
 //! - a connection whose next request does not come within the spin (a client across a network,
 //!   or a slow one) stops spinning after a few misses in a row ([`SpinOdds`]);
+//! - no spin starts while the server has more connections open than workers: a busy worker
+//!   rarely parks, and spins would take CPU from the other connections (and, on one machine,
+//!   from their clients);
 //! - a spin that loses its CPU to other work stops, and counts as a miss: on a busy machine
 //!   CPUs do not halt, and a thread that blocks is woken ahead of that work, where a spinning
 //!   one waits behind it;
@@ -95,11 +98,17 @@ enum Wait {
     Spinning,
 }
 
+/// Asked before each spin: true when the server is too busy for one.
+pub type Crowded = Box<dyn Fn() -> bool + Send + Sync>;
+
 /// A TCP connection that, after it answers, polls for the next request for a short while.
 pub struct SpinIo {
     tcp: TcpStream,
     /// How long after the last write a read keeps polling; zero disables.
     spin: Duration,
+    /// Whether the server has more open connections than workers: then a worker rarely parks
+    /// anyway, and a spin would only take CPU from the others (asked before each spin).
+    crowded: Crowded,
     /// The last time a byte was read or written (or the connection began).
     active_at: Instant,
     /// While spinning: the last poll (or the spin's start).
@@ -111,11 +120,12 @@ pub struct SpinIo {
 }
 
 impl SpinIo {
-    /// Wrap `tcp`; `spin` zero makes it a plain `TcpStream`.
-    pub fn new(tcp: TcpStream, spin: Duration) -> Self {
+    /// Wrap `tcp`; `spin` zero makes it a plain `TcpStream`. No spin starts while `crowded()`.
+    pub fn new(tcp: TcpStream, spin: Duration, crowded: Crowded) -> Self {
         SpinIo {
             tcp,
             spin,
+            crowded,
             active_at: Instant::now(),
             polled_at: Instant::now(),
             max_poll_gap: MAX_POLL_GAP,
@@ -137,7 +147,7 @@ impl SpinIo {
     fn keep_spinning(&mut self) -> bool {
         let now = Instant::now();
         if self.wait == Wait::Undecided {
-            self.wait = match self.odds.should_spin() {
+            self.wait = match !(self.crowded)() && self.odds.should_spin() {
                 true => Wait::Spinning,
                 false => Wait::Reactor,
             };
@@ -259,7 +269,11 @@ mod tests {
         let client = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (server, _) = l.accept().unwrap();
         server.set_nonblocking(true).unwrap();
-        let mut io = SpinIo::new(TcpStream::from_std(server).unwrap(), spin);
+        let mut io = SpinIo::new(
+            TcpStream::from_std(server).unwrap(),
+            spin,
+            Box::new(|| false),
+        );
         io.max_poll_gap = HOUR; // a stalled test thread is no preemption (see the preempted case)
         rt.block_on(io.tcp.writable()).unwrap();
         (io, client)
@@ -302,12 +316,16 @@ mod tests {
             (HOUR, false, "", false), // read last (or nothing yet): the reactor
             (HOUR, true, "ran out", false),
             (HOUR, true, "preempted", false),
+            (HOUR, true, "crowded", false),
             (Duration::ZERO, true, "", false),
         ];
         for (spin, answered, event, spins) in cases {
             let (mut io, _client) = pair(&rt, spin);
             let wakes = Arc::new(Wakes::default());
             let waker = Waker::from(wakes.clone());
+            if event == "crowded" {
+                io.crowded = Box::new(|| true);
+            }
             if answered {
                 answer(&mut io, &waker);
             }
@@ -327,7 +345,7 @@ mod tests {
             assert_eq!(poll(&mut io, &waker), None, "no input yet");
             let woken = wakes.0.load(Ordering::SeqCst) > polls;
             assert_eq!(woken, spins, "spin {spin:?}, answered {answered}, {event}");
-            let missed = u8::from(!event.is_empty());
+            let missed = u8::from(event == "ran out" || event == "preempted");
             assert_eq!(io.odds.misses, missed, "a spin that stops early is a miss");
         }
     }
