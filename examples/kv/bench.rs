@@ -7,6 +7,10 @@
 //! Each cell also prints the CPU it cost per operation, the three nodes' and the bench's own (its
 //! clients), and how busy the machine was (see `bench_cpu`): where clients and nodes share a few
 //! cores, that CPU, not the store, bounds the latency at many clients.
+//!
+//! The clients spin when there are fewer of them than CPUs: each polls for its answer for
+//! `--spin-us` before blocking on it, and the nodes run with `--http-spin-us`; 0 turns either
+//! off, to show what waking a halted CPU costs on each side of the socket (see `spin_io`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -48,6 +52,13 @@ pub struct BenchArgs {
     /// Keep-alive connections for `--sessions`.
     #[arg(long, default_value_t = 32)]
     conns: usize,
+    /// Microseconds each client polls for its answer before blocking, in cells with fewer clients
+    /// than CPUs; 0 blocks at once.
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    /// The nodes' `--http-spin-us`: how long a connection polls for its next request.
+    #[arg(long, default_value_t = 50)]
+    http_spin_us: u64,
 }
 
 /// One measured cell.
@@ -65,6 +76,13 @@ pub struct Cell {
 
 /// `kv bench`.
 pub fn run(args: BenchArgs) -> i32 {
+    if args.http_spin_us > crate::limits::MAX_SPIN_US {
+        eprintln!(
+            "error: --http-spin-us must be at most {}",
+            crate::limits::MAX_SPIN_US
+        );
+        return 2;
+    }
     let dir = match tempfile::Builder::new()
         .prefix("raft-lease-kv-bench-")
         .tempdir()
@@ -84,7 +102,7 @@ pub fn run(args: BenchArgs) -> i32 {
         fault_injection: false,
         unsafe_lease_based: false,
         insecure_peers: false,
-        node_args: vec![],
+        node_args: vec!["--http-spin-us".into(), args.http_spin_us.to_string()],
     };
     let layout = Layout {
         nodes: 3,
@@ -175,6 +193,12 @@ fn bench(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
     println!(
         "kv bench: 3 nodes (fsync on), peer delay {} ms one way, {} s per cell, {}-byte values, keep-alive clients on the leader",
         args.peer_delay_ms, args.seconds, args.value_bytes
+    );
+    println!(
+        "clients poll for each answer for {} µs before blocking (--spin-us; in cells with fewer clients than the {} CPUs); nodes poll for the next request for {} µs (--http-spin-us)",
+        args.spin_us,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        args.http_spin_us
     );
     println!(
         "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8} {:>22} {:>26}",
@@ -291,7 +315,8 @@ fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Resul
         let workers: Vec<_> = (0..clients)
             .map(|i| {
                 let value = &value;
-                s.spawn(move || client(addr, op, i, value, end))
+                let spin = client_spin(args.spin_us, clients);
+                s.spawn(move || client(addr, op, i, value, end, spin))
             })
             .collect();
         workers
@@ -324,6 +349,16 @@ fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Resul
     })
 }
 
+/// A client's spin: `spin_us`, but none when there are as many clients as CPUs or more (then the
+/// spinning threads would only take CPU from the nodes, on the same machine).
+fn client_spin(spin_us: u64, clients: usize) -> Duration {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match clients < cpus {
+        true => Duration::from_micros(spin_us),
+        false => Duration::ZERO,
+    }
+}
+
 /// One client: latencies (ns) of its successful requests, and how many failed.
 fn client(
     addr: &str,
@@ -331,8 +366,11 @@ fn client(
     i: usize,
     value: &[u8],
     end: Instant,
+    spin: Duration,
 ) -> Result<(Vec<u64>, u64), String> {
-    let mut c = Client::connect(addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    let mut c = Client::connect(addr, Duration::from_secs(10))
+        .map_err(|e| e.to_string())?
+        .spin(spin);
     let (mut lat, mut errors, mut n) = (Vec::new(), 0u64, 0usize);
     while Instant::now() < end {
         n += 1;

@@ -5,7 +5,8 @@
 //! full connection table (or an address over its share) closes the connection that matters least
 //! to let a newcomer in (see `conns`). Malformed requests get the JSON error shape (see
 //! `http_errors`). The accept loop stops as soon as the node begins to stop; connections then
-//! finish the request in hand.
+//! finish the request in hand. After a connection moves a byte it polls for the next request
+//! for `--http-spin-us` before it waits on the reactor (see `spin_io`).
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -25,6 +26,7 @@ use crate::app::App;
 use crate::conns::{Admission, Guard, Phase};
 use crate::http_errors::{HeadRequest, ShapedIo};
 use crate::limits::HANDSHAKE_TIMEOUT;
+use crate::spin_io::SpinIo;
 
 /// Accept connections until `stop` changes.
 pub async fn serve(
@@ -77,6 +79,10 @@ async fn connection(
     stop: watch::Receiver<bool>,
 ) {
     let _ = tcp.set_nodelay(true);
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    let table = app.conns.clone();
+    let crowded = Box::new(move || table.len() > workers);
+    let tcp = SpinIo::new(tcp, app.limits.spin(), crowded);
     let slot = guard.slot.clone();
     let guard = Arc::new(guard);
     let served = async {

@@ -35,6 +35,12 @@ pub struct HttpLimits {
     /// behind it gets 408 at once.
     #[arg(long = "http-min-body-bytes-per-s", default_value_t = 16_384)]
     pub min_body_bytes_per_s: u64,
+    /// Microseconds a connection keeps polling for its next request after it last moved a byte,
+    /// before it waits on the reactor: on an idle machine a parked worker's CPU takes tens of
+    /// microseconds to wake (see `spin_io`). It only uses time the worker would spend parked, at
+    /// most this much per request, and nothing on an idle connection. 0 disables; at most 1000.
+    #[arg(long = "http-spin-us", default_value_t = 50)]
+    pub spin_us: u64,
 }
 
 /// hyper refuses a read buffer smaller than this.
@@ -43,6 +49,8 @@ pub const MIN_HEADER_BYTES: usize = 8192;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The grace before the minimum body rate applies.
 pub const BODY_GRACE: Duration = Duration::from_secs(1);
+/// Largest `--http-spin-us`: a spin is a short bridge over a wake-up, not a way to serve.
+pub const MAX_SPIN_US: u64 = 1000;
 
 impl HttpLimits {
     /// Refuse limits that would panic the server or make it useless.
@@ -65,6 +73,9 @@ impl HttpLimits {
         {
             return Err("HTTP body size, body rate and timeouts must be positive".into());
         }
+        if self.spin_us > MAX_SPIN_US {
+            return Err(format!("--http-spin-us must be at most {MAX_SPIN_US}"));
+        }
         Ok(())
     }
 
@@ -76,6 +87,11 @@ impl HttpLimits {
     /// The whole-body timeout.
     pub fn body_timeout(&self) -> Duration {
         Duration::from_millis(self.body_timeout_ms)
+    }
+
+    /// How long a connection polls for its next request (zero: not at all).
+    pub fn spin(&self) -> Duration {
+        Duration::from_micros(self.spin_us)
     }
 }
 
@@ -139,6 +155,7 @@ mod tests {
             body_timeout_ms: 10_000,
             max_connections_per_ip: 128,
             min_body_bytes_per_s: 16_384,
+            spin_us: 50,
         }
     }
 
@@ -160,5 +177,15 @@ mod tests {
             ..defaults()
         };
         assert!(no_timeout.validate().is_err());
+        let long_spin = HttpLimits {
+            spin_us: MAX_SPIN_US + 1,
+            ..defaults()
+        };
+        assert!(long_spin.validate().is_err());
+        let no_spin = HttpLimits {
+            spin_us: 0,
+            ..defaults()
+        };
+        assert_eq!(no_spin.validate(), Ok(()), "0 disables the spin");
     }
 }

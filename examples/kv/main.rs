@@ -46,6 +46,7 @@ mod raft_io;
 mod raft_loop;
 mod reply;
 mod sessions_local;
+mod spin_io;
 mod state;
 mod status;
 mod storage;
