@@ -8,6 +8,11 @@
 //! taken *after* the state read, and no revocation or term change happened in between (read
 //! first, validate second).
 
+// Under `--cfg raft_lease_loom` the atomics are loom's, so that its model checker explores every
+// interleaving and every weak-memory outcome of the publish/revoke/read protocol (`loom_tests`).
+#[cfg(raft_lease_loom)]
+use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+#[cfg(not(raft_lease_loom))]
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -47,7 +52,11 @@ pub(crate) struct Published {
 
 /// Slots per chunk of a lease table (a power of two: an index masked by `CHUNK_SLOTS - 1` needs
 /// no bounds check).
+#[cfg(not(raft_lease_loom))]
 const CHUNK_SLOTS: usize = 128;
+/// Under loom every atomic is a tracked object: a chunk of two keeps the models small.
+#[cfg(raft_lease_loom)]
+const CHUNK_SLOTS: usize = 2;
 
 /// A block of slots, and the clock of the node whose groups publish in them. Aligned to 128
 /// bytes, so the `Arc` counts (written when a handle is cloned or dropped) sit on lines of their
@@ -496,8 +505,13 @@ impl<C: Clock> ReadHandle<C> {
 }
 
 // The sizes the layout is for: a slot is 16 bytes (four to a cache line), a handle 24.
+#[cfg(not(raft_lease_loom))]
 const _: () = assert!(std::mem::size_of::<Published>() == 16);
+#[cfg(not(raft_lease_loom))]
 const _: () = assert!(std::mem::size_of::<ReadHandle<crate::clock::MonotonicClock>>() == 24);
 
-#[cfg(test)]
+#[cfg(all(test, not(raft_lease_loom)))]
 mod tests;
+
+#[cfg(all(test, raft_lease_loom))]
+mod loom_tests;
