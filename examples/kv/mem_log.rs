@@ -109,15 +109,18 @@ impl MemLog {
         max_bytes: Option<u64>,
         out: &mut Vec<Entry>,
     ) -> bool {
-        assert!(low >= self.tail_start(), "entry {low} is not in memory");
+        let start = self.tail_start();
+        assert!(low >= start, "entry {low} is not in memory");
         assert!(high <= self.last_index() + 1, "entries past the last index");
         let limit = max_bytes.filter(|&m| m != raft::NO_LIMIT);
         let mut bytes: u64 = match limit {
             Some(_) => out.iter().map(|e| u64::from(e.compute_size())).sum(),
             None => 0,
         };
-        for i in low..high {
-            let e = &self.tail[(i - self.tail_start()) as usize];
+        for e in self
+            .tail
+            .range((low - start) as usize..(high - start) as usize)
+        {
             if let Some(max) = limit {
                 bytes += u64::from(e.compute_size());
                 if !out.is_empty() && bytes > max {
