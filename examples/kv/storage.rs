@@ -216,8 +216,19 @@ impl DiskStorage {
         let first = log.first()?.map(|(k, _)| k.value());
         let mut mem = MemLog::new(first.unwrap_or(snapshot_meta.index + 1), self.tail_bytes);
         let mut chunk = Vec::new();
+        let mut next = mem.first_index();
         for row in log.iter()? {
-            chunk.push(Entry::parse_from_bytes(row?.1.value())?);
+            let (key, value) = row?;
+            let e = Entry::parse_from_bytes(value.value())?;
+            // A damaged store is an error at open, not a panic in the mirror.
+            if key.value() != next || e.index != next {
+                let found = (key.value(), e.index);
+                return Err(
+                    format!("log: expected entry {next}, found key/index {found:?}").into(),
+                );
+            }
+            next += 1;
+            chunk.push(e);
             if chunk.len() == 1024 {
                 mem.append(&std::mem::take(&mut chunk));
             }
@@ -529,6 +540,23 @@ mod tests {
             ),
             (6, 1, &b"state"[..])
         );
+    }
+
+    /// A log with a hole in it (a damaged store) is refused at open with an error.
+    #[test]
+    fn a_log_with_a_gap_is_refused_at_open_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1).unwrap();
+        s.persist(&(2..=6).map(|i| entry(i, 1)).collect::<Vec<_>>(), None)
+            .unwrap();
+        let txn = s.db.begin_write().unwrap();
+        txn.open_table(LOG).unwrap().remove(4).unwrap();
+        txn.commit().unwrap();
+        drop(s);
+        match DiskStorage::open_existing(dir.path(), 1) {
+            Err(StoreError::Corrupt(why)) => assert!(why.contains("expected entry 4"), "{why}"),
+            other => panic!("opened a log with a gap: {:?}", other.map(|_| ())),
+        }
     }
 
     /// Every read answered from memory, from disk, or from both equals the disk's own answer,
