@@ -216,8 +216,7 @@ impl DiskStorage {
         let first = log.first()?.map(|(k, _)| k.value());
         let mut mem = MemLog::new(first.unwrap_or(snapshot_meta.index + 1), self.tail_bytes);
         let mut chunk = Vec::new();
-        let mut next = mem.first_index();
-        for row in log.iter()? {
+        for (next, row) in (mem.first_index()..).zip(log.iter()?) {
             let (key, value) = row?;
             let e = Entry::parse_from_bytes(value.value())?;
             // A damaged store is an error at open, not a panic in the mirror.
@@ -227,7 +226,6 @@ impl DiskStorage {
                     format!("log: expected entry {next}, found key/index {found:?}").into(),
                 );
             }
-            next += 1;
             chunk.push(e);
             if chunk.len() == 1024 {
                 mem.append(&std::mem::take(&mut chunk));
