@@ -95,7 +95,10 @@ fn reads(c: &mut Criterion) {
 fn state_machines(c: &mut Criterion) {
     let derived = Derived {
         promise_ns: 1_000_000_000,
+        boot_promise_ns: 1_000_000_000,
         lease_ns: 970_000_000,
+        drift_ppm: 10_000,
+        margin_ns: 10_000_000,
         renew_before_ns: 320_000_000,
         campaign_jitter_ns: 500_000_000,
     };
@@ -109,7 +112,7 @@ fn state_machines(c: &mut Criterion) {
     c.bench_function("lease_quorum_ack", |b| {
         b.iter(|| {
             t += 1;
-            black_box(lease.on_quorum_ack(1, t))
+            black_box(lease.on_quorum_ack(1, t, derived.lease_ns))
         })
     });
     let mut promise = FollowerPromise::none(1_000_000_000);

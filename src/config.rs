@@ -62,6 +62,15 @@ pub struct TestingKnobs {
     /// Shared liveness: a leader of a new term keeps counting the fortifications its followers
     /// made for an earlier term.
     pub count_earlier_terms: bool,
+    /// Shared liveness: a fortified replica lets go of its fortification as soon as its raft term
+    /// moves (a rejected pre-vote response of a later term is enough), and lets such messages
+    /// move it, while its node still supports the leader the lease counts it for.
+    pub release_on_term_move: bool,
+    /// A leader counts every acknowledgement on its own promise `P` (and a requester every
+    /// support on its own support duration), not on the one the acknowledging node says it made,
+    /// and a node boots with a promise of its own `P` only: nodes with different settings (a
+    /// rolling change) then overlap leases.
+    pub count_own_promise: bool,
 }
 
 impl TestingKnobs {
@@ -84,6 +93,8 @@ impl TestingKnobs {
             (self.no_give_up, "no_give_up"),
             (self.end_epoch_at_once, "end_epoch_at_once"),
             (self.count_earlier_terms, "count_earlier_terms"),
+            (self.release_on_term_move, "release_on_term_move"),
+            (self.count_own_promise, "count_own_promise"),
         ];
         knobs
             .into_iter()
@@ -146,6 +157,17 @@ impl Safeties {
     /// Campaigns held back by the promise start after seeded jitter.
     pub(crate) fn campaign_jitter(&self) -> bool {
         !self.testing.no_campaign_jitter
+    }
+
+    /// A fortification lasts as long as the support it rests on, whatever raft's term does.
+    pub(crate) fn fortification_outlives_term_moves(&self) -> bool {
+        !self.testing.release_on_term_move
+    }
+
+    /// Acknowledgements are counted on the promise they carry, and a node boots with the
+    /// promise of its previous run.
+    pub(crate) fn count_carried_promise(&self) -> bool {
+        !self.testing.count_own_promise
     }
 }
 
@@ -234,6 +256,12 @@ pub struct LeaseConfig {
     /// Mixed with the raft id and the boot time to seed the campaign jitter. Simulations set it
     /// so that a run reproduces; any value is safe.
     pub seed: u64,
+    /// The longest promise this node's previous run may have made, in milliseconds (0: none
+    /// known). A booting node refuses every vote for the longer of this and `promise_ms`: a
+    /// node restarted with a shorter `promise_ms` (a rolling change of the setting) must keep
+    /// the promise its previous run made. An application that lets `promise_ms` change persists
+    /// the largest value it ran with and passes it here (the example KV does).
+    pub prior_promise_ms: u64,
 }
 
 impl Default for LeaseConfig {
@@ -251,6 +279,7 @@ impl Default for LeaseConfig {
             renew_below_pct: 33,
             safeties: Safeties::default(),
             seed: 0,
+            prior_promise_ms: 0,
         }
     }
 }
@@ -310,8 +339,14 @@ pub enum ConfigError {
 pub struct Derived {
     /// `P`.
     pub promise_ns: u64,
+    /// How long a booting node refuses every vote: the longer of `P` and the prior promise.
+    pub boot_promise_ns: u64,
     /// `L = P·(1−ρ)/(1+ρ) − ε`, rounded down. Always above one heartbeat interval and below `P`.
     pub lease_ns: u64,
+    /// `ρ`, in parts per million: what this node assumes of every clock's rate error.
+    pub drift_ppm: u64,
+    /// `ε`, in nanoseconds.
+    pub margin_ns: u64,
     /// Renew once at most this much of the lease is left.
     pub renew_before_ns: u64,
     /// A campaign held back by the promise starts up to this much after the promise ends
@@ -362,9 +397,13 @@ impl LeaseConfig {
                 heartbeat_ms,
             });
         }
+        let promise_ns = self.promise_ms * NS_PER_MS;
         let derived = Derived {
-            promise_ns: self.promise_ms * NS_PER_MS,
+            promise_ns,
+            boot_promise_ns: promise_ns.max(self.prior_promise_ms.saturating_mul(NS_PER_MS)),
             lease_ns,
+            drift_ppm: self.drift_ppm,
+            margin_ns: self.margin_ms * NS_PER_MS,
             renew_before_ns: lease_ns / 100 * self.renew_below_pct,
             campaign_jitter_ns: self.campaign_jitter_ms(raft, tick_ms) * NS_PER_MS,
         };
@@ -386,10 +425,36 @@ impl LeaseConfig {
 
     /// `L = P·(1−ρ)/(1+ρ) − ε` in nanoseconds, rounded down, 0 if not positive.
     pub fn lease_ns(&self) -> u64 {
-        let promise_ns = self.promise_ms as u128 * NS_PER_MS as u128;
-        let rho = self.drift_ppm.min(MAX_DRIFT_PPM) as u128;
-        let scaled = promise_ns * (PPM as u128 - rho) / (PPM as u128 + rho);
-        (scaled as u64).saturating_sub(self.margin_ms * NS_PER_MS)
+        lease_for_promise_ns(
+            self.promise_ms.saturating_mul(NS_PER_MS),
+            self.drift_ppm,
+            self.margin_ms.saturating_mul(NS_PER_MS),
+        )
+    }
+}
+
+/// `P·(1−ρ)/(1+ρ) − ε` in nanoseconds, rounded down, 0 if not positive.
+fn lease_for_promise_ns(promise_ns: u64, drift_ppm: u64, margin_ns: u64) -> u64 {
+    let rho = drift_ppm.min(MAX_DRIFT_PPM) as u128;
+    let scaled = promise_ns as u128 * (PPM as u128 - rho) / (PPM as u128 + rho);
+    (scaled.min(u64::MAX as u128) as u64).saturating_sub(margin_ns)
+}
+
+impl Derived {
+    /// How long past a send time `t0` an acknowledgement may be counted on, when the
+    /// acknowledging node says it promised `promise_ns` from its receipt, on a clock it takes to
+    /// drift at most `drift_ppm`: `P'·(1−ρ)/(1+ρ) − ε` with `ρ` the larger of the two nodes'
+    /// bounds and `ε` this node's own margin, and never more than this node's own `L`.
+    ///
+    /// What the argument needs from the other node travels in its message: the promise it made
+    /// and the drift it assumes of clocks. `ε` is this node's margin on its own reckoning and
+    /// needs nothing from the other node.
+    pub fn lease_for_promise_ns(&self, promise_ns: u64, drift_ppm: u64) -> u64 {
+        let rho = self.drift_ppm.max(drift_ppm);
+        let lease_ns = lease_for_promise_ns(promise_ns, rho, self.margin_ns);
+        let counted_ns = lease_ns.min(self.lease_ns);
+        debug_assert!(counted_ns <= promise_ns && counted_ns <= self.lease_ns);
+        counted_ns
     }
 }
 

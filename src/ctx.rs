@@ -29,6 +29,21 @@ const ENCODED_LEN: usize = RESERVED_PREFIX.len() + 1 + 8;
 
 const ROUND_KIND: u8 = b'h';
 const READ_KIND: u8 = b'r';
+const PROMISED_KIND: u8 = b'p';
+
+/// Encoded length of an acknowledged context: the context, a kind byte, the promise in
+/// nanoseconds (big-endian `u64`) and the drift bound in ppm (big-endian `u32`).
+const ACK_LEN: usize = ENCODED_LEN + 1 + 8 + 4;
+
+/// What a node promised on receipt of a heartbeat, carried back in its acknowledgement, so that
+/// the leader counts the promise the node made, never its own settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Promised {
+    /// How long, from its receipt, the node refuses other candidates (its `P`).
+    pub promise_ns: u64,
+    /// The rate error it assumes of clocks (its `ρ`), in ppm.
+    pub drift_ppm: u32,
+}
 
 /// A context this layer put on a heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,6 +83,33 @@ impl LayerCtx {
         }
     }
 
+    /// The bytes a follower echoes for this context: the context and what it promised.
+    pub fn encode_ack(self, promised: Promised) -> Vec<u8> {
+        let mut out = self.encode();
+        out.push(PROMISED_KIND);
+        out.extend_from_slice(&promised.promise_ns.to_be_bytes());
+        out.extend_from_slice(&promised.drift_ppm.to_be_bytes());
+        debug_assert_eq!(out.len(), ACK_LEN);
+        out
+    }
+
+    /// Parse an echoed context: the context, and what the echoing node promised if it said so.
+    /// `None` for anything this layer did not make.
+    pub fn parse_ack(ctx: &[u8]) -> Option<(LayerCtx, Option<Promised>)> {
+        if ctx.len() != ACK_LEN {
+            return LayerCtx::parse(ctx).map(|c| (c, None));
+        }
+        let (head, tail) = ctx.split_at(ENCODED_LEN);
+        let layer = LayerCtx::parse(head)?;
+        let (&kind, rest) = tail.split_first()?;
+        let (promise, drift) = rest.split_at(8);
+        let promised = Promised {
+            promise_ns: u64::from_be_bytes(promise.try_into().ok()?),
+            drift_ppm: u32::from_be_bytes(drift.try_into().ok()?),
+        };
+        (kind == PROMISED_KIND).then_some((layer, Some(promised)))
+    }
+
     /// Whether `ctx` is in the layer's reserved space (a caller must not use it).
     pub fn is_reserved(ctx: &[u8]) -> bool {
         ctx.starts_with(RESERVED_PREFIX)
@@ -103,6 +145,31 @@ mod tests {
         assert_eq!(LayerCtx::parse(b""), None);
         assert_eq!(LayerCtx::parse(b"user read context"), None);
         assert!(!LayerCtx::is_reserved(b"user read context"));
+    }
+
+    #[test]
+    fn an_acknowledgement_carries_the_promise_and_garbage_carries_none() {
+        let p = Promised {
+            promise_ns: 300_000_000,
+            drift_ppm: 10_000,
+        };
+        let ack = LayerCtx::Read(9).encode_ack(p);
+        assert_eq!(
+            LayerCtx::parse_ack(&ack),
+            Some((LayerCtx::Read(9), Some(p)))
+        );
+        let bare = LayerCtx::Round(3).encode();
+        assert_eq!(LayerCtx::parse_ack(&bare), Some((LayerCtx::Round(3), None)));
+        assert_eq!(
+            LayerCtx::parse(&ack),
+            None,
+            "an ack is not a context raft could match"
+        );
+        let mut odd = ack.clone();
+        odd[ENCODED_LEN] = b'x';
+        assert_eq!(LayerCtx::parse_ack(&odd), None);
+        assert_eq!(LayerCtx::parse_ack(&ack[..ACK_LEN - 1]), None, "truncated");
+        assert_eq!(LayerCtx::parse_ack(&[0u8; ACK_LEN]), None, "not ours");
     }
 
     #[test]

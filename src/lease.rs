@@ -138,12 +138,18 @@ impl LeaderLease {
         self.expiry_ns = None;
     }
 
-    /// A quorum acknowledged a round of `term` sent at local instant `sent_at_ns`.
-    pub fn on_quorum_ack(&mut self, term: u64, sent_at_ns: u64) -> AckOutcome {
-        if self.term != Some(term) || self.fenced {
+    /// A quorum acknowledged a round of `term` sent at local instant `sent_at_ns`, and their
+    /// promises back `lease_ns` past it (at most `L`: see [`Derived::lease_for_promise_ns`]).
+    pub fn on_quorum_ack(&mut self, term: u64, sent_at_ns: u64, lease_ns: u64) -> AckOutcome {
+        assert!(
+            lease_ns <= self.lease_ns,
+            "a quorum credited with {lease_ns} ns, past this leader's own L of {} ns",
+            self.lease_ns
+        );
+        if self.term != Some(term) || self.fenced || lease_ns == 0 {
             return AckOutcome::Ignored;
         }
-        let candidate_ns = sent_at_ns.saturating_add(self.lease_ns);
+        let candidate_ns = sent_at_ns.saturating_add(lease_ns);
         match self.expiry_ns {
             Some(expiry_ns) if expiry_ns >= candidate_ns => AckOutcome::NotNewer,
             _ => {
@@ -202,7 +208,10 @@ mod tests {
     fn lease() -> LeaderLease {
         let mut l = LeaderLease::new(&Derived {
             promise_ns: 1_100,
+            boot_promise_ns: 1_100,
             lease_ns: L,
+            drift_ppm: 0,
+            margin_ns: 0,
             renew_before_ns: 300,
             campaign_jitter_ns: 0,
         });
@@ -214,7 +223,7 @@ mod tests {
     #[test]
     fn lease_ends_exactly_at_t0_plus_l() {
         let mut l = lease();
-        assert_eq!(l.on_quorum_ack(5, 100), AckOutcome::Extended);
+        assert_eq!(l.on_quorum_ack(5, 100, L), AckOutcome::Extended);
         assert_eq!(l.state(100 + L - 1), LeaseState::Suspect);
         assert_eq!(
             l.state(100 + L),
@@ -230,26 +239,26 @@ mod tests {
     #[test]
     fn lease_never_regresses() {
         let mut l = lease();
-        l.on_quorum_ack(5, 500);
+        l.on_quorum_ack(5, 500, L);
         assert_eq!(
-            l.on_quorum_ack(5, 100),
+            l.on_quorum_ack(5, 100, L),
             AckOutcome::NotNewer,
             "an older round"
         );
         assert_eq!(
-            l.on_quorum_ack(5, 500),
+            l.on_quorum_ack(5, 500, L),
             AckOutcome::NotNewer,
             "the same round twice"
         );
         assert_eq!(l.usable_until_ns(), Some(500 + L));
-        assert_eq!(l.on_quorum_ack(5, 501), AckOutcome::Extended);
+        assert_eq!(l.on_quorum_ack(5, 501, L), AckOutcome::Extended);
         assert_eq!(l.usable_until_ns(), Some(501 + L));
     }
 
     #[test]
     fn acks_of_another_term_are_ignored() {
         let mut l = lease();
-        assert_eq!(l.on_quorum_ack(4, 100), AckOutcome::Ignored);
+        assert_eq!(l.on_quorum_ack(4, 100, L), AckOutcome::Ignored);
         assert_eq!(l.state(101), LeaseState::Expired);
     }
 
@@ -257,12 +266,15 @@ mod tests {
     fn no_lease_before_first_commit_in_term() {
         let mut l = LeaderLease::new(&Derived {
             promise_ns: 1_100,
+            boot_promise_ns: 1_100,
             lease_ns: L,
+            drift_ppm: 0,
+            margin_ns: 0,
             renew_before_ns: 300,
             campaign_jitter_ns: 0,
         });
         l.start_term(7);
-        l.on_quorum_ack(7, 100);
+        l.on_quorum_ack(7, 100, L);
         assert_eq!(
             l.state(200),
             LeaseState::Expired,
@@ -281,28 +293,28 @@ mod tests {
     #[test]
     fn step_down_transfer_and_config_change_drop_the_lease() {
         let mut l = lease();
-        l.on_quorum_ack(5, 100);
+        l.on_quorum_ack(5, 100, L);
         l.fence_for_transfer();
         assert_eq!(l.state(101), LeaseState::Expired);
         assert_eq!(
-            l.on_quorum_ack(5, 200),
+            l.on_quorum_ack(5, 200, L),
             AckOutcome::Ignored,
             "fenced for the rest of the term"
         );
 
         let mut l = lease();
-        l.on_quorum_ack(5, 100);
+        l.on_quorum_ack(5, 100, L);
         l.reset_for_config_change();
         assert_eq!(l.state(101), LeaseState::Expired);
         assert_eq!(
-            l.on_quorum_ack(5, 90),
+            l.on_quorum_ack(5, 90, L),
             AckOutcome::Extended,
             "re-established by a new quorum"
         );
 
         l.lose();
         assert_eq!(l.state(101), LeaseState::Expired);
-        assert_eq!(l.on_quorum_ack(5, 200), AckOutcome::Ignored);
+        assert_eq!(l.on_quorum_ack(5, 200, L), AckOutcome::Ignored);
         l.start_term(6);
         assert!(!l.is_fenced());
     }
@@ -310,7 +322,7 @@ mod tests {
     #[test]
     fn a_lifted_fence_takes_acks_again_in_the_same_term() {
         let mut l = lease();
-        l.on_quorum_ack(5, 100);
+        l.on_quorum_ack(5, 100, L);
         l.fence_for_transfer();
         l.lift_transfer_fence();
         assert!(!l.is_fenced());
@@ -319,7 +331,7 @@ mod tests {
             LeaseState::Expired,
             "lifting restores nothing"
         );
-        assert_eq!(l.on_quorum_ack(5, 200), AckOutcome::Extended);
+        assert_eq!(l.on_quorum_ack(5, 200, L), AckOutcome::Extended);
         assert_eq!(l.state(201), LeaseState::Valid);
     }
 

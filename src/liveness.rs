@@ -62,7 +62,8 @@ pub enum SupportMsg {
         /// Numbers the requester's heartbeats to this peer, from 1.
         seq: u64,
     },
-    /// The supporter supports `epoch` from its receipt of heartbeat `seq`.
+    /// The supporter supports `epoch` from its receipt of heartbeat `seq`, for `promise_ns` on
+    /// its own clock.
     Ack {
         /// The epoch supported.
         epoch: Epoch,
@@ -70,6 +71,11 @@ pub enum SupportMsg {
         seq: u64,
         /// The supporter's incarnation.
         incarnation: u32,
+        /// How long from its receipt of the heartbeat the supporter supports the epoch (its `P`).
+        /// The requester counts this, never its own setting.
+        promise_ns: u64,
+        /// The rate error the supporter assumes of clocks (its `ρ`), in ppm.
+        drift_ppm: u32,
     },
     /// The supporter withdrew `epoch` for good: the requester moves to the next one.
     Withdrawn {
@@ -109,8 +115,13 @@ struct Asking {
 #[derive(Debug, Clone)]
 pub struct Requester {
     incarnation: u32,
-    /// `L`: how long past a heartbeat's send time an answer may be counted on.
+    /// This node's `L`, `ρ` and `ε`: an answer is counted on for the support duration it carries,
+    /// reckoned with them ([`Derived::lease_for_promise_ns`]).
+    derived: Derived,
+    /// `L`: no answer is counted on for longer past its heartbeat's send time.
     lease_ns: u64,
+    /// Negative control (tests only): every answer counted on for this node's own `L`.
+    count_own_promise: bool,
     /// Heartbeat interval: `P/3`.
     interval_ns: u64,
     peers: BTreeMap<NodeId, Asking>,
@@ -126,12 +137,22 @@ impl Requester {
         assert!(incarnation > 0, "incarnations start at 1");
         let mut r = Requester {
             incarnation,
+            derived: *derived,
             lease_ns: derived.lease_ns,
+            count_own_promise: false,
             interval_ns: (derived.promise_ns / 3).max(1),
             peers: BTreeMap::new(),
         };
         peers.into_iter().for_each(|p| r.add_peer(p));
         r
+    }
+
+    /// Negative control: count every answer for this node's own `L`, whatever the supporter
+    /// promised.
+    #[doc(hidden)]
+    pub fn control_count_own_promise(mut self) -> Self {
+        self.count_own_promise = true;
+        self
     }
 
     /// Ask `peer` for support too (it joined a group this node hosts).
@@ -177,6 +198,8 @@ impl Requester {
                 epoch,
                 seq,
                 incarnation,
+                promise_ns,
+                drift_ppm,
             } if epoch == a.epoch => {
                 let Some(&t0) = a.sent_ns.get(&seq) else {
                     return false; // too old to count, or never sent
@@ -185,7 +208,19 @@ impl Requester {
                     t0 <= now_ns,
                     "an answer before its heartbeat: {t0} > {now_ns}"
                 );
-                let until_ns = t0.saturating_add(self.lease_ns);
+                let lease_ns = if self.count_own_promise {
+                    self.lease_ns
+                } else {
+                    self.derived
+                        .lease_for_promise_ns(promise_ns, u64::from(drift_ppm))
+                };
+                debug_assert!(
+                    lease_ns <= self.lease_ns && (lease_ns <= promise_ns || self.count_own_promise)
+                );
+                if lease_ns == 0 {
+                    return false; // a support too short to count on
+                }
+                let until_ns = t0.saturating_add(lease_ns);
                 Self::count(a, epoch, incarnation, until_ns)
             }
             SupportMsg::Withdrawn { epoch } if epoch == a.epoch => {
@@ -251,8 +286,10 @@ struct Giving {
 #[derive(Debug, Clone)]
 pub struct Supporter {
     incarnation: u32,
-    /// `P`.
+    /// `P`: how long from a heartbeat's receipt it supports the epoch. Said in every answer.
     promise_ns: u64,
+    /// `ρ` in ppm, said in every answer.
+    drift_ppm: u32,
     requesters: BTreeMap<NodeId, Giving>,
     /// Epochs no longer supported (a later epoch arrived, or a heartbeat found one run out),
     /// with the local instant their last promise runs to: each is returned by
@@ -274,6 +311,7 @@ impl Supporter {
         Supporter {
             incarnation,
             promise_ns: derived.promise_ns,
+            drift_ppm: u32::try_from(derived.drift_ppm).expect("ρ validated ≤ 10%"),
             requesters: BTreeMap::new(),
             ended: Vec::new(),
             forget_withdrawals: false,
@@ -335,6 +373,8 @@ impl Supporter {
             epoch,
             seq,
             incarnation: self.incarnation,
+            promise_ns: self.promise_ns,
+            drift_ppm: self.drift_ppm,
         })
     }
 
@@ -423,7 +463,10 @@ mod tests {
     fn derived() -> Derived {
         Derived {
             promise_ns: P,
+            boot_promise_ns: P,
             lease_ns: L,
+            drift_ppm: 0,
+            margin_ns: 0,
             renew_before_ns: 90,
             campaign_jitter_ns: 0,
         }
@@ -587,6 +630,8 @@ mod tests {
             epoch: e,
             seq,
             incarnation,
+            promise_ns: P,
+            drift_ppm: 0,
         };
         assert!(r.on_answer(2, ack(seq_new, 2), 110));
         assert!(
@@ -639,6 +684,8 @@ mod tests {
             epoch,
             seq,
             incarnation,
+            promise_ns: P,
+            drift_ppm: 0,
         };
         r.on_answer(2, ack(7), 1);
         assert_eq!(r.support_from(2, 1).unwrap().incarnation, 7);

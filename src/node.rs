@@ -25,7 +25,7 @@ use thiserror::Error;
 
 use crate::clock::Clock;
 use crate::config::{ConfigError, Derived, LeaseConfig, Safeties};
-use crate::ctx::{LayerCtx, ReservedContext};
+use crate::ctx::{LayerCtx, Promised, ReservedContext};
 use crate::handle::{ReadHandle, Shared, Slot};
 use crate::lease::{AckOutcome, LeaderLease, LeaseState};
 use crate::promise::{CampaignJitter, FollowerPromise, VoteDecision};
@@ -278,7 +278,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         let raw = RawNode::new(&rc, storage, &logger)?;
         let boot_ns = clock.now_ns();
         let promise = if safeties.boot_promise() {
-            FollowerPromise::at_boot(derived.promise_ns, boot_ns)
+            let boot_promise_ns = if safeties.count_carried_promise() {
+                derived.boot_promise_ns
+            } else {
+                derived.promise_ns // the negative control: the previous run's promise forgotten
+            };
+            FollowerPromise::at_boot(derived.promise_ns, boot_promise_ns, boot_ns)
         } else {
             FollowerPromise::none(derived.promise_ns)
         };
@@ -424,35 +429,46 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
-    /// An acknowledgement counts only for the round of the copy it acknowledges.
+    /// An acknowledgement counts only for the round of the copy it acknowledges, and only for
+    /// the promise its sender says it made on receipt (never this leader's own settings).
     fn on_heartbeat_response(&mut self, m: &mut Message) {
-        let Some(ctx) = LayerCtx::parse(m.get_context()) else {
+        let Some((ctx, promised)) = LayerCtx::parse_ack(m.get_context()) else {
             return;
         };
-        if let LayerCtx::Round(_) = ctx {
-            m.take_context(); // our tag: raft never sees it
+        match ctx {
+            LayerCtx::Round(_) => drop(m.take_context()), // our tag: raft never sees it
+            LayerCtx::Read(_) => m.context = ctx.encode().into(), // what raft's read_index sent
         }
         let r = &self.raw.raft;
         if r.state != StateRole::Leader || m.term != r.term {
             return;
         }
+        let credit_ns = match promised {
+            _ if !self.safeties.count_carried_promise() => self.derived.lease_ns,
+            Some(p) => self
+                .derived
+                .lease_for_promise_ns(p.promise_ns, u64::from(p.drift_ppm)),
+            None => 0, // a node that says nothing of its promise backs no lease
+        };
         let prs = r.prs();
-        if let Some(sent_at_ns) = self
+        if let Some(q) = self
             .rounds
-            .on_ack(ctx, m.from, |acked| prs.has_quorum(acked))
+            .on_ack(ctx, m.from, credit_ns, |acked| prs.has_quorum(acked))
         {
-            self.on_quorum_ack(sent_at_ns);
+            self.on_quorum_ack(q.sent_at_ns, q.lease_ns);
         }
     }
 
-    /// A quorum, this node included, acknowledged messages sent at or after `sent_at_ns`.
-    fn on_quorum_ack(&mut self, sent_at_ns: u64) {
+    /// A quorum, this node included, acknowledged messages sent at or after `sent_at_ns`, and
+    /// their promises back `lease_ns` past it.
+    fn on_quorum_ack(&mut self, sent_at_ns: u64, lease_ns: u64) {
         let now_ns = self.clock.now_ns();
         assert!(
             sent_at_ns <= now_ns,
             "a round acknowledged before it was sent: t0 {sent_at_ns} ns, now {now_ns} ns"
         );
-        if self.lease.on_quorum_ack(self.raw.raft.term, sent_at_ns) == AckOutcome::Extended {
+        let term = self.raw.raft.term;
+        if self.lease.on_quorum_ack(term, sent_at_ns, lease_ns) == AckOutcome::Extended {
             Counters::bump(&self.shared.counters.renewals);
             debug_assert!(self.lease.term() == Some(self.raw.raft.term));
         }
@@ -504,6 +520,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Tag heartbeat rounds and read their `t0` now, before the transport sends them.
     fn stamp(&mut self, mut msgs: Vec<Message>) -> Vec<Message> {
         if self.raw.raft.state != StateRole::Leader {
+            self.stamp_acks(&mut msgs);
             return msgs;
         }
         let (id, term, now_ns) = (self.raw.raft.id, self.raw.raft.term, self.clock.now_ns());
@@ -536,15 +553,34 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         msgs
     }
 
+    /// Each heartbeat acknowledgement says what this node promised on receipt: its own `P`,
+    /// and the drift bound it assumes. The leader counts that, not its own settings.
+    fn stamp_acks(&self, msgs: &mut [Message]) {
+        let promised = Promised {
+            promise_ns: self.derived.promise_ns,
+            drift_ppm: u32::try_from(self.derived.drift_ppm).expect("ρ validated ≤ 10%"),
+        };
+        for m in msgs
+            .iter_mut()
+            .filter(|m| m.get_msg_type() == MessageType::MsgHeartbeatResponse)
+        {
+            if let Some(ctx) = LayerCtx::parse(m.get_context()) {
+                m.context = ctx.encode_ack(promised).into();
+            }
+        }
+    }
+
     /// One round tag for every heartbeat raft left without a context; a ReadIndex context
     /// names its own round, which keeps its first send time.
     fn stamp_heartbeat(&mut self, m: &mut Message, tag: &mut Option<LayerCtx>, now_ns: u64) {
         let id = self.raw.raft.id;
         if m.get_context().is_empty() {
-            let t = *tag.get_or_insert_with(|| self.rounds.start_tagged(id, now_ns));
+            let me = (id, self.derived.lease_ns);
+            let t = *tag.get_or_insert_with(|| self.rounds.start_tagged(me, now_ns));
             m.context = t.encode().into();
         } else if let Some(ctx @ LayerCtx::Read(_)) = LayerCtx::parse(m.get_context()) {
-            self.rounds.on_read_ctx_sent(ctx, id, now_ns);
+            self.rounds
+                .on_read_ctx_sent(ctx, (id, self.derived.lease_ns), now_ns);
         }
     }
 
@@ -919,7 +955,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             // promise to itself for it.
             let (id, now_ns) = (self.raw.raft.id, self.clock.now_ns());
             self.promise.on_leader_message(id, now_ns);
-            self.on_quorum_ack(now_ns);
+            self.on_quorum_ack(now_ns, self.derived.lease_ns);
             return;
         }
         let suspect = self.lease.state(self.clock.now_ns()) == LeaseState::Suspect;
@@ -1069,7 +1105,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             // The leader counts itself in the quorum, so it keeps the promise too.
             let id = self.raw.raft.id;
             self.promise.on_leader_message(id, now_ns);
-            self.on_quorum_ack(sent_at_ns);
+            self.on_quorum_ack(sent_at_ns, self.derived.lease_ns);
             self.publish();
         }
     }

@@ -39,12 +39,18 @@ pub struct FollowerPromise {
 }
 
 impl FollowerPromise {
-    /// The promise of a node that booted at local instant `boot_ns`: refuse every vote for `P`.
-    pub fn at_boot(promise_ns: u64, boot_ns: u64) -> Self {
+    /// The promise of a node that booted at local instant `boot_ns`: refuse every vote for
+    /// `boot_promise_ns`, which covers every promise its previous run may have made (at least
+    /// `P`; longer after a restart with a shorter `P`).
+    pub fn at_boot(promise_ns: u64, boot_promise_ns: u64, boot_ns: u64) -> Self {
         assert!(promise_ns > 0, "the promise must be positive");
+        assert!(
+            boot_promise_ns >= promise_ns,
+            "a boot promise of {boot_promise_ns} ns is shorter than P = {promise_ns} ns"
+        );
         FollowerPromise {
             promise_ns,
-            until_ns: boot_ns.saturating_add(promise_ns),
+            until_ns: boot_ns.saturating_add(boot_promise_ns),
             holder: None,
         }
     }
@@ -185,7 +191,7 @@ mod tests {
 
     #[test]
     fn refuses_for_p_after_boot() {
-        let p = FollowerPromise::at_boot(P, 10_000);
+        let p = FollowerPromise::at_boot(P, P, 10_000);
         assert!(matches!(
             p.check_vote(2, 10_000),
             VoteDecision::Refuse {
@@ -201,8 +207,18 @@ mod tests {
     }
 
     #[test]
+    fn a_boot_promise_covers_the_longer_promise_of_the_previous_run() {
+        let p = FollowerPromise::at_boot(P, 3 * P, 0);
+        assert!(matches!(
+            p.check_vote(2, 3 * P - 1),
+            VoteDecision::Refuse { .. }
+        ));
+        assert_eq!(p.check_vote(2, 3 * P), VoteDecision::Allow);
+    }
+
+    #[test]
     fn a_promise_backs_its_holder_until_it_ends() {
-        let mut p = FollowerPromise::at_boot(P, 0);
+        let mut p = FollowerPromise::at_boot(P, P, 0);
         assert!(
             p.backs(1, P - 1) && p.backs(2, P - 1),
             "the boot promise backs anyone"

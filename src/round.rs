@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 
-use fxhash::FxHashSet;
+use fxhash::{FxHashMap, FxHashSet};
 
 use crate::ctx::LayerCtx;
 
@@ -34,8 +34,18 @@ struct Round {
     ctx: LayerCtx,
     /// Local time read before the round's first copy was handed to the transport.
     sent_at_ns: u64,
-    /// Voters known to have received a copy, the leader included.
-    acked: FxHashSet<u64>,
+    /// Voters known to have received a copy, the leader included, each with the lease its
+    /// promise backs past `sent_at_ns` (from the promise its acknowledgement says it made).
+    acked: FxHashMap<u64, u64>,
+}
+
+/// A round a quorum acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuorumAck {
+    /// The round's `t0`: no later than the send time of any copy.
+    pub sent_at_ns: u64,
+    /// The longest lease past `t0` that a quorum of the acknowledging voters backs.
+    pub lease_ns: u64,
 }
 
 /// What stamping a heartbeat's ReadIndex context did.
@@ -80,10 +90,11 @@ impl RoundTracker {
     }
 
     /// Start a round of heartbeats sent with no context, at `sent_at_ns`; returns its tag.
-    pub fn start_tagged(&mut self, leader_id: u64, sent_at_ns: u64) -> LayerCtx {
+    /// `leader` is the leader's id and the lease its own promise backs past `sent_at_ns`.
+    pub fn start_tagged(&mut self, leader: (u64, u64), sent_at_ns: u64) -> LayerCtx {
         self.last_tag += 1;
         let ctx = LayerCtx::Round(self.last_tag);
-        self.push(ctx, leader_id, sent_at_ns);
+        self.push(ctx, leader, sent_at_ns);
         ctx
     }
 
@@ -91,7 +102,7 @@ impl RoundTracker {
     pub fn on_read_ctx_sent(
         &mut self,
         ctx: LayerCtx,
-        leader_id: u64,
+        leader: (u64, u64),
         sent_at_ns: u64,
     ) -> ReadCtxSent {
         let LayerCtx::Read(id) = ctx else {
@@ -104,18 +115,19 @@ impl RoundTracker {
             return ReadCtxSent::Retired;
         }
         self.highest_read_ctx = self.highest_read_ctx.max(id);
-        self.push(ctx, leader_id, sent_at_ns);
+        self.push(ctx, leader, sent_at_ns);
         ReadCtxSent::Started
     }
 
-    fn push(&mut self, ctx: LayerCtx, leader_id: u64, sent_at_ns: u64) {
+    /// `leader` is the leader's id and the lease its own promise backs.
+    fn push(&mut self, ctx: LayerCtx, leader: (u64, u64), sent_at_ns: u64) {
         let newest_ns = self.rounds.back().map_or(0, |r| r.sent_at_ns);
         assert!(
             sent_at_ns >= newest_ns,
             "clock went backwards: round at {sent_at_ns} ns after one at {newest_ns} ns"
         );
-        let mut acked = FxHashSet::default();
-        acked.insert(leader_id);
+        let mut acked = FxHashMap::default();
+        acked.insert(leader.0, leader.1);
         self.rounds.push_back(Round {
             ctx,
             sent_at_ns,
@@ -132,25 +144,29 @@ impl RoundTracker {
         self.rounds.iter().position(|r| r.ctx == ctx)
     }
 
-    /// `from` acknowledged a copy of `ctx`. When the round's acks now form a quorum, returns its
-    /// `t0` (no later than the send time of any copy) and retires it and every older round.
-    /// A retired or unknown context proves nothing.
+    /// `from` acknowledged a copy of `ctx`, and its promise backs `lease_ns` past the round's
+    /// `t0`. When the round's acks now form a quorum, returns its `t0` (no later than the send
+    /// time of any copy) with the longest lease a quorum of them backs, and retires it and every
+    /// older round. A retired or unknown context proves nothing.
     pub fn on_ack(
         &mut self,
         ctx: LayerCtx,
         from: u64,
+        lease_ns: u64,
         has_quorum: impl Fn(&FxHashSet<u64>) -> bool,
-    ) -> Option<u64> {
+    ) -> Option<QuorumAck> {
         let pos = self.position(ctx)?;
         let round = &mut self.rounds[pos];
-        round.acked.insert(from);
-        if !has_quorum(&round.acked) {
-            return None;
-        }
+        let credit = round.acked.entry(from).or_insert(lease_ns);
+        *credit = (*credit).min(lease_ns); // one voter, one credit: the smallest it claimed
+        let lease_ns = quorum_lease_ns(&round.acked, &has_quorum)?;
         let sent_at_ns = round.sent_at_ns;
         self.rounds.drain(..=pos);
         debug_assert!(self.position(ctx).is_none());
-        Some(sent_at_ns)
+        Some(QuorumAck {
+            sent_at_ns,
+            lease_ns,
+        })
     }
 
     /// Retire rounds sent before `oldest_useful_ns`: they can no longer extend a lease.
@@ -175,6 +191,32 @@ impl RoundTracker {
     }
 }
 
+/// The longest lease `l` such that the voters backing at least `l` form a quorum, if any do.
+fn quorum_lease_ns(
+    acked: &FxHashMap<u64, u64>,
+    has_quorum: impl Fn(&FxHashSet<u64>) -> bool,
+) -> Option<u64> {
+    let all: FxHashSet<u64> = acked.keys().copied().collect();
+    if !has_quorum(&all) {
+        return None;
+    }
+    let mut credits: Vec<u64> = acked.values().copied().collect();
+    credits.sort_unstable_by(|a, b| b.cmp(a));
+    let lease_ns = credits.into_iter().find(|&l| {
+        let backing: FxHashSet<u64> = acked
+            .iter()
+            .filter(|(_, &c)| c >= l)
+            .map(|(&v, _)| v)
+            .collect();
+        has_quorum(&backing)
+    });
+    debug_assert!(
+        lease_ns.is_some(),
+        "all of them are a quorum, so the smallest credit is"
+    );
+    lease_ns
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +225,9 @@ mod tests {
         acked.iter().filter(|id| (1..=3).contains(*id)).count() >= 2
     }
 
+    /// The lease every voter's promise backs, in these tests.
+    const L: u64 = 100;
+
     fn tracker() -> RoundTracker {
         RoundTracker::new(false)
     }
@@ -190,12 +235,23 @@ mod tests {
     #[test]
     fn minority_ack_proves_nothing_quorum_returns_t0() {
         let mut t = tracker();
-        let r = t.start_tagged(1, 100);
-        assert_eq!(t.on_ack(r, 1, majority_of_3), None, "the leader alone");
-        assert_eq!(t.on_ack(r, 9, majority_of_3), None, "a non-voter");
-        assert_eq!(t.on_ack(r, 2, majority_of_3), Some(100));
+        let r = t.start_tagged((1, L), 100);
         assert_eq!(
-            t.on_ack(r, 3, majority_of_3),
+            t.on_ack(r, 1, L, majority_of_3).map(|q| q.sent_at_ns),
+            None,
+            "the leader alone"
+        );
+        assert_eq!(
+            t.on_ack(r, 9, L, majority_of_3).map(|q| q.sent_at_ns),
+            None,
+            "a non-voter"
+        );
+        assert_eq!(
+            t.on_ack(r, 2, L, majority_of_3).map(|q| q.sent_at_ns),
+            Some(100)
+        );
+        assert_eq!(
+            t.on_ack(r, 3, L, majority_of_3).map(|q| q.sent_at_ns),
             None,
             "a late ack of a completed round"
         );
@@ -204,10 +260,16 @@ mod tests {
     #[test]
     fn an_older_round_is_retired_once_a_newer_one_completes() {
         let mut t = tracker();
-        let old = t.start_tagged(1, 100);
-        let new = t.start_tagged(1, 200);
-        assert_eq!(t.on_ack(new, 2, majority_of_3), Some(200));
-        assert_eq!(t.on_ack(old, 3, majority_of_3), None);
+        let old = t.start_tagged((1, L), 100);
+        let new = t.start_tagged((1, L), 200);
+        assert_eq!(
+            t.on_ack(new, 2, L, majority_of_3).map(|q| q.sent_at_ns),
+            Some(200)
+        );
+        assert_eq!(
+            t.on_ack(old, 3, L, majority_of_3).map(|q| q.sent_at_ns),
+            None
+        );
         assert_eq!(t.pending(), 0);
     }
 
@@ -215,26 +277,29 @@ mod tests {
     fn a_resent_read_context_keeps_its_first_send_time() {
         let mut t = tracker();
         let c = LayerCtx::Read(1);
-        assert_eq!(t.on_read_ctx_sent(c, 1, 100), ReadCtxSent::Started);
-        assert_eq!(t.on_read_ctx_sent(c, 1, 900), ReadCtxSent::Resent);
-        assert_eq!(t.on_ack(c, 2, majority_of_3), Some(100));
+        assert_eq!(t.on_read_ctx_sent(c, (1, L), 100), ReadCtxSent::Started);
+        assert_eq!(t.on_read_ctx_sent(c, (1, L), 900), ReadCtxSent::Resent);
+        assert_eq!(
+            t.on_ack(c, 2, L, majority_of_3).map(|q| q.sent_at_ns),
+            Some(100)
+        );
     }
 
     #[test]
     fn a_context_whose_round_was_pruned_is_retired_for_good() {
         let mut t = tracker();
         let c = LayerCtx::Read(1);
-        t.on_read_ctx_sent(c, 1, 100);
+        t.on_read_ctx_sent(c, (1, L), 100);
         t.prune_before(101);
         assert_eq!(t.pending(), 0);
-        assert_eq!(t.on_read_ctx_sent(c, 1, 500), ReadCtxSent::Retired);
+        assert_eq!(t.on_read_ctx_sent(c, (1, L), 500), ReadCtxSent::Retired);
         assert_eq!(
-            t.on_ack(c, 2, majority_of_3),
+            t.on_ack(c, 2, L, majority_of_3).map(|q| q.sent_at_ns),
             None,
             "a late ack of the first copy"
         );
         assert_eq!(
-            t.on_read_ctx_sent(LayerCtx::Read(2), 1, 600),
+            t.on_read_ctx_sent(LayerCtx::Read(2), (1, L), 600),
             ReadCtxSent::Started
         );
     }
@@ -243,43 +308,46 @@ mod tests {
     fn cleared_completed_and_evicted_contexts_are_retired() {
         let mut t = tracker();
         let (a, b) = (LayerCtx::Read(1), LayerCtx::Read(2));
-        t.on_read_ctx_sent(a, 1, 10);
+        t.on_read_ctx_sent(a, (1, L), 10);
         t.clear();
         assert_eq!(
-            t.on_read_ctx_sent(a, 1, 20),
+            t.on_read_ctx_sent(a, (1, L), 20),
             ReadCtxSent::Retired,
             "cleared"
         );
-        t.on_read_ctx_sent(b, 1, 30);
-        assert_eq!(t.on_ack(b, 2, majority_of_3), Some(30));
+        t.on_read_ctx_sent(b, (1, L), 30);
         assert_eq!(
-            t.on_read_ctx_sent(b, 1, 40),
+            t.on_ack(b, 2, L, majority_of_3).map(|q| q.sent_at_ns),
+            Some(30)
+        );
+        assert_eq!(
+            t.on_read_ctx_sent(b, (1, L), 40),
             ReadCtxSent::Retired,
             "completed"
         );
         let c = LayerCtx::Read(3);
-        t.on_read_ctx_sent(c, 1, 50);
+        t.on_read_ctx_sent(c, (1, L), 50);
         for i in 0..MAX_ROUNDS as u64 {
-            t.start_tagged(1, 60 + i);
+            t.start_tagged((1, L), 60 + i);
         }
         assert_eq!(t.pending(), MAX_ROUNDS);
         assert_eq!(
-            t.on_read_ctx_sent(c, 1, 999),
+            t.on_read_ctx_sent(c, (1, L), 999),
             ReadCtxSent::Retired,
             "evicted"
         );
-        assert_eq!(t.on_ack(c, 2, majority_of_3), None);
+        assert_eq!(t.on_ack(c, 2, L, majority_of_3).map(|q| q.sent_at_ns), None);
     }
 
     #[test]
     fn control_remapping_a_retired_context_credits_a_later_t0() {
         let mut t = RoundTracker::new(true);
         let c = LayerCtx::Read(1);
-        t.on_read_ctx_sent(c, 1, 100);
+        t.on_read_ctx_sent(c, (1, L), 100);
         t.prune_before(101);
-        assert_eq!(t.on_read_ctx_sent(c, 1, 500), ReadCtxSent::Started);
+        assert_eq!(t.on_read_ctx_sent(c, (1, L), 500), ReadCtxSent::Started);
         assert_eq!(
-            t.on_ack(c, 2, majority_of_3),
+            t.on_ack(c, 2, L, majority_of_3).map(|q| q.sent_at_ns),
             Some(500),
             "the bug: an ack of the copy sent at 100 is credited at 500"
         );
@@ -319,7 +387,10 @@ mod tests {
         let mut t = RoundTracker::new(remap_retired);
         let mut lease = crate::lease::LeaderLease::new(&crate::config::Derived {
             promise_ns: 120,
-            lease_ns: 100,
+            boot_promise_ns: 120,
+            lease_ns: L,
+            drift_ppm: 0,
+            margin_ns: 0,
             renew_before_ns: 30,
             campaign_jitter_ns: 0,
         });
@@ -329,7 +400,7 @@ mod tests {
         for op in ops {
             match *op {
                 Op::Wait(dt) => now += dt,
-                Op::StartTagged => copies.push((t.start_tagged(1, now), now)),
+                Op::StartTagged => copies.push((t.start_tagged((1, L), now), now)),
                 Op::SendRead(which) => {
                     let reads: Vec<LayerCtx> = copies
                         .iter()
@@ -343,19 +414,19 @@ mod tests {
                             LayerCtx::Read(next_read - 1)
                         }
                     };
-                    t.on_read_ctx_sent(ctx, 1, now);
+                    t.on_read_ctx_sent(ctx, (1, L), now);
                     copies.push((ctx, now));
                 }
                 Op::Ack(n, from) if !copies.is_empty() => {
                     let (ctx, sent_at) = copies[n % copies.len()];
-                    if let Some(t0) = t.on_ack(ctx, from, majority_of_3) {
+                    if let Some(t0) = t.on_ack(ctx, from, L, majority_of_3).map(|q| q.sent_at_ns) {
                         if t0 > sent_at {
                             return Err(format!(
                                 "ack of {ctx:?} sent at {sent_at} credited at {t0}"
                             ));
                         }
                         let before = lease.usable_until_ns();
-                        lease.on_quorum_ack(1, t0);
+                        lease.on_quorum_ack(1, t0, L);
                         if lease.usable_until_ns() < before {
                             return Err("the lease moved backwards".into());
                         }
@@ -365,7 +436,7 @@ mod tests {
                 Op::Prune(age) => t.prune_before(now.saturating_sub(age)),
                 Op::Clear => t.clear(),
                 Op::Flood => (0..=MAX_ROUNDS).for_each(|_| {
-                    t.start_tagged(1, now);
+                    t.start_tagged((1, L), now);
                 }),
             }
         }
@@ -398,10 +469,33 @@ mod tests {
     }
 
     #[test]
+    fn the_lease_is_the_longest_a_quorum_of_acknowledged_promises_backs() {
+        let mut t = tracker();
+        let five =
+            |acked: &FxHashSet<u64>| acked.iter().filter(|id| (1..=5).contains(*id)).count() >= 3;
+        let r = t.start_tagged((1, 100), 1_000);
+        assert_eq!(t.on_ack(r, 2, 40, five), None, "two of five");
+        let q = t.on_ack(r, 3, 70, five).expect("1, 2 and 3 are a quorum");
+        assert_eq!(
+            (q.sent_at_ns, q.lease_ns),
+            (1_000, 40),
+            "the weakest of the three counts"
+        );
+        let r = t.start_tagged((1, 100), 2_000);
+        t.on_ack(r, 2, 90, five);
+        t.on_ack(r, 2, 10, five);
+        let q = t.on_ack(r, 4, 80, five).expect("a quorum");
+        assert_eq!(
+            q.lease_ns, 10,
+            "a voter that claimed two promises is credited the shorter"
+        );
+    }
+
+    #[test]
     #[should_panic(expected = "clock went backwards")]
     fn a_round_older_than_the_newest_is_a_bug() {
         let mut t = tracker();
-        t.start_tagged(1, 100);
-        t.start_tagged(1, 99);
+        t.start_tagged((1, L), 100);
+        t.start_tagged((1, L), 99);
     }
 }

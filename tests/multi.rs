@@ -312,10 +312,18 @@ mod manual {
         pub errors: usize,
         /// Every raft message sent so far, with its group.
         pub sent: Vec<(u64, Message)>,
+        /// Directed links `(from, to)` on which raft messages are dropped (the node-level
+        /// support and fortification messages still flow).
+        pub cut: Vec<(u64, u64)>,
     }
 
     impl Cluster {
         pub fn new(groups: u64) -> Self {
+            Cluster::with(groups, |_, _| {})
+        }
+
+        /// A cluster whose lease config of node `id` is first changed by `lease(id, config)`.
+        pub fn with(groups: u64, lease: impl Fn(u64, &mut LeaseConfig)) -> Self {
             let clock = SimClock::new(0, 0);
             let logger = slog::Logger::root(slog::Discard, slog::o!());
             let nodes = (1..=3)
@@ -331,11 +339,15 @@ mod manual {
                             pre_vote: true,
                             ..Default::default()
                         },
-                        lease: LeaseConfig {
-                            promise_ms: 100,
-                            drift_ppm: 1_000,
-                            margin_ms: 2,
-                            ..Default::default()
+                        lease: {
+                            let mut l = LeaseConfig {
+                                promise_ms: 100,
+                                drift_ppm: 1_000,
+                                margin_ms: 2,
+                                ..Default::default()
+                            };
+                            lease(node_id, &mut l);
+                            l
                         },
                         tick_ms: 10,
                         quiesce_after_ticks: 20,
@@ -352,6 +364,7 @@ mod manual {
                 apps: (0..3).map(|_| App::default()).collect(),
                 errors: 0,
                 sent: Vec::new(),
+                cut: Vec::new(),
             }
         }
 
@@ -385,7 +398,10 @@ mod manual {
             }
         }
 
-        pub fn deliver(&mut self, b: NodeBatch) {
+        pub fn deliver(&mut self, mut b: NodeBatch) {
+            if self.cut.contains(&(b.from, b.to)) {
+                b.raft.clear();
+            }
             let to = b.to as usize - 1;
             self.nodes[to].step(b);
         }
@@ -461,6 +477,70 @@ fn delayed_copy_of_the_winning_vote_request_never_releases_a_fortification() {
     later.term = term + 1;
     replay(&mut c, follower, later);
     assert_eq!(fortified(&c), None, "a campaign for a later term releases");
+}
+
+/// Finding: a held, rejected pre-vote response of a later term reaches both followers of a
+/// quiescent group. raft-rs moves a follower's term on it; if that released the fortification,
+/// the followers, whose per-group promises lapsed while the group slept, elect one of them while
+/// the leader, cut off from it, still counts their fortifications (their nodes support it at the
+/// same epoch). Returns whether two nodes ever held a lease of group 1 at the same instant.
+fn term_move_overlap(release_on_term_move: bool) -> bool {
+    use raft::eraftpb::{Message, MessageType};
+    let mut c = manual::Cluster::with(1, |_, l| {
+        l.safeties.testing.release_on_term_move = release_on_term_move;
+    });
+    c.run_ms(1_000);
+    let r = c.leader(1).expect("led");
+    let followers: Vec<u64> = (1..=3).filter(|&n| n != r).collect();
+    fn group(
+        c: &manual::Cluster,
+        n: u64,
+    ) -> &raft_lease::LeaseNode<raft::storage::MemStorage, raft_lease::SimClock> {
+        c.nodes[n as usize - 1].group(1).unwrap()
+    }
+    for &f in &followers {
+        assert_eq!(group(&c, f).fortified_to(), Some(r), "{f} fortified");
+    }
+    assert!(c.nodes[r as usize - 1].is_quiescent(1), "the group sleeps");
+    let term = group(&c, r).raw().raft.term;
+    for &f in &followers {
+        c.cut.push((f, r)); // whoever wins next cannot tell the old leader
+        let other = followers.iter().copied().find(|&o| o != f).unwrap();
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgRequestPreVoteResponse);
+        m.from = other;
+        m.to = f;
+        m.term = term + 1;
+        m.reject = true;
+        replay(&mut c, f, m);
+    }
+    let holders = |c: &manual::Cluster| {
+        (1..=3)
+            .filter(|&n| group(c, n).lease_status().state.is_held())
+            .count()
+    };
+    let mut overlap = false;
+    for _ in 0..300 {
+        c.run_ms(10);
+        overlap |= holders(&c) > 1;
+    }
+    if !release_on_term_move {
+        for &f in &followers {
+            assert_eq!(group(&c, f).fortified_to(), Some(r), "{f} let go");
+        }
+        assert_eq!(c.leader(1), Some(r), "the leader keeps its group");
+    }
+    overlap
+}
+
+#[test]
+fn a_held_rejected_pre_vote_response_never_ends_a_fortification() {
+    assert!(!term_move_overlap(false), "two lease holders");
+}
+
+#[test]
+fn control_releasing_on_a_term_move_gives_two_lease_holders() {
+    assert!(term_move_overlap(true), "the control found no overlap");
 }
 
 // ----- scripted episodes ----------------------------------------------------------------------

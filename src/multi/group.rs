@@ -72,12 +72,19 @@ pub(super) struct Group<S: Storage, C: Clock> {
     /// Negative control (tests only): a new term keeps counting the earlier term's
     /// fortifications.
     count_earlier_terms: bool,
+    /// Off only as a negative control: a fortification is let go as soon as raft's term moves.
+    outlives_term_moves: bool,
 }
 
 impl<S: Storage, C: Clock> Group<S, C> {
-    pub fn new(node: LeaseNode<S, C>, count_earlier_terms: bool) -> Self {
+    pub fn new(
+        node: LeaseNode<S, C>,
+        count_earlier_terms: bool,
+        outlives_term_moves: bool,
+    ) -> Self {
         Group {
             count_earlier_terms,
+            outlives_term_moves,
             members: Members::of(&node),
             members_version: node.conf_version(),
             node,
@@ -180,14 +187,54 @@ impl<S: Storage, C: Clock> Group<S, C> {
         term <= self.released_term
     }
 
-    /// A fortification belongs to one term and one leader: drop it once raft moved past either.
+    /// A fortification lasts as long as what the leader counts: its node's support for the
+    /// leader's epoch, the leader's own term (a release, or its campaign for a later one), or
+    /// until raft follows a leader of a later term. A later-term leader could only have been
+    /// elected with the vote of some replica the leader counted, and every such replica refuses
+    /// while fortified, so the leader no longer counts this one. A bare term move proves nothing:
+    /// raft-rs moves a follower's term on any later-term message, a held and rejected pre-vote
+    /// response included, while the leader of the fortified term still counts this replica.
     pub fn drop_stale_fortification(&mut self) {
         let Some(f) = self.fortification else { return };
         let r = &self.node.raw().raft;
-        let other_leader = r.leader_id != raft::INVALID_ID && r.leader_id != f.leader;
-        if r.term != f.term || other_leader {
+        let follows_later_leader = r.leader_id != raft::INVALID_ID && r.term > f.term;
+        debug_assert!(
+            r.term > f.term || r.leader_id == raft::INVALID_ID || r.leader_id == f.leader,
+            "two leaders of term {}: {} and {}",
+            f.term,
+            f.leader,
+            r.leader_id
+        );
+        let term_moved = r.term != f.term;
+        if follows_later_leader || (term_moved && !self.outlives_term_moves) {
             self.release();
         }
+        debug_assert!(
+            self.fortification.is_none() || !follows_later_leader,
+            "fortified to {} at term {} while following a later leader",
+            f.leader,
+            f.term
+        );
+    }
+
+    /// A fortified replica ignores a later-term message that names no leader of that term (a
+    /// response, say a held, rejected pre-vote response), so that raft's term stays with the
+    /// leader it backs; votes and pre-votes are refused by the promise anyway. A leader's own
+    /// messages (append, heartbeat, snapshot) and a transfer's forced vote go through.
+    pub fn ignores_while_fortified(&self, m: &Message) -> bool {
+        let Some(f) = self.fortification else {
+            return false;
+        };
+        if !self.outlives_term_moves || m.term <= self.node.raw().raft.term || m.from == f.leader {
+            return false;
+        }
+        let from_leader = matches!(
+            m.get_msg_type(),
+            MessageType::MsgAppend | MessageType::MsgHeartbeat | MessageType::MsgSnapshot
+        );
+        let forced_vote = m.get_msg_type() == MessageType::MsgRequestVote
+            && m.get_context() == raft::CAMPAIGN_TRANSFER;
+        !from_leader && !forced_vote
     }
 
     /// As leader, forget fortifications counted for an earlier term.

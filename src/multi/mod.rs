@@ -159,7 +159,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             derived,
             quiesce_after_ticks: config.quiesce_after_ticks,
             groups: BTreeMap::new(),
-            requester: Requester::new(config.incarnation, &derived, []),
+            requester: requester(&config, &derived),
             supporter: supporter(&config, &derived),
             outbox: BTreeMap::new(),
             dirty: BTreeSet::new(),
@@ -197,9 +197,13 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             self.leases.slot(),
             &logger,
         )?;
-        let count_earlier_terms = self.config.lease.safeties.testing.count_earlier_terms;
-        self.groups
-            .insert(gid, Group::new(node, count_earlier_terms));
+        let safeties = self.config.lease.safeties;
+        let group = Group::new(
+            node,
+            safeties.testing.count_earlier_terms,
+            safeties.fortification_outlives_term_moves(),
+        );
+        self.groups.insert(gid, group);
         self.wake(gid);
         self.peers_scanned_ns = None;
         Ok(())
@@ -460,6 +464,11 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         }
         // A lost release: the old leader's own campaign for a later term ends the fortification.
         g.released_by_campaign(&m);
+        if g.ignores_while_fortified(&m) {
+            slog::debug!(self.logger, "fortified: later-term message ignored";
+                "group" => gid, "from" => m.from, "msg" => ?m.get_msg_type(), "term" => m.term);
+            return;
+        }
         let _ = g.node.step(m); // a peer's bad message is raft's to refuse
         g.drop_stale_fortification();
         self.refresh_members(gid); // raft restores a snapshot's configuration as it steps it
@@ -733,6 +742,14 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     pub fn clock(&self) -> &C {
         &self.clock
     }
+}
+
+fn requester(config: &MultiConfig, derived: &Derived) -> Requester {
+    let r = Requester::new(config.incarnation, derived, []);
+    if config.lease.safeties.testing.count_own_promise {
+        return r.control_count_own_promise();
+    }
+    r
 }
 
 fn supporter(config: &MultiConfig, derived: &Derived) -> Supporter {
