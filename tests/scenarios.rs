@@ -89,7 +89,7 @@ fn assert_caught(runs: &[(u64, CheckReport)]) -> usize {
 #[test]
 fn every_scenario_has_a_negative_control() {
     let all = scenarios::all();
-    assert_eq!(all.len(), 11);
+    assert_eq!(all.len(), 13);
     for s in &all {
         assert!(
             !matches!(s.control, scenarios::Control::Safeties(c) if c.all_on()),
@@ -194,6 +194,32 @@ fn drift_at_the_bound_is_safe() {
 #[test]
 fn control_drift_beyond_the_bound_serves_stale_reads() {
     assert_caught(&run_seeds("clock drift", false));
+}
+
+#[test]
+fn a_leader_counts_the_shorter_promise_its_followers_made() {
+    assert_safe_with_lease_reads(&run_seeds("followers with a shorter promise", true));
+}
+
+#[test]
+fn control_a_leader_counting_its_own_promise_serves_stale_reads() {
+    assert_caught(&run_seeds("followers with a shorter promise", false));
+}
+
+#[test]
+fn followers_restarted_with_a_shorter_promise_keep_the_longer_one_at_boot() {
+    assert_safe_with_lease_reads(&run_seeds(
+        "followers restarted with a shorter promise",
+        true,
+    ));
+}
+
+#[test]
+fn control_followers_restarted_with_a_shorter_promise_forget_it_and_serve_stale_reads() {
+    assert_caught(&run_seeds(
+        "followers restarted with a shorter promise",
+        false,
+    ));
 }
 
 #[test]

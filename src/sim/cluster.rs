@@ -55,6 +55,12 @@ pub struct SimConfig {
     /// Makes each node's state machine (at boot and at every restart): the crate's own
     /// [`KvState`] by default, or yours.
     pub state_machine: fn() -> Box<dyn SimStateMachine>,
+    /// A node's own promise and election timeout, in ms, indexed by `id - 1` (missing or 0: the
+    /// shared `lease.promise_ms` and `election_tick`). A node with its own setting has an election
+    /// timeout equal to its promise, as the example KV derives both from `--election-ms`: nodes
+    /// in the middle of a rolling change of that setting. Change it between a crash and a restart
+    /// with [`SimCluster::set_promise_ms`].
+    pub promise_ms_per_node: Vec<u64>,
 }
 
 impl Default for SimConfig {
@@ -81,6 +87,7 @@ impl Default for SimConfig {
             net: NetConfig::default(),
             compact_every: 0,
             state_machine: || Box::new(KvState::new()),
+            promise_ms_per_node: Vec::new(),
         }
     }
 }
@@ -102,6 +109,9 @@ struct SimNode {
     reads: HashMap<ReadId, (OpId, Vec<u8>)>,
     /// Snapshots installed from a leader since the start (they survive crashes).
     installs: u64,
+    /// Persisted, as the example KV does: the longest promise any run of this node made, in ms.
+    /// Each boot passes it as `prior_promise_ms`.
+    max_promise_ms: u64,
 }
 
 /// Totals over a run: see [`SimCluster::totals`].
@@ -274,6 +284,7 @@ impl SimCluster {
                     writes: HashSet::new(),
                     reads: HashMap::new(),
                     installs: 0,
+                    max_promise_ms: 0,
                 }
             })
             .collect();
@@ -305,13 +316,18 @@ impl SimCluster {
             n.kv.restore(&snapshot.data)
                 .expect("the node wrote this snapshot");
         }
+        let own_ms = c.promise_ms_per_node.get(idx).copied().unwrap_or(0);
+        let (promise_ms, election_tick) = match own_ms {
+            0 => (c.lease.promise_ms, c.election_tick),
+            ms => (ms, (ms / c.tick_ms) as usize),
+        };
         let rc = raft::Config {
             applied: snapshot.get_metadata().index,
             id: n.id,
-            election_tick: c.election_tick,
+            election_tick,
             heartbeat_tick: c.heartbeat_tick,
-            min_election_tick: c.election_tick,
-            max_election_tick: c.election_tick + c.election_spread_ticks + 1,
+            min_election_tick: election_tick,
+            max_election_tick: election_tick + c.election_spread_ticks + 1,
             check_quorum: true,
             pre_vote: c.pre_vote,
             max_size_per_msg: 1 << 20,
@@ -320,8 +336,11 @@ impl SimCluster {
         };
         let lease = LeaseConfig {
             seed: c.lease.seed ^ c.seed,
+            promise_ms,
+            prior_promise_ms: n.max_promise_ms,
             ..c.lease.clone()
         };
+        n.max_promise_ms = n.max_promise_ms.max(promise_ms);
         let node = LeaseNode::new(
             &rc,
             n.storage.clone(),
@@ -677,6 +696,17 @@ impl SimCluster {
         n.reads.clear();
         n.writes.clear(); // their outcome is unknown to the client: they stay incomplete
         self.net.drop_to(node);
+    }
+
+    /// Give `node` its own promise (and election timeout) of `promise_ms` from its next boot: a
+    /// rolling change of the setting.
+    pub fn set_promise_ms(&mut self, node: u64, promise_ms: u64) {
+        let idx = self.index(node).expect("known node");
+        let per_node = &mut self.config.promise_ms_per_node;
+        if per_node.len() <= idx {
+            per_node.resize(idx + 1, 0);
+        }
+        per_node[idx] = promise_ms;
     }
 
     /// Restart a crashed node from its persisted raft state.

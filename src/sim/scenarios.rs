@@ -183,6 +183,19 @@ pub fn all() -> Vec<Scenario> {
         )
         .configured(long_check_quorum),
         Scenario::new(
+            "followers with a shorter promise",
+            "a leader counts its own P on followers that promised less (a rolling change)",
+            Control::Safeties(knob(|k| k.count_own_promise = true)),
+            partition_node_1,
+        )
+        .configured(|c| c.promise_ms_per_node = vec![100, 40, 40]),
+        Scenario::new(
+            "followers restarted with a shorter promise",
+            "a node restarted with a shorter P forgets the longer promise it made",
+            Control::Safeties(knob(|k| k.count_own_promise = true)),
+            followers_restart_with_a_shorter_promise,
+        ),
+        Scenario::new(
             "removed leader",
             "a leader that removed itself renews its lease from its own clock",
             Control::Safeties(knob(|k| {
@@ -272,6 +285,38 @@ pub fn delayed_timeout_now(sim: &mut SimCluster) {
     sim.run_with_load(600, &Load::default());
     sim.heal();
     sim.run_with_load(300, &Load::default());
+}
+
+/// Node 1 leads with a lease its followers acknowledged under `P` = 100 ms; it is cut off, and
+/// both followers restart at once with `P` = 40 ms (a rolling change of the setting, done too
+/// fast): unless they keep the longer promise they made, they elect one of them and write while
+/// node 1 still serves lease reads.
+pub fn followers_restart_with_a_shorter_promise(sim: &mut SimCluster) {
+    lead_from(sim, 1);
+    sim.run_with_load(300, &Load::default());
+    let rest = others(sim, 1);
+    sim.partition(&[1], &rest);
+    for &n in &rest {
+        sim.crash(n);
+        sim.set_promise_ms(n, 40);
+        sim.restart(n);
+    }
+    sim.run_with_load(600, &Load::default());
+    sim.heal();
+    sim.run_with_load(300, &Load::default());
+}
+
+/// Elect a leader and move leadership to `node` if another node won.
+pub fn lead_from(sim: &mut SimCluster, node: u64) {
+    for _ in 0..10 {
+        let leader = elect(sim);
+        if leader == node {
+            return;
+        }
+        sim.transfer_leader(leader, node);
+        sim.run_until(1_000, |s| s.leader() == Some(node));
+    }
+    assert_eq!(sim.leader(), Some(node), "node {node} never took over");
 }
 
 /// A follower whose acknowledgements hold the lease restarts and forgets its promise
