@@ -71,6 +71,10 @@ pub struct TestingKnobs {
     /// and a node boots with a promise of its own `P` only: nodes with different settings (a
     /// rolling change) then overlap leases.
     pub count_own_promise: bool,
+    /// Shared liveness: a group removed from a node forgets the fortification its replica made,
+    /// so a replica of the group hosted there again votes at once although the leader may still
+    /// count the old one.
+    pub forget_removed_fortifications: bool,
 }
 
 impl TestingKnobs {
@@ -95,6 +99,10 @@ impl TestingKnobs {
             (self.count_earlier_terms, "count_earlier_terms"),
             (self.release_on_term_move, "release_on_term_move"),
             (self.count_own_promise, "count_own_promise"),
+            (
+                self.forget_removed_fortifications,
+                "forget_removed_fortifications",
+            ),
         ];
         knobs
             .into_iter()

@@ -509,6 +509,39 @@ mod tests {
         assert_eq!(r.support_from(2, 1_200).unwrap().until_ns, 1_100 + L);
     }
 
+    /// A supporter configured with a shorter support duration than the requester (a rolling
+    /// change): the requester counts what the supporter says it gave, never its own `P`.
+    fn counted_past_the_supporters_end(r: Requester) -> bool {
+        let short = Derived {
+            promise_ns: P / 3,
+            boot_promise_ns: P / 3,
+            ..derived()
+        };
+        let (mut r, mut s) = (r, Supporter::new(7, &short));
+        let (epoch, seq) = heartbeat(&mut r, 1_000);
+        let ack = s.on_heartbeat(1, epoch, seq, 1_000).unwrap();
+        assert!(matches!(ack, SupportMsg::Ack { promise_ns, .. } if promise_ns == P / 3));
+        r.on_answer(2, ack, 1_001);
+        let supporter_end = 1_000 + P / 3;
+        assert!(!s.supports(1, epoch, supporter_end));
+        r.support_from(2, supporter_end).is_some()
+    }
+
+    #[test]
+    fn support_is_counted_for_the_duration_the_supporter_gave() {
+        let r = Requester::new(1, &derived(), [2]);
+        assert!(!counted_past_the_supporters_end(r));
+    }
+
+    #[test]
+    fn control_counting_the_requesters_own_duration_outlives_the_support() {
+        let r = Requester::new(1, &derived(), [2]).control_count_own_promise();
+        assert!(
+            counted_past_the_supporters_end(r),
+            "the bug: counted past the supporter's end"
+        );
+    }
+
     #[test]
     fn a_withdrawn_epoch_offered_again_is_refused_for_good() {
         let (mut r, mut s) = (

@@ -48,6 +48,9 @@ pub enum NodeError {
     /// A `MultiNode` already hosts a group with this id.
     #[error("group {0} is already hosted on this node")]
     GroupExists(u64),
+    /// A `MultiNode` hosts no group with this id.
+    #[error("group {0} is not hosted on this node")]
+    NoSuchGroup(u64),
 }
 
 /// Why [`LeaseNode::campaign`] did not start an election.

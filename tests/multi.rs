@@ -543,6 +543,101 @@ fn control_releasing_on_a_term_move_gives_two_lease_holders() {
     assert!(term_move_overlap(true), "the control found no overlap");
 }
 
+/// Both followers of a quiescent group have the group removed and hosted again on the same
+/// storage (a replica moved away and back, or rebuilt). The leader, whose raft messages to them
+/// are cut, still counts the fortifications they made: their nodes support it at the same epoch
+/// and incarnation. Returns whether two nodes ever held a lease of group 1 at the same instant.
+fn readded_followers_overlap(forget: bool) -> bool {
+    let mut c = manual::Cluster::with(1, |_, l| {
+        l.safeties.testing.forget_removed_fortifications = forget;
+    });
+    c.run_ms(1_000);
+    let r = c.leader(1).expect("led");
+    let followers: Vec<u64> = (1..=3).filter(|&n| n != r).collect();
+    for &f in &followers {
+        let node = &mut c.nodes[f as usize - 1];
+        assert_eq!(node.group(1).unwrap().fortified_to(), Some(r));
+        let storage = node.group(1).unwrap().raw().store().clone();
+        node.remove_group(1).expect("hosted");
+        assert!(node.group(1).is_none());
+        node.add_group(1, storage).expect("hosted again");
+        c.cut.push((f, r));
+    }
+    let mut overlap = false;
+    for _ in 0..300 {
+        c.run_ms(10);
+        let held = (1..=3).filter(|&n| {
+            let g = c.nodes[n as usize - 1].group(1).unwrap();
+            g.lease_status().state.is_held()
+        });
+        overlap |= held.count() > 1;
+    }
+    if !forget {
+        for &f in &followers {
+            let g = c.nodes[f as usize - 1].group(1).unwrap();
+            assert_eq!(g.fortified_to(), Some(r), "{f} hosted again unfortified");
+        }
+    }
+    overlap
+}
+
+#[test]
+fn a_group_hosted_again_keeps_the_fortification_its_removed_replica_made() {
+    assert!(!readded_followers_overlap(false), "two lease holders");
+}
+
+#[test]
+fn control_a_group_hosted_again_forgetting_its_fortification_gives_two_lease_holders() {
+    assert!(
+        readded_followers_overlap(true),
+        "the control found no overlap"
+    );
+}
+
+/// A removed group's read handles refuse for good, and a group hosted again under the same id
+/// revives nothing of the old one: a new slot, no lease until it earns one in a new term.
+#[test]
+fn a_removed_group_revokes_its_handles_and_a_readded_one_revives_nothing() {
+    let mut c = manual::Cluster::new(2);
+    c.run_ms(1_000);
+    let r = c.leader(1).expect("led");
+    let leader = &mut c.nodes[r as usize - 1];
+    let old = leader.group(1).unwrap().read_handle();
+    assert!(old.read(|| ()).is_ok(), "a lease read before the removal");
+    let term = leader.group(1).unwrap().raw().raft.term;
+    let storage = leader.group(1).unwrap().raw().store().clone();
+    leader.remove_group(1).expect("hosted");
+    assert!(
+        old.read(|| ()).is_err(),
+        "a removed group's handle still reads"
+    );
+    assert!(matches!(
+        leader.remove_group(1),
+        Err(raft_lease::NodeError::NoSuchGroup(1))
+    ));
+    leader.add_group(1, storage).expect("hosted again");
+    let new = leader.group(1).unwrap().read_handle();
+    assert!(
+        new.read(|| ()).is_err(),
+        "the new replica starts with no lease"
+    );
+    c.run_ms(2_000);
+    assert!(old.read(|| ()).is_err(), "the old slot came back to life");
+    let l = c.leader(1).expect("group 1 led again");
+    let g = c.nodes[l as usize - 1].group(1).unwrap();
+    assert!(g.raw().raft.term > term, "led again in a later term");
+    assert!(g.lease_status().state.is_held(), "and leased");
+    assert!(
+        c.nodes[r as usize - 1]
+            .group(2)
+            .unwrap()
+            .lease_status()
+            .state
+            .is_held()
+            || c.leader(2) != Some(r)
+    );
+}
+
 // ----- scripted episodes ----------------------------------------------------------------------
 
 /// The late-withdrawal episode on a settled 3-node cluster; returns the monitor's findings.

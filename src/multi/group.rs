@@ -123,6 +123,20 @@ impl<S: Storage, C: Clock> Group<S, C> {
         self.node.is_leader() && self.node.raw().raft.term == term
     }
 
+    /// A replica of a group hosted here again: what the removed one left (see
+    /// [`super::MultiNode::remove_group`]).
+    pub fn restore(&mut self, fortification: Option<Fortification>, released_term: u64) {
+        self.released_term = released_term;
+        if let Some(f) = fortification {
+            self.fortify(f);
+        }
+    }
+
+    /// The highest term a leader released this replica from.
+    pub fn released_term(&self) -> u64 {
+        self.released_term
+    }
+
     /// Fortify this replica to `f.leader`.
     pub fn fortify(&mut self, f: Fortification) {
         self.fortification = Some(f);

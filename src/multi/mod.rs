@@ -40,6 +40,26 @@ use crate::node::{LeaseNode, NodeError};
 use crate::read::{ReadError, ReadId, ReadMode, ServedRead};
 use group::Group;
 
+/// A term given up, whose release is sent again until `until_ns`.
+#[derive(Debug, Clone)]
+struct GivenUp {
+    group: GroupId,
+    term: u64,
+    /// The voters to release (kept here: the group may have been removed since).
+    voters: Vec<NodeId>,
+    until_ns: u64,
+}
+
+/// What a removed group leaves on its node.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tombstone {
+    /// The fortification its replica had made: a leader may still count it, so a replica of the
+    /// group hosted here again refuses every other candidate until it ends.
+    fortification: Option<Fortification>,
+    /// The highest term a leader released the replica from.
+    released_term: u64,
+}
+
 /// How the groups' leases are kept alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LivenessMode {
@@ -129,9 +149,12 @@ pub struct MultiNode<S: Storage, C: Clock + Clone> {
     peers_scanned_ns: Option<u64>,
     /// Replicas released by a withdrawal, to campaign at a jittered instant: (instant, group).
     campaigns: Vec<(u64, GroupId)>,
-    /// Terms given up, as `(group, term, until)`: their release is sent again with every round
-    /// of support heartbeats until the local instant `until` (`3P`), in case one was lost.
-    given_up: Vec<(GroupId, u64, u64)>,
+    /// Terms given up: their release is sent again with every round of support heartbeats
+    /// until `3P` after, in case one was lost.
+    given_up: Vec<GivenUp>,
+    /// What removed groups leave behind on this node until it has ended: a fortification a
+    /// leader may still count, and the highest term released. Restored if the group comes back.
+    removed: BTreeMap<GroupId, Tombstone>,
     rng: ChaCha8Rng,
     config: MultiConfig,
     logger: Logger,
@@ -167,6 +190,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             peers_scanned_ns: None,
             campaigns: Vec::new(),
             given_up: Vec::new(),
+            removed: BTreeMap::new(),
             rng: ChaCha8Rng::seed_from_u64(config.seed ^ config.node_id.rotate_left(17) ^ now_ns),
             config,
             logger,
@@ -198,14 +222,60 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             &logger,
         )?;
         let safeties = self.config.lease.safeties;
-        let group = Group::new(
+        let mut group = Group::new(
             node,
             safeties.testing.count_earlier_terms,
             safeties.fortification_outlives_term_moves(),
         );
+        let forget = safeties.testing.forget_removed_fortifications;
+        if let Some(t) = self.removed.get(&gid).filter(|_| !forget) {
+            group.restore(t.fortification, t.released_term);
+        }
         self.groups.insert(gid, group);
         self.wake(gid);
         self.peers_scanned_ns = None;
+        Ok(())
+    }
+
+    /// Stop hosting group `gid` (its replica moved away or was destroyed); the caller disposes
+    /// of its storage.
+    ///
+    /// - Its read handles refuse from now on (the node is dropped and revokes its lease). Its
+    ///   lease slot is never handed out again, so a handle kept past this never reads another
+    ///   group's lease; the slot's memory goes with the last handle to its chunk.
+    /// - If it led a term, that term is given up: every voter fortified to it is released over
+    ///   the node stream (sent again for `3P`), and campaigns after jitter.
+    /// - A fortification it had made stays on the node until the support under it ends or its
+    ///   leader releases it: the leader may still count it. If the group is hosted here again
+    ///   meanwhile ([`Self::add_group`]), its new replica refuses every other candidate until
+    ///   then. Nothing else of the old replica comes back: the new one has a new slot, counts
+    ///   no fortification, and has led nothing.
+    /// - The support session is the node's and is untouched: epochs are per pair of nodes.
+    pub fn remove_group(&mut self, gid: GroupId) -> Result<(), NodeError> {
+        let g = self
+            .groups
+            .remove(&gid)
+            .ok_or(NodeError::NoSuchGroup(gid))?;
+        let led = g.node.is_leader().then(|| g.node.raw().raft.term);
+        let voters: Vec<NodeId> = g.members().all_voters().collect();
+        let (fortification, released_term) = (g.fortification, g.released_term());
+        drop(g); // revokes its read handles
+        self.removed.insert(
+            gid,
+            Tombstone {
+                fortification,
+                released_term,
+            },
+        );
+        self.awake.remove(&gid);
+        self.dirty.remove(&gid);
+        self.campaigns.retain(|&(_, c)| c != gid);
+        self.peers_scanned_ns = None;
+        if let Some(term) = led {
+            self.release_term(gid, term, voters);
+        }
+        slog::info!(self.logger, "group removed"; "group" => gid, "led" => ?led,
+            "fortified_to" => ?fortification.map(|f| f.leader));
         Ok(())
     }
 
@@ -266,9 +336,9 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
 
     /// Send every release given up within `3P` again, one round per heartbeat interval.
     fn resend_releases(&mut self, now_ns: u64) {
-        self.given_up.retain(|&(_, _, until_ns)| now_ns < until_ns);
-        for (gid, term, _) in self.given_up.clone() {
-            self.send_release(gid, term);
+        self.given_up.retain(|u| now_ns < u.until_ns);
+        for u in self.given_up.clone() {
+            self.send_release(u.group, u.term, &u.voters);
         }
     }
 
@@ -300,6 +370,13 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         }
         for (gid, old_leader) in released {
             self.campaign_after_jitter(gid, old_leader, now_ns);
+        }
+        for t in self.removed.values_mut() {
+            if t.fortification
+                .is_some_and(|f| withdrawn.contains(&(f.leader, f.epoch)))
+            {
+                t.fortification = None;
+            }
         }
         slog::debug!(self.logger, "support withdrawn"; "withdrawn" => ?withdrawn);
     }
@@ -384,6 +461,14 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
                 }
             }
             FortifyMsg::Release { group, term } => {
+                if let Some(t) = self.removed.get_mut(&group) {
+                    t.released_term = t.released_term.max(term);
+                    if t.fortification
+                        .is_some_and(|f| f.leader == from && f.term == term)
+                    {
+                        t.fortification = None;
+                    }
+                }
                 let Some(g) = self.groups.get_mut(&group) else {
                     return;
                 };
@@ -627,23 +712,31 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             g.node.lease_status().remaining_ns == 0,
             "group {gid}: gives up term {term} with its lease still held"
         );
+        let voters = g.members().all_voters().collect();
+        self.release_term(gid, term, voters);
+    }
+
+    /// Release `voters` from `term` of `gid`, now and again for `3P`.
+    fn release_term(&mut self, gid: GroupId, term: u64, voters: Vec<NodeId>) {
         if self.mode != LivenessMode::Shared || self.config.lease.safeties.testing.no_give_up {
             return;
         }
-        self.send_release(gid, term);
+        self.send_release(gid, term, &voters);
         let until_ns = self
             .clock
             .now_ns()
             .saturating_add(3 * self.derived.promise_ns);
-        self.given_up.push((gid, term, until_ns));
+        self.given_up.push(GivenUp {
+            group: gid,
+            term,
+            voters,
+            until_ns,
+        });
         slog::debug!(self.logger, "gave up leadership"; "group" => gid, "term" => term);
     }
 
-    fn send_release(&mut self, gid: GroupId, term: u64) {
-        let Some(g) = self.groups.get(&gid) else {
-            return;
-        };
-        let peers: BTreeSet<NodeId> = g.members().all_voters().collect();
+    fn send_release(&mut self, gid: GroupId, term: u64, voters: &[NodeId]) {
+        let peers: BTreeSet<NodeId> = voters.iter().copied().collect();
         let me = self.id;
         for peer in peers.into_iter().filter(|&p| p != me) {
             let to = self.batch_to(peer);
