@@ -132,6 +132,13 @@
 //! - **Lease.** The leader reads `t0` *before* sending a round. Once a quorum, itself included, has
 //!   acknowledged messages sent at or after `t0`, the lease runs to `t0 + L`, with
 //!   `L = P·(1−ρ)/(1+ρ) − ε`. It never moves backwards.
+//! - **What another node promised travels with its acknowledgement.** Each acknowledgement
+//!   carries the `P'` its sender promised and the `ρ'` it assumes; the leader credits it with
+//!   `P'·(1−ρ̂)/(1+ρ̂) − ε` (`ρ̂` the larger of the two bounds, `ε` its own margin, capped at its
+//!   own `L`), and the lease runs as far as a quorum's credits reach. A lease never rests on
+//!   another node's settings, so nodes in the middle of a rolling change of `P` stay safe. A
+//!   booting node refuses votes for the longer of its `P` and the longest promise its previous
+//!   run made ([`LeaseConfig::prior_promise_ms`]).
 //! - **Proof.** If the round left at real time `T0`, each acknowledging node's promise ends no earlier
 //!   than `T0 + P/(1+ρ)`; the lease ends no later than `T0 + L/(1−ρ)`, which is earlier. A new leader
 //!   needs a vote from some node of that quorum, which will not vote before the lease is over.
@@ -161,7 +168,8 @@
 //! | a round's send time `t0` | read before the transport gets the message; never later than now; rounds start in clock order | the `sent_at_ns <= now` assertion, `a_round_older_than_the_newest_is_a_bug`, `stalled_leader_ticker_does_not_stretch_the_lease` |
 //! | a follower's receipt time | read after raft processed the leader's message | `follower_tick_burst_never_shortens_the_promise` (control: `control_no_promise_is_broken_by_a_tick_burst`) |
 //! | a vote request | checked against the clock, not ticks; the node's own campaign too, then seeded jitter | `control_no_campaign_hold_lets_a_promising_node_vote_for_itself`, `a_held_back_campaign_starts_after_seeded_jitter` |
-//! | a node that boots | refuses votes for `P` | `restarted_follower_refuses_votes_for_p_after_boot` (control: `control_no_boot_promise_lets_a_restarted_follower_vote_at_once`) |
+//! | a node that boots | refuses votes for `P`, or for its previous run's longer promise | `restarted_follower_refuses_votes_for_p_after_boot` (control: `control_no_boot_promise_lets_a_restarted_follower_vote_at_once`), `followers_restarted_with_a_shorter_promise_keep_the_longer_one_at_boot` (control: `control_followers_restarted_with_a_shorter_promise_forget_it_and_serve_stale_reads`) |
+//! | what a follower promised | carried in its acknowledgement (`P`, `ρ`), never taken from the leader's own settings; an acknowledgement that says nothing backs nothing | `a_leader_counts_the_shorter_promise_its_followers_made` (control: `control_a_leader_counting_its_own_promise_serves_stale_reads`), `the_lease_is_the_longest_a_quorum_of_acknowledged_promises_backs`, `an_acknowledgement_carries_the_promise_and_garbage_carries_none` |
 //! | the clock rate | within `1 ± ρ`; at the bound it is safe, beyond it not | `drift_at_the_bound_is_safe` (control: `control_drift_beyond_the_bound_serves_stale_reads`) |
 //! | the state a lease read returns | read first, validated second | `read_first_validate_second_catches_a_pause_during_the_read`, `paused_leader_resumes_after_lease_expiry_without_stale_reads` |
 //! | a new leader's commit index | no lease before an entry of its term commits | `no_lease_before_first_commit_in_term`, `read_issued_before_the_first_commit_is_served_not_dropped` |
@@ -267,11 +275,16 @@
 //! carries every lease on one support session per ordered pair of nodes ([`liveness`]), the idea of
 //! CockroachDB's store liveness:
 //! - **Support.** Node `R` sends each peer `S` a heartbeat `(epoch, seq)` every `P/3`, reading
-//!   `t0` before sending. `S` supports that epoch until `receipt + P` on its own clock and answers;
-//!   `R` counts on `S` until `t0 + L`, the same real-time argument as above, one level up.
+//!   `t0` before sending. `S` supports that epoch until `receipt + P_S` on its own clock and
+//!   answers with `P_S` and its `ρ`; `R` counts on `S` for what that answer backs, the same
+//!   real-time argument as above, one level up, and never its own `P`.
 //! - **Fortification.** A group's leader at term `T` asks each voter's node to fortify the group
 //!   under the support it gives. A fortified replica refuses every other candidate, and does not
-//!   campaign, while its node supports the leader at that epoch. The leader's lease is the latest
+//!   campaign, while its node supports the leader at that epoch, **whatever raft's term does**: it
+//!   ends only when that support ends, when its leader releases `T` or campaigns for a later
+//!   term, or when raft follows a leader of a later term (which could only have been elected
+//!   once the leader stopped counting this replica). Meanwhile it ignores later-term messages
+//!   that name no leader, so a stale response cannot move its term. The leader's lease is the latest
 //!   instant a quorum of fortified voters (itself included, joint configurations in both halves)
 //!   is supported until; it is served only after an entry of `T` commits, as before.
 //! - **Withdrawal is for good.** Support that runs out ends its epoch for ever: fortifications
@@ -286,6 +299,23 @@
 //!
 //! The multi-group simulator (`sim::multi`, feature `sim`) checks every group's lease and history
 //! under node-level faults, with a negative control for each hazard (`tests/multi.rs`).
+//!
+//! **Every way a fortified replica could stop backing its leader while its node still supports
+//! the leader's epoch**, and what holds it:
+//!
+//! | how | the rule | covered by |
+//! |---|---|---|
+//! | a later-term response of any type (a held, rejected pre-vote response; a stale vote, append or heartbeat response) | ignored while fortified: raft's term does not move; were it moved, the fortification would not end with it | `a_held_rejected_pre_vote_response_never_ends_a_fortification` (control: `control_releasing_on_a_term_move_gives_two_lease_holders`) |
+//! | a vote or pre-vote from another candidate, any term | refused while fortified | the same, and the randomized simulation |
+//! | its own campaign (election timer) | held while fortified | the same |
+//! | an append, heartbeat or snapshot from another node | only a leader of a later term sends one, and it could only be elected after the old leader stopped counting this replica: the fortification ends then | `drop_stale_fortification`'s assertions, the randomized simulation |
+//! | `MsgTimeoutNow` | only the leader of the replica's term sends it, after fencing its lease; its forced vote passes | `delayed_timeout_now_never_gives_two_holders` |
+//! | a delayed copy of the vote that won the term | releases nothing | `delayed_copy_of_the_winning_vote_request_never_releases_a_fortification` |
+//! | the leader's own campaign for a later term, or its release | ends the fortification: that leader no longer leads the term | the same (its second half), `group_stuck_on_a_live_node_is_led_elsewhere` |
+//! | a conf change that removes the replica | nothing is released: the leader stops counting it when it applies the change, and the replica keeps refusing until its support ends | `membership_change_reestablishes_the_lease_under_both_quorums`, the randomized simulation |
+//! | the replica's restart | the node's boot promise (at least its previous run's `P`) and a new incarnation, which the leader's count does not match | `control_restart_without_a_new_incarnation_is_caught`, `control_no_boot_promise_is_caught` |
+//! | the group's removal from the node, and its return | the fortification stays on the node until its support ends or its leader releases it, and a replica hosted again starts fortified | `a_group_hosted_again_keeps_the_fortification_its_removed_replica_made` (control: `control_a_group_hosted_again_forgetting_its_fortification_gives_two_lease_holders`), `a_removed_group_revokes_its_handles_and_a_readded_one_revives_nothing` |
+//! | support that ends | the epoch is withdrawn for good and its fortifications released, only once the promise under it has run out | `control_support_resumed_at_a_withdrawn_epoch_is_caught`, `control_ending_an_epoch_at_once_is_caught` |
 //!
 //! ```
 //! use raft::storage::MemStorage;
