@@ -367,6 +367,11 @@ impl Supporter {
             }
             _ => {}
         }
+        assert!(
+            self.forget_withdrawals || g.withdrawn_through.is_none_or(|w| epoch > w),
+            "support for {epoch:?} of node {from}, withdrawn through {:?}",
+            g.withdrawn_through
+        );
         g.epoch = Some(epoch);
         g.until_ns = g.until_ns.max(receipt_ns.saturating_add(self.promise_ns));
         Some(SupportMsg::Ack {
@@ -450,7 +455,22 @@ pub fn lease_until_ns(
         untils.sort_unstable_by(|a, b| b.cmp(a));
         untils[set.len() / 2] // the quorum-th largest: a majority is supported until then
     };
-    half(voters.0).min(half(voters.1))
+    let lease_ns = half(voters.0).min(half(voters.1));
+    // The lease never exceeds the support it rests on: some other voter's, unless the leader
+    // is the one voter of every half.
+    let alone = voters.0.iter().chain(voters.1).all(|&v| v == leader);
+    debug_assert!(
+        alone
+            || lease_ns == 0
+            || voters
+                .0
+                .iter()
+                .chain(voters.1)
+                .any(|&v| v != leader && until(v) >= lease_ns),
+        "a lease to {lease_ns} that no voter's support reaches"
+    );
+    debug_assert!(!alone || voters.0.is_empty() && voters.1.is_empty() || lease_ns == u64::MAX);
+    lease_ns
 }
 
 #[cfg(test)]

@@ -148,6 +148,7 @@ fn configs(o: &NodeOptions) -> (raft::Config, raft_lease::LeaseConfig) {
         renew_below_pct: 33,
         safeties,
         seed: o.id,
+        prior_promise_ms: 0,
     };
     (rc, lease)
 }

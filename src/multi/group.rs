@@ -261,6 +261,12 @@ impl<S: Storage, C: Clock> Group<S, C> {
         }
     }
 
+    /// Whether the fortifications counted are those of `term` (always, but for the control that
+    /// keeps an earlier term's).
+    pub fn counts_term(&self, term: u64) -> bool {
+        self.fortified_term == term || self.count_earlier_terms
+    }
+
     /// As leader, the voters to ask (again) to fortify: those whose node supports this one, but
     /// whose fortification does not match that support, not asked within `interval_ns`.
     pub fn voters_to_fortify(

@@ -603,6 +603,15 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         }
         let g = self.groups.get_mut(&gid).expect("present");
         if g.may_quiesce(self.quiesce_after_ticks) {
+            // A leader sleeps only while it holds a lease; a follower only while fortified.
+            assert!(
+                g.node.lease_status().remaining_ns > 0 || !g.node.is_leader(),
+                "group {gid}: a leader quiesces with no lease"
+            );
+            assert!(
+                g.fortification.is_some() || g.node.is_leader(),
+                "group {gid}: an unfortified follower quiesces"
+            );
             g.quiescent = true;
             self.awake.remove(&gid);
         }
@@ -631,6 +640,10 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             return;
         };
         g.clear_fortified_if_new_term(); // never count an earlier term's fortifications
+        debug_assert!(
+            g.counts_term(g.node.raw().raft.term),
+            "group {gid}: counting fortifications of another term"
+        );
         let requester = &self.requester;
         let support = |v| requester.support_from(v, now_ns);
         let members = g.members();
