@@ -79,6 +79,7 @@
 //! ```
 
 pub mod config;
+pub mod event;
 pub mod fence;
 pub mod holder;
 pub mod renewal;
@@ -90,12 +91,11 @@ pub mod sim;
 pub mod sim_time;
 
 pub use config::{GrantConfig, GrantConfigError};
+pub use event::{LeaseEvent, LossReason, TransportError};
 pub use fence::{FencedStore, StaleToken};
 pub use holder::LeaseHolder;
 pub use renewal::{RenewStep, Renewal, RenewalError};
-pub use renewer::{
-    ClockSleeper, LeaseEvent, LossReason, RenewRequest, Renewer, Sleeper, Transport, TransportError,
-};
+pub use renewer::{ClockSleeper, RenewRequest, Renewer, Sleeper, Transport};
 pub use server::{AcquireError, ClientId, Grant, GrantorRecord, LeaseServer};
 pub use session::{
     KeepAlive, Revoked, SessionError, SessionId, SessionImage, Sessions, SessionsCheckpoint,

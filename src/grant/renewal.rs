@@ -27,8 +27,8 @@
 
 use thiserror::Error;
 
+use crate::grant::event::{LeaseEvent, LossReason, TransportError};
 use crate::grant::holder::LeaseHolder;
-use crate::grant::renewer::{LeaseEvent, LossReason, TransportError};
 use crate::grant::server::Grant;
 
 /// The retry interval and the loss timer's lead are both `term / 12`: at `d/3` left there is room

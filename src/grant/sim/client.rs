@@ -6,9 +6,9 @@ use rand_chacha::ChaCha8Rng;
 
 use super::net::{Req, Resp};
 use crate::clock::{Clock, SimClock};
+use crate::grant::event::{LeaseEvent, TransportError};
 use crate::grant::holder::LeaseHolder;
 use crate::grant::renewal::{RenewStep, Renewal};
-use crate::grant::renewer::{LeaseEvent, TransportError};
 use crate::grant::server::Grant;
 use crate::grant::session::{SessionError, SessionId};
 use crate::grant::GrantConfig;

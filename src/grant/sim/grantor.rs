@@ -14,7 +14,7 @@ use rand_chacha::ChaCha8Rng;
 use super::net::{Req, Resp};
 use super::GrantSimControls;
 use crate::clock::{Clock, SimClock};
-use crate::grant::renewer::TransportError;
+use crate::grant::event::TransportError;
 use crate::grant::server::{AcquireError, Grant, GrantorRecord, LeaseServer};
 use crate::grant::session::{Sessions, SessionsCheckpoint, SessionsImage};
 use crate::grant::GrantConfig;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::grant::renewer::TransportError;
+use crate::grant::event::TransportError;
 use crate::grant::server::{ClientId, Grant};
 use crate::grant::session::{SessionError, SessionId};
 
