@@ -457,7 +457,11 @@ impl Derived {
     /// What the argument needs from the other node travels in its message: the promise it made
     /// and the drift it assumes of clocks. `ε` is this node's margin on its own reckoning and
     /// needs nothing from the other node.
+    /// A drift bound above [`MAX_DRIFT_PPM`] is no node's valid setting: it backs nothing.
     pub fn lease_for_promise_ns(&self, promise_ns: u64, drift_ppm: u64) -> u64 {
+        if drift_ppm > MAX_DRIFT_PPM {
+            return 0;
+        }
         let rho = self.drift_ppm.max(drift_ppm);
         let lease_ns = lease_for_promise_ns(promise_ns, rho, self.margin_ns);
         let counted_ns = lease_ns.min(self.lease_ns);

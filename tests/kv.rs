@@ -20,6 +20,8 @@ mod forge;
 mod membership;
 #[path = "kv/ports.rs"]
 mod ports;
+#[path = "kv/rolling.rs"]
+mod rolling;
 #[path = "kv/sessions.rs"]
 mod sessions;
 #[path = "kv/snapshots.rs"]

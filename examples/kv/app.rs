@@ -8,6 +8,7 @@ use crate::budget::Budget;
 use crate::conns::ConnTable;
 use crate::limits::HttpLimits;
 use crate::metrics::Metrics;
+use crate::promise_file::PromiseRecord;
 use crate::raft_loop::Shared;
 use crate::state::KvState;
 use crate::status::Status;
@@ -33,6 +34,8 @@ pub struct App {
     pub conns: Arc<ConnTable>,
     /// `http` or `https`, for redirects.
     pub scheme: &'static str,
+    /// This run's lease promise and the data dir's record of earlier ones.
+    pub promise: Arc<PromiseRecord>,
 }
 
 impl App {

@@ -10,6 +10,10 @@ use crate::admin::AdminToken;
 use crate::limits::HttpLimits;
 use crate::members::check_addr;
 
+/// The longest `--election-ms` (the lease promise) accepted: a day. The data dir's promise record
+/// refuses anything longer as corrupt.
+pub const MAX_ELECTION_MS: u64 = 86_400_000;
+
 /// How a node runs: its checked options.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -47,6 +51,9 @@ pub struct NodeOptions {
     pub unsafe_lease_based: bool,
     /// Keep-alives answered without the leader-lease check (unsafe, the sessions' control).
     pub unsafe_keepalive_without_lease: bool,
+    /// A leader counts its own promise for every acknowledgement, and the node boots with its
+    /// own promise only (unsafe, the negative control for a rolling change of `--election-ms`).
+    pub unsafe_count_own_promise: bool,
     /// Snapshot and compact every this many applied entries.
     pub snapshot_every: u64,
     /// Join a running cluster through this member's HTTP address.
@@ -159,6 +166,12 @@ pub struct NodeArgs {
     /// hazard: a deposed leader stretches a client's session past the new leader's).
     #[arg(long)]
     pub unsafe_keepalive_without_lease: bool,
+    /// UNSAFE, tests only: the leader counts every acknowledgement on its own promise (its
+    /// --election-ms), not on the one the follower made, and a restarted node keeps only its own
+    /// promise, not the longer one its data dir recorded. With nodes of different --election-ms
+    /// (a rolling change) a cut-off leader then serves stale lease reads.
+    #[arg(long, hide = true)]
+    pub unsafe_count_own_promise: bool,
     /// Snapshot and compact the raft log every this many applied entries.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_every: u64,
@@ -239,6 +252,11 @@ impl NodeArgs {
         {
             return Err("need 0 < --tick-ms <= --heartbeat-ms < --election-ms".into());
         }
+        if self.election_ms > MAX_ELECTION_MS {
+            return Err(format!(
+                "--election-ms must be at most {MAX_ELECTION_MS} (a day): the data dir records it"
+            ));
+        }
         if self.cluster_id.is_empty() || self.cluster_id.len() > 128 {
             return Err("--cluster-id must be 1 to 128 bytes".into());
         }
@@ -281,6 +299,7 @@ impl NodeArgs {
             insecure_peers: self.insecure_peers,
             unsafe_lease_based: self.unsafe_lease_based,
             unsafe_keepalive_without_lease: self.unsafe_keepalive_without_lease,
+            unsafe_count_own_promise: self.unsafe_count_own_promise,
             snapshot_every: self.snapshot_every,
             join: join.map(str::to_string),
             max_state_bytes: self.max_state_bytes,

@@ -186,6 +186,23 @@ mod tests {
     }
 
     #[test]
+    fn heartbeat_acknowledgements_round_trip_with_their_context_intact() {
+        for ctx in crate::raft_loop::tests::ack_contexts() {
+            let mut m = Message {
+                from: 2,
+                to: 1,
+                term: 3,
+                ..Default::default()
+            };
+            m.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeatResponse);
+            m.context = ctx.into();
+            let mut wire = Vec::new();
+            run(write_message(&mut wire, &m, T)).unwrap();
+            assert_eq!(read(&wire, 1 << 20).unwrap(), Some(m));
+        }
+    }
+
+    #[test]
     fn limits_are_checked_before_allocating() {
         // A 4 GiB claim with no bytes behind it: refused on the header alone.
         let claim = [0xff, 0xff, 0xff, 0xff, FINAL];

@@ -219,8 +219,17 @@ fn status(app: &App) -> Reply {
                "commit": s.commit, "applied": s.applied, "last_index": s.last_index,
                "log_entries": s.log_entries, "insecure_peers": app.opts.insecure_peers,
                "member": crate::members::is_member(&s.conf, app.opts.id),
-               "lease": {"state": state.as_str(), "remaining_ms": remaining_ns / 1_000_000}}),
+               "lease": {"state": state.as_str(), "remaining_ms": remaining_ns / 1_000_000},
+               "promise": promise_json(app), "uptime_ms": app.promise.uptime_ms(&app.raft.clock)}),
     )
+}
+
+/// This run's lease promise `P`, the longest promise of an earlier run it boots with (0: none
+/// known), and the data dir's record now, all in ms.
+fn promise_json(app: &App) -> Value {
+    let p = &app.promise;
+    json!({"promise_ms": p.promise_ms, "prior_promise_ms": p.found.prior_ms(),
+           "recorded_promise_ms": p.recorded_ms()})
 }
 
 fn members(app: &App) -> Reply {

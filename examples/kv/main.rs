@@ -42,6 +42,7 @@ mod metrics;
 mod nemesis;
 mod node;
 mod peer_listen;
+mod promise_file;
 mod raft_io;
 mod raft_loop;
 mod reply;

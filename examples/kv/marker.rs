@@ -99,6 +99,19 @@ pub enum DirError {
         why: String,
     },
     #[error(
+        "{path}: unreadable lease promise record: {why}; refusing to start, since this node \
+         could break a promise its previous run made. If the dir is otherwise intact, write \
+         {{\"format\": 1, \"max_promise_ms\": N}} with N the longest --election-ms it ever \
+         ran with"
+    )]
+    /// A lease promise record (`kv-promise.json`) that cannot be read.
+    BadPromiseRecord {
+        /// The record's path.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    #[error(
         "{dir}: another process is using this data dir (a node already running on it?); refusing \
          to start. Stop that process first; the dir itself is fine"
     )]
@@ -150,6 +163,15 @@ fn write_marker(dir: &Path, m: &Marker) -> Result<(), DirError> {
         .map_err(|e| io(dir, e))
 }
 
+/// An opened data dir.
+pub struct Opened {
+    /// Its raft store.
+    pub storage: DiskStorage,
+    /// Whether it was initialized (had a marker) before this start: an earlier run may have
+    /// used it.
+    pub initialized: bool,
+}
+
 /// Open the raft store in `dir` for node `node_id` of `cluster_id`, initializing a fresh dir
 /// from `bootstrap` (see `DiskStorage::create`), and refusing a dir that is not this node's,
 /// whose store is not intact, or that another process uses.
@@ -158,7 +180,7 @@ pub fn open_data_dir(
     cluster_id: &str,
     node_id: u64,
     bootstrap: Option<&raft::eraftpb::Snapshot>,
-) -> Result<DiskStorage, DirError> {
+) -> Result<Opened, DirError> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let d = dir.display().to_string();
     let Some(m) = read_marker(dir)? else {
@@ -181,7 +203,10 @@ pub fn open_data_dir(
                 node_id,
             },
         )?;
-        return Ok(store);
+        return Ok(Opened {
+            storage: store,
+            initialized: false,
+        });
     };
     if m.node_id != node_id {
         return Err(DirError::OtherNode {
@@ -197,7 +222,11 @@ pub fn open_data_dir(
             expected: cluster_id.to_string(),
         });
     }
-    DiskStorage::open_existing(dir, node_id).map_err(|e| store_err(&d, e))
+    let storage = DiskStorage::open_existing(dir, node_id).map_err(|e| store_err(&d, e))?;
+    Ok(Opened {
+        storage,
+        initialized: true,
+    })
 }
 
 fn store_err(dir: &str, e: StoreError) -> DirError {

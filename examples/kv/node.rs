@@ -5,7 +5,7 @@
 //!
 //! Exit codes: 0 stopped by a signal; 1 a fatal error (storage failure, a port in use);
 //! 2 bad options or TLS files; 3 the data dir was refused (another node's, in use by another
-//! process, or its store missing, empty or corrupt).
+//! process, its store missing, empty or corrupt, or its lease promise record unreadable).
 
 use std::collections::HashSet;
 use std::net::ToSocketAddrs;
@@ -22,9 +22,11 @@ use tokio::sync::watch;
 use crate::app::App;
 use crate::args::{NodeArgs, NodeOptions};
 use crate::budget::Budget;
+use crate::clock::ScaledClock;
 use crate::conns::ConnTable;
 use crate::marker::DirError;
 use crate::members::{Addrs, Members};
+use crate::promise_file::PromiseRecord;
 use crate::raft_loop::{LoopConfig, RaftLoop, Wiring};
 use crate::state::KvState;
 use crate::storage::DiskStorage;
@@ -121,9 +123,30 @@ fn bootstrap(o: &NodeOptions) -> Option<Snapshot> {
     Some(s)
 }
 
-/// The raft and lease configs for these options, validated by `LeaseNode::new`.
-fn configs(o: &NodeOptions) -> (raft::Config, raft_lease::LeaseConfig) {
-    let election_tick = (o.election_ms / o.tick_ms).max(2) as usize;
+/// The promise `P` these options make, in ms: raft's election timeout in whole ticks.
+fn promise_ms(o: &NodeOptions) -> u64 {
+    election_tick(o) as u64 * o.tick_ms
+}
+
+fn election_tick(o: &NodeOptions) -> usize {
+    (o.election_ms / o.tick_ms).max(2) as usize
+}
+
+/// The lease safeties these options ask for: all of them unless an unsafe flag is given.
+fn safeties(o: &NodeOptions) -> raft_lease::Safeties {
+    let mut safeties = if o.unsafe_lease_based {
+        raft_lease::Safeties::raft_lease_based()
+    } else {
+        raft_lease::Safeties::default()
+    };
+    safeties.testing.count_own_promise = o.unsafe_count_own_promise;
+    safeties
+}
+
+/// The raft and lease configs for these options, validated by `LeaseNode::new`. `prior_ms`:
+/// the longest promise an earlier run on the data dir may still be bound by (0: none known).
+fn configs(o: &NodeOptions, prior_ms: u64) -> (raft::Config, raft_lease::LeaseConfig) {
+    let election_tick = election_tick(o);
     let heartbeat_tick = (o.heartbeat_ms / o.tick_ms).max(1) as usize;
     let rc = raft::Config {
         id: o.id,
@@ -136,19 +159,14 @@ fn configs(o: &NodeOptions) -> (raft::Config, raft_lease::LeaseConfig) {
         max_uncommitted_size: o.max_inflight_bytes,
         ..raft::Config::default()
     };
-    let safeties = if o.unsafe_lease_based {
-        raft_lease::Safeties::raft_lease_based()
-    } else {
-        raft_lease::Safeties::default()
-    };
     let lease = raft_lease::LeaseConfig {
-        promise_ms: election_tick as u64 * o.tick_ms,
+        promise_ms: promise_ms(o),
         drift_ppm: o.drift_ppm,
         margin_ms: o.margin_ms,
         renew_below_pct: 33,
-        safeties,
+        safeties: safeties(o),
         seed: o.id,
-        prior_promise_ms: 0,
+        prior_promise_ms: prior_ms,
     };
     (rc, lease)
 }
@@ -191,6 +209,38 @@ fn transport_config(opts: &NodeOptions, tls: Option<PeerTls>, log: &Logger) -> T
     }
 }
 
+/// The opened data dir, with the lease clock and the promise record read from it before the
+/// node exists.
+struct Boot {
+    storage: DiskStorage,
+    clock: Arc<ScaledClock>,
+    promise: Arc<PromiseRecord>,
+}
+
+/// Open the data dir and its promise record; the record is raised durably to this run's
+/// promise before anything can promise it.
+fn boot(opts: &NodeOptions, log: &Logger) -> Result<Boot, Exit> {
+    let opened = crate::marker::open_data_dir(
+        &opts.data_dir,
+        &opts.cluster_id,
+        opts.id,
+        bootstrap(opts).as_ref(),
+    )?;
+    let clock = Arc::new(ScaledClock::new());
+    let promise = PromiseRecord::open(
+        &opts.data_dir,
+        promise_ms(opts),
+        opened.initialized,
+        &clock,
+        log,
+    )?;
+    Ok(Boot {
+        storage: opened.storage,
+        clock,
+        promise: Arc::new(promise),
+    })
+}
+
 /// Everything a running node is made of, apart from the raft loop itself.
 struct Running {
     app: Arc<App>,
@@ -202,7 +252,7 @@ struct Running {
 fn start(
     args: &NodeArgs,
     opts: NodeOptions,
-    storage: DiskStorage,
+    boot: Boot,
     rt: &tokio::runtime::Runtime,
     log: &Logger,
 ) -> Result<(RaftLoop<KvState>, Running), Exit> {
@@ -230,16 +280,16 @@ fn start(
         stop_rx.clone(),
     ));
     let wiring = Wiring {
-        storage,
+        storage: boot.storage,
         transport,
         inbox,
         reports,
         members,
-        clock: Arc::new(crate::clock::ScaledClock::new()),
+        clock: boot.clock.clone(),
         stop: stop.clone(),
         metrics: metrics.clone(),
     };
-    let (rc, lease) = configs(&opts);
+    let (rc, lease) = configs(&opts, boot.promise.found.prior_ms());
     let cfg = LoopConfig {
         tick_ms: opts.tick_ms,
         snapshot_every: opts.snapshot_every,
@@ -260,8 +310,11 @@ fn start(
         blocked: tcfg.blocked.clone(),
         peer_delay_ms: tcfg.peer_delay_ms.clone(),
         scheme: if http_tls.is_some() { "https" } else { "http" },
+        promise: boot.promise.clone(),
         opts,
     });
+    boot.promise
+        .lower_when_due(boot.clock, stop.clone(), log.clone());
     rt.spawn(crate::http_server::serve(
         listeners.http,
         http_tls,
@@ -279,17 +332,19 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
     if opts.unsafe_lease_based {
         warn!(log, "!!! --unsafe-lease-based: raft-rs LeaseBased reads can be STALE. For demonstrations only. !!!");
     }
+    if opts.unsafe_count_own_promise {
+        for _ in 0..3 {
+            warn!(log, "!!! --unsafe-count-own-promise: the leader counts its own promise, not its followers', \
+                        and a restart forgets a longer earlier promise. Nodes with different --election-ms \
+                        serve STALE reads. Negative control for tests only. !!!");
+        }
+    }
     if opts.unsafe_keepalive_without_lease {
         warn!(log, "!!! --unsafe-keepalive-without-lease: a deposed leader can keep sessions alive past the new leader's expiry. For demonstrations only. !!!");
     }
     let fds = args.http_limits.max_connections + crate::limits::peer::MAX_PENDING + 256;
     crate::limits::ensure_open_files(fds as u64).map_err(config)?;
-    let storage = crate::marker::open_data_dir(
-        &opts.data_dir,
-        &opts.cluster_id,
-        opts.id,
-        bootstrap(&opts).as_ref(),
-    )?;
+    let boot = boot(&opts, &log)?;
     // A file-size limit (or a full disk) must be a storage error, not a silent kill.
     // SAFETY: ignoring a signal has no preconditions.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
@@ -299,7 +354,7 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
         .enable_all()
         .build()
         .map_err(fatal)?;
-    let (raft_loop, running) = start(args, opts.clone(), storage, &rt, &log)?;
+    let (raft_loop, running) = start(args, opts.clone(), boot, &rt, &log)?;
     if let Some(join) = opts.join.clone() {
         let (app, stop, log) = (running.app.clone(), running.stop.clone(), log.clone());
         std::thread::spawn(move || crate::join::run(app, join, stop, log));

@@ -371,4 +371,14 @@ mod tests {
         );
         assert_eq!(check(&msg(9, 1, hb), Some(9), &c), Ok(()));
     }
+
+    #[test]
+    fn heartbeat_acknowledgements_pass_whatever_their_context() {
+        let c = cfg();
+        for ctx in crate::raft_loop::tests::ack_contexts() {
+            let mut m = msg(2, 1, MessageType::MsgHeartbeatResponse);
+            m.context = ctx.into();
+            assert_eq!(check(&m, Some(2), &c), Ok(()));
+        }
+    }
 }

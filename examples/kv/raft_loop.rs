@@ -688,3 +688,84 @@ pub fn admissible(node: &Node, m: &Message) -> Result<(), &'static str> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use raft_lease::ctx::{LayerCtx, Promised};
+
+    /// Heartbeat acknowledgement contexts a peer may send: a follower's acknowledgement with the
+    /// promise it made (25 bytes), the bare context of an older build, and garbage around both.
+    pub(crate) fn ack_contexts() -> Vec<Vec<u8>> {
+        let promised = Promised {
+            promise_ns: 300_000_000,
+            drift_ppm: 100_000,
+        };
+        let ack = LayerCtx::Round(7).encode_ack(promised);
+        assert_eq!(ack.len(), 25);
+        let absurd = Promised {
+            promise_ns: u64::MAX,
+            drift_ppm: u32::MAX,
+        };
+        let mut odd_kind = ack.clone();
+        odd_kind[12] = b'x';
+        vec![
+            ack.clone(),
+            LayerCtx::Read(u64::MAX).encode_ack(absurd),
+            LayerCtx::Round(1).encode_ack(Promised {
+                promise_ns: 0,
+                drift_ppm: 0,
+            }),
+            LayerCtx::Round(7).encode(),
+            odd_kind,
+            ack[..24].to_vec(),
+            [ack.clone(), vec![0]].concat(),
+            vec![0xa5; 25],
+            vec![0xff; 64 << 10],
+            Vec::new(),
+        ]
+    }
+
+    /// A follower (node 1 of voters 1, 2, 3) on a fresh data dir, as the KV makes one.
+    fn follower() -> (tempfile::TempDir, Node) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut boot = raft::eraftpb::Snapshot::default();
+        (boot.mut_metadata().index, boot.mut_metadata().term) = (1, 1);
+        boot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+        let storage = DiskStorage::create(dir.path(), Some(&boot), 1).unwrap();
+        let rc = raft::Config {
+            id: 1,
+            election_tick: 10,
+            heartbeat_tick: 1,
+            check_quorum: true,
+            pre_vote: true,
+            ..raft::Config::default()
+        };
+        let lease = LeaseConfig {
+            promise_ms: 100,
+            ..LeaseConfig::default()
+        };
+        let clock = Arc::new(ScaledClock::new());
+        let log = Logger::root(slog::Discard, slog::o!());
+        let node = LeaseNode::new(&rc, storage, lease, 10, clock, &log).unwrap();
+        (dir, node)
+    }
+
+    #[test]
+    fn heartbeat_acknowledgements_with_a_promise_or_garbage_pass_the_filter_harmlessly() {
+        let (_dir, mut node) = follower();
+        for ctx in ack_contexts() {
+            let mut m = Message {
+                from: 2,
+                to: 1,
+                term: node.raw().raft.term,
+                ..Default::default()
+            };
+            m.set_msg_type(MessageType::MsgHeartbeatResponse);
+            m.context = ctx.clone().into();
+            assert_eq!(admissible(&node, &m), Ok(()), "{} bytes", ctx.len());
+            let _ = node.step(m); // an error is fine; a panic or a change of role is not
+            assert_eq!(node.raw().raft.state, raft::StateRole::Follower);
+        }
+    }
+}

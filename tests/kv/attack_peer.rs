@@ -294,6 +294,43 @@ fn control_insecure_peers_forged_high_term_heartbeat_deposes_the_leader() {
 /// their own certificates (a stolen key, or with `--insecure-peers` anyone): f1, which does not
 /// lead, with commit = 10^12 and with commit 0, and the leader l with commit = 10^12. Returns
 /// the follower's exit code, if it died.
+/// A member's heartbeat acknowledgements to the leader, with its promise, with an older build's
+/// bare context, and with garbage (see `forge::ack_contexts`): the leader keeps leading with its
+/// lease, serves, and nothing panics.
+#[test]
+fn garbage_in_a_members_heartbeat_acknowledgements_is_harmless() {
+    let mut c = start(false, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let f = others(l)[0];
+    put(c.port(l), "k", "v");
+    let (term, _) = term_and_last(c.port(l));
+    let acks: Vec<_> = forge::ack_contexts()
+        .into_iter()
+        .map(|ctx| {
+            let mut m = msg(MessageType::MsgHeartbeatResponse, f, l, term);
+            m.context = ctx.into();
+            m
+        })
+        .collect();
+    let refused_before = refusals(&c, l);
+    for _ in 0..20 {
+        assert!(forge::send(&c, l, Cred::Member(f), &acks));
+    }
+    assert_eq!(c.leader(&[1, 2, 3], 15), l, "the leader kept leading");
+    assert_eq!(
+        refusals(&c, l),
+        refused_before,
+        "a member speaking as itself is let through to raft"
+    );
+    assert_eq!(term_and_last(c.port(l)).0, term, "in the same term");
+    let (code, body) = http(c.port(l), "GET", "/kv/k?read=lease", b"").unwrap();
+    assert_eq!((code, json(&body)["value"].as_str()), (200, Some("v")));
+    put(c.port(l), "k", "still served");
+    assert!(c.running(l));
+    let log = std::fs::read_to_string(c.log_path(l)).unwrap();
+    assert!(!log.contains("panicked"), "{log}");
+}
+
 fn huge_commit_attack(insecure: bool, extra: &[&'static str]) -> (Option<i32>, Cluster, u64) {
     let mut c = start(insecure, extra);
     let l = c.leader(&[1, 2, 3], 15);

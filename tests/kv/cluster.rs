@@ -70,10 +70,15 @@ impl Cluster {
     /// `n` nodes with mutual TLS (unless `args` has `--insecure-peers`), all up (answering
     /// HTTP). A node that finds its port taken makes the cluster start over on other ports.
     pub fn start(n: usize, args: &[&str]) -> Cluster {
+        Cluster::start_each(n, args, |_, _| {})
+    }
+
+    /// Like `start`, with node `id`'s flags changed by `edit(id, flags)` (see `set_flag`).
+    pub fn start_each(n: usize, args: &[&str], edit: impl Fn(u64, &mut Vec<String>)) -> Cluster {
         for attempt in 0.. {
             let mut c = Cluster::prepare(n, args);
             for id in 1..=n as u64 {
-                c.spawn(id);
+                c.spawn_edited(id, |flags| edit(id, flags));
             }
             match c.wait_up() {
                 Ok(()) => return c,
@@ -225,9 +230,14 @@ impl Cluster {
     }
 
     pub fn spawn(&mut self, id: u64) {
+        self.spawn_edited(id, |_| {});
+    }
+
+    /// Start node `id` with its common flags changed by `edit` (for this start only).
+    pub fn spawn_edited(&mut self, id: u64, edit: impl FnOnce(&mut Vec<String>)) {
         let log = std::fs::File::create(self.log_path(id)).unwrap();
         let child = self
-            .command(id)
+            .command_edited(id, edit)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -487,6 +497,14 @@ pub fn error_code(body: &str) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("no error: {body}"))
         .to_string()
+}
+
+/// Set `flag` to `value` in a node's flags, replacing the value it had (or adding both).
+pub fn set_flag(flags: &mut Vec<String>, flag: &str, value: &str) {
+    match flags.iter().position(|f| f == flag) {
+        Some(at) => flags[at + 1] = value.to_string(),
+        None => flags.extend([flag.to_string(), value.to_string()]),
+    }
 }
 
 /// The ids 1..=3 other than `id`.

@@ -131,3 +131,27 @@ pub fn send(c: &Cluster, to: u64, cred: Cred, msgs: &[Message]) -> bool {
         .and_then(|_| w.flush())
         .is_ok()
 }
+
+/// Heartbeat acknowledgement contexts: a follower's acknowledgement with the promise it made
+/// (25 bytes), one claiming an absurd promise, an older build's bare context, and garbage.
+pub fn ack_contexts() -> Vec<Vec<u8>> {
+    use raft_lease::ctx::{LayerCtx, Promised};
+    let promised = |promise_ns, drift_ppm| Promised {
+        promise_ns,
+        drift_ppm,
+    };
+    let ack = LayerCtx::Round(1).encode_ack(promised(300_000_000, 100_000));
+    let mut odd_kind = ack.clone();
+    odd_kind[12] = b'x';
+    vec![
+        ack.clone(),
+        LayerCtx::Round(u64::MAX).encode_ack(promised(u64::MAX, u32::MAX)),
+        LayerCtx::Read(1).encode_ack(promised(0, 0)),
+        LayerCtx::Round(2).encode(),
+        odd_kind,
+        ack[..24].to_vec(),
+        [ack, vec![0]].concat(),
+        vec![0xa5; 25],
+        vec![0xff; 64 << 10],
+    ]
+}
