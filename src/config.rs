@@ -508,12 +508,31 @@ mod tests {
     #[test]
     fn an_acknowledgement_is_credited_with_the_promise_it_carries() {
         let d = cfg(1_000, 10_000, 10).validate(&raft(10, 1), 100).unwrap();
-        assert_eq!(d.lease_for_promise_ns(d.promise_ns, 10_000), d.lease_ns, "its own P");
+        assert_eq!(
+            d.lease_for_promise_ns(d.promise_ns, 10_000),
+            d.lease_ns,
+            "its own P"
+        );
         let short = d.lease_for_promise_ns(300_000_000, 10_000);
-        assert_eq!(short, 300_000_000 * 99 / 101 - 10_000_000, "a shorter promise, less");
-        assert_eq!(d.lease_for_promise_ns(5_000_000_000, 0), d.lease_ns, "never past its own L");
-        assert!(d.lease_for_promise_ns(d.promise_ns, 50_000) < d.lease_ns, "the larger ρ");
-        assert_eq!(d.lease_for_promise_ns(d.promise_ns, MAX_DRIFT_PPM + 1), 0, "no valid ρ");
+        assert_eq!(
+            short,
+            300_000_000 * 99 / 101 - 10_000_000,
+            "a shorter promise, less"
+        );
+        assert_eq!(
+            d.lease_for_promise_ns(5_000_000_000, 0),
+            d.lease_ns,
+            "never past its own L"
+        );
+        assert!(
+            d.lease_for_promise_ns(d.promise_ns, 50_000) < d.lease_ns,
+            "the larger ρ"
+        );
+        assert_eq!(
+            d.lease_for_promise_ns(d.promise_ns, MAX_DRIFT_PPM + 1),
+            0,
+            "no valid ρ"
+        );
         assert_eq!(d.lease_for_promise_ns(5_000_000, 10_000), 0, "eaten by ε");
     }
 
