@@ -67,12 +67,15 @@ fn main() {
         None => {}
     }
     let window = Duration::from_millis(cli.cell_ms.unwrap_or(if cli.quick { 250 } else { 2_000 }));
+    let load_before = load_average();
     let cells = sweep(window);
+    print_legend();
     print_table(&cells);
     print_ratios(&cells);
     let scaled = thread_scaling(window);
     idle_cpu();
     mixed_writes(window);
+    warn_if_busy(load_before);
     if let Some(path) = &cli.json {
         let json = serde_json::Value::Array(cells.iter().chain(&scaled).map(Cell::json).collect());
         if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")) {
@@ -128,6 +131,39 @@ fn sweep(window: Duration) -> Vec<Cell> {
     }
     eprintln!();
     cells
+}
+
+/// The machine's 1-minute load average, from `/proc/loadavg` (None where there is none).
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// Warn when other work shared the cores: the figures are then not comparable between runs
+/// (ratios within the run still are, since every mode was measured under the same load).
+fn warn_if_busy(load_before: Option<f64>) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let loads = [load_before, load_average()];
+    let worst = loads.iter().flatten().copied().fold(0.0, f64::max);
+    // The bench itself keeps about one core busy; more than that is someone else's work.
+    if worst > 1.0 + cores / 4.0 {
+        println!(
+            "\nWARNING: the machine was busy (load average up to {worst:.1} on {cores} cores, \
+             measured before and after): absolute figures are not comparable with an idle run; \
+             the ratios within this run still are"
+        );
+    }
+}
+
+fn print_legend() {
+    println!(
+        "modes, all on the leader of 3 in-process nodes: local = a clock read and the state read \
+         (the floor); lease_handle = a lease read through a ReadHandle on the caller's thread; \
+         lease_node = a lease read through the raft thread; read_index = this crate's batched \
+         ReadIndex; raftrs_read_index / raftrs_lease_based = raft-rs 0.7's own read paths (the \
+         second is unsafe). delay_us = simulated one-way network delay; out = reads outstanding \
+         at once; msgs/read = raft messages sent per read; failed = reads that returned an error.\n"
+    );
 }
 
 fn fmt_ns(ns: u64) -> String {
