@@ -398,6 +398,7 @@ pub mod clock;
 pub mod config;
 pub mod ctx;
 pub mod drive;
+pub mod follower;
 pub mod grant;
 pub mod handle;
 pub mod lease;

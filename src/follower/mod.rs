@@ -1,0 +1,34 @@
+//! Follower read leases: linearizable reads at every voter with no message (the pure state
+//! machines; FOLLOWER.md's rules, adapted from Paxos Quorum Leases to raft).
+//!
+//! - **Expose, do not just commit.** The leader computes `E = min(commit, matched index of every
+//!   holder whose read lease may still be valid)` once an entry of its term is committed, and
+//!   `E` never goes down ([`GrantTable::expose`]). Every replica applies only up to the largest
+//!   `E` it has received, and reads wait for `E`, never for raft's commit index.
+//! - **A grant answers one acknowledgement of the holder's own.** The holder tags each
+//!   acknowledgement with a tag never used before and reads its clock `a` before sending it
+//!   ([`ReadLease::tag`]). The leader, receiving it at `x`, grants `g = min(G, λ − x)` only to a
+//!   current voter caught up to `E`, for an acknowledgement of its term, while its own lease `λ`
+//!   holds, and counts the holder until `x + g` ([`GrantTable::grant`]). The holder's lease ends
+//!   at `a + g·(1−ρ̂)/(1+ρ̂) − ε̂` on its clock: at most `g/(1+ρ)` of real time from `a ≤ x`,
+//!   while the leader counts at least `g/(1+ρ)` from `x`. So it ends first, and before `λ`.
+//! - **A read lease never outlives the leader lease that granted it**, and the granting node
+//!   keeps counting its grants across a step-down and a re-election ([`GrantTable`] is kept per
+//!   node, not per term).
+//! - **Transfers wait out the read leases** ([`GrantTable::stop_granting`],
+//!   [`GrantTable::all_ended`], [`ReadLease::give_up`]).
+//! - **A holder reads only what no pending entry touches** ([`PendingKeys`],
+//!   [`ReadLease::check_local`]).
+//! - **Settings travel in the grant**: the holder uses the larger of its own and the grant's
+//!   `ρ` and `ε`.
+
+pub mod grants;
+pub mod holder;
+pub mod pending;
+
+pub use grants::{AckTag, Grant, GrantRequest, GrantTable, Refusal};
+pub use holder::{LocalRefusal, ReadLease};
+pub use pending::{Keys, PendingKeys};
+
+#[cfg(test)]
+mod props;
