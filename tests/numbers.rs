@@ -43,7 +43,7 @@ const SETTINGS: &[Setting] = &[
         margin_ms: 5,
     },
     Setting {
-        name: "`examples/kv`'s default (ρ safe under any daemon's slewing)",
+        name: "the `kv` crate's default (ρ safe under any daemon's slewing)",
         tick_ms: 10,
         election_tick: 100,
         heartbeat_tick: 10,

@@ -37,7 +37,7 @@ pub struct HttpLimits {
     pub min_body_bytes_per_s: u64,
     /// Microseconds a connection keeps polling for its next request after it last moved a byte,
     /// before it waits on the reactor: on an idle machine a parked worker's CPU takes tens of
-    /// microseconds to wake (see `spin_io`). It only uses time the worker would spend parked, at
+    /// microseconds to wake (see `http::spin_io`). It only uses time the worker would spend parked, at
     /// most this much per request, and nothing on an idle connection. 0 disables; at most 1000.
     #[arg(long = "http-spin-us", default_value_t = 50)]
     pub spin_us: u64,

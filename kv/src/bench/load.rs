@@ -5,12 +5,12 @@
 //! "p50_us": Y, "p99_us": Z}`, as a JSON array.
 //!
 //! Each cell also prints the CPU it cost per operation, the three nodes' and the bench's own (its
-//! clients), and how busy the machine was (see `bench_cpu`): where clients and nodes share a few
+//! clients), and how busy the machine was (see `cpu`): where clients and nodes share a few
 //! cores, that CPU, not the store, bounds the latency at many clients.
 //!
 //! The clients spin when there are fewer of them than CPUs: each polls for its answer for
 //! `--spin-us` before blocking on it, and the nodes run with `--http-spin-us`; 0 turns either
-//! off, to show what waking a halted CPU costs on each side of the socket (see `spin_io`).
+//! off, to show what waking a halted CPU costs on each side of the socket (see `http::spin_io`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //!
 //! Every error, on every route, has one shape: `{"error": code, "detail": text}`, with a few more
 //! fields where they help (`leader_id` on `not_leader`, say). hyper's own answers to malformed
-//! requests are given the same shape by `http_errors`.
+//! requests are given the same shape by `errors`.
 
 use bytes::Bytes;
 use http_body_util::Full;

@@ -3,8 +3,8 @@
 //! Nothing a client does holds a worker: requests are async; a body slower than the minimum rate
 //! gets 408; a head that arrives too slowly (or an idle keep-alive connection) is closed; and a
 //! full connection table (or an address over its share) closes the connection that matters least
-//! to let a newcomer in (see `conns`). Malformed requests get the JSON error shape (see
-//! `http_errors`). The accept loop stops as soon as the node begins to stop; connections then
+//! to let a newcomer in (see `base::conns`). Malformed requests get the JSON error shape (see
+//! `errors`). The accept loop stops as soon as the node begins to stop; connections then
 //! finish the request in hand. After a connection moves a byte it polls for the next request
 //! for `--http-spin-us` before it waits on the reactor (see `spin_io`).
 

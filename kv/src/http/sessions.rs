@@ -1,5 +1,5 @@
 //! Sessions and locks over HTTP, and the answers to every write's outcome. Keep-alives are
-//! answered from the leader's memory under its lease (see `sessions_local`); everything else is a
+//! answered from the leader's memory under its lease (see `state::sessions_local`); everything else is a
 //! raft entry.
 
 use hyper::body::Incoming;

@@ -160,7 +160,7 @@ fn run_with(
     let ops = shared.rec.snapshot();
     let verdict = checker::check(&ops);
     let mut rerun = format!(
-        "cargo run --release --example kv -- nemesis --seed {seed} --nodes {nodes} --duration-s {}",
+        "cargo run --release --bin kv -- nemesis --seed {seed} --nodes {nodes} --duration-s {}",
         duration.as_secs()
     );
     for (on, flag) in [

@@ -5,7 +5,7 @@
 //! first message read) it holds a place in a small table of pending handshakes, at most
 //! [`peer::MAX_PENDING_PER_IP`] from one address and [`peer::MAX_PENDING`] in all, for at most
 //! `HANDSHAKE_TIMEOUT`. A newcomer over a limit closes the pending connection that matters least
-//! (one that has sent nothing, oldest first; see `conns`), never itself: idle sockets opened by
+//! (one that has sent nothing, oldest first; see `base::conns`), never itself: idle sockets opened by
 //! anyone who reaches the port cannot keep members from connecting. An authenticated connection
 //! takes one of [`peer::MAX_CONNECTIONS_PER_PEER`] places of its member instead.
 //!

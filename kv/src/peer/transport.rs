@@ -95,7 +95,7 @@ pub struct TransportConfig {
     pub logger: Logger,
     /// Mutual TLS; `None` with `--insecure-peers`.
     pub tls: Option<PeerTls>,
-    /// Bytes received from peers and not yet stepped (see `peer_listen`).
+    /// Bytes received from peers and not yet stepped (see `listen`).
     pub peer_budget: Arc<Budget>,
     /// The largest message accepted from a peer.
     pub max_message_bytes: usize,

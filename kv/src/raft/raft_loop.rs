@@ -1,7 +1,7 @@
 //! A raft loop to copy: one thread drives a `LeaseNode` over a durable log, a peer transport and
 //! a state machine of your own ([`StateMachine`]), and answers requests from other threads.
 //!
-//! The KV's own parts (keys, sessions, locks) are in `kv_machine` and `state`; nothing here knows
+//! The KV's own parts (keys, sessions, locks) are in `state`; nothing here knows
 //! them. What the loop does, per pass:
 //! 1. wait for a peer message, a request, a transport report, or the next tick;
 //! 2. take **everything** already waiting (peer messages, requests, reports), up to a batch limit:
