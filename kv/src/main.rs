@@ -42,7 +42,7 @@ use clap::{Parser, Subcommand};
 use slog::crit;
 
 #[derive(Parser)]
-#[command(about = "A replicated KV store on raft-lease", version)]
+#[command(name = "kv", about = "A replicated KV store on raft-lease", version)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -90,6 +90,8 @@ pub enum Command {
     /// The time each of `remaining`'s sessions had left at `now_ns` on the leader of `term`, for
     /// the next takeover ([`Sessions::checkpoint`]): only sessions with no keep-alive for half
     /// their TTL, so that a client renewing on time never needs a raft entry.
+    ///
+    /// [`Sessions::checkpoint`]: raft_lease::grant::Sessions::checkpoint
     Checkpoint {
         /// The leader's term.
         term: u64,

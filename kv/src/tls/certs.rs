@@ -57,7 +57,7 @@ impl Ca {
         })
     }
 
-    /// The CA whose certificate and key were written by [`Ca::write`].
+    /// The CA whose certificate and key [`make`] wrote in `dir`.
     pub fn load(dir: &Path) -> Result<Ca, String> {
         let read = |f: &str| {
             std::fs::read_to_string(dir.join(f))
