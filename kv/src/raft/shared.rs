@@ -40,7 +40,7 @@ impl Leadership {
     }
 
     /// Record who leads (the raft thread, after every pass).
-    pub fn set(&self, is_leader: bool, leader: Option<u64>, term: u64) {
+    pub(super) fn set(&self, is_leader: bool, leader: Option<u64>, term: u64) {
         self.term.store(term, Ordering::Release);
         self.leader_id.store(leader.unwrap_or(0), Ordering::Release);
         self.is_leader.store(is_leader, Ordering::Release);
