@@ -176,7 +176,7 @@
 //! | a membership change | drops the lease and retires every round; a leader may not remove itself, and steps down if it applies its own removal | `membership_change_reestablishes_the_lease_under_both_quorums`, `a_leader_cannot_remove_itself_and_steps_down_if_its_removal_is_applied` |
 //! | a leadership transfer | fenced for the term once raft acts on it (sets its transferee, or sends `MsgTimeoutNow`); forced-election votes then pass the promise; a transfer raft gives up lifts the fence if `MsgTimeoutNow` never left, else the leader steps down | `delayed_timeout_now_never_gives_two_holders` (controls: `control_no_transfer_fence_gives_two_holders`, `control_lifting_the_fence_after_timeout_now_left_gives_two_holders`), `a_transfer_raft_ignores_costs_no_lease_and_a_real_one_fences`, `a_transfer_given_up_before_timeout_now_left_lifts_the_fence`, `a_transfer_given_up_after_timeout_now_left_ends_the_term` |
 //! | the lease configuration | `L > 0`, `L` above one heartbeat interval, `P` at most the election timeout, typed errors | `bad_configs_get_typed_errors`, `bad_configs_are_typed_errors` |
-//! | the peer that sent a message | raft messages are only as trustworthy as the transport: the example KV authenticates peers with mutual TLS | `tests/kv/attack_peer.rs` |
+//! | the peer that sent a message | raft messages are only as trustworthy as the transport: the example KV authenticates peers with mutual TLS | `kv/tests/kv/attack_peer.rs` |
 //!
 //! **`P` under two heartbeat intervals** is accepted: it is safe, because a context whose round
 //! was pruned between two of its copies is retired, and the randomized simulation gives a quarter
@@ -261,7 +261,7 @@
 //! |---|---|---|---|---|---|---|---|---|
 //! | the simulator's default (`SimConfig`) | 100 ms / 20 ms | 100 ms | 10,000 ppm | 2 ms | **96 ms** | 96% | 3 | 100% |
 //! | `examples/embed.rs` | 200 ms / 30 ms | 200 ms | 500 ppm | 5 ms | **194.8 ms** | 97% | 5 | 100% |
-//! | `examples/kv`'s default (ρ safe under any daemon's slewing) | 1,000 ms / 100 ms | 1,000 ms | 100,000 ppm | 10 ms | **808.1 ms** | 80% | 7 | 100% |
+//! | the `kv` crate's default (ρ safe under any daemon's slewing) | 1,000 ms / 100 ms | 1,000 ms | 100,000 ppm | 10 ms | **808.1 ms** | 80% | 7 | 100% |
 //! | the same, a daemon capped at 500 ppm | 1,000 ms / 100 ms | 1,000 ms | 1,000 ppm | 10 ms | **988 ms** | 98% | 8 | 100% |
 //! | 1 s ticks, 10 s election timeout | 10,000 ms / 2,000 ms | 10,000 ms | 500 ppm | 10 ms | **9,980 ms** | 99% | 3 | 100% |
 //! | 1 ms ticks, 50 ms election timeout | 50 ms / 5 ms | 50 ms | 500 ppm | 1 ms | **48.9 ms** | 97% | 8 | 100% |

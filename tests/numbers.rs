@@ -43,7 +43,7 @@ const SETTINGS: &[Setting] = &[
         margin_ms: 5,
     },
     Setting {
-        name: "`examples/kv`'s default (ρ safe under any daemon's slewing)",
+        name: "the `kv` crate's default (ρ safe under any daemon's slewing)",
         tick_ms: 10,
         election_tick: 100,
         heartbeat_tick: 10,
@@ -140,7 +140,7 @@ fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
             out.push(',');
         }
         out.push(c);

@@ -333,7 +333,7 @@ pub fn mixed(cluster: &Cluster, leader: usize, window: Duration) -> (Samples, Sa
         let mut i = 0u64;
         while Instant::now() < end {
             i += 1;
-            if with_writes && i.is_multiple_of(9) {
+            if with_writes && i % 9 == 0 {
                 let write = Cmd::Write {
                     key: i % 100,
                     value: i,

@@ -37,7 +37,7 @@
 //!   less than any client's view and, with checkpoints every `I`, frees a dead client's session
 //!   at most `I` plus the failover time later than the old grantor would have (etcd's lease
 //!   checkpoints, etcd-io/etcd#9924). A keep-alive that finds a session expired answers that it is
-//!   gone, and no takeover revives it. The replicated grantor of `examples/kv` restores from the
+//!   gone, and no takeover revives it. The KV's replicated grantor (`kv/`) restores from the
 //!   raft log and takes over this way rather than holding back for 10 minutes after each failover.
 //!
 //! The `sim` module (feature `sim`) checks all of it at every simulated millisecond: several

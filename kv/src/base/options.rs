@@ -1,0 +1,82 @@
+//! How a node runs: its options, checked (from `kv node`'s command line, see `cli::args`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use crate::base::admin_token::AdminToken;
+
+/// The longest `--election-ms` (the lease promise) accepted: a day. The data dir's promise record
+/// refuses anything longer as corrupt.
+pub const MAX_ELECTION_MS: u64 = 86_400_000;
+
+/// How a node runs: its checked options.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// This node's raft id.
+    pub id: u64,
+    /// Peer addresses (`host:port`) by id, this node's own included (it listens there).
+    pub peers: BTreeMap<u64, String>,
+    /// HTTP addresses by id, for redirects until the address book knows them.
+    pub peer_http: BTreeMap<u64, String>,
+    /// The HTTP listen address.
+    pub http: SocketAddr,
+    /// The data dir.
+    pub data_dir: PathBuf,
+    /// Recorded in the data dir's marker.
+    pub cluster_id: String,
+    /// Raft's election timeout (the lease promise P equals it).
+    pub election_ms: u64,
+    /// Raft's heartbeat interval.
+    pub heartbeat_ms: u64,
+    /// Raft's tick.
+    pub tick_ms: u64,
+    /// The clock rate error bound.
+    pub drift_ppm: u64,
+    /// The lease's safety margin.
+    pub margin_ms: u64,
+    /// Extra one-way delay on outgoing peer messages.
+    pub peer_delay_ms: u64,
+    /// Whether `/admin` fault injection is on.
+    pub fault_injection: bool,
+    /// Required for `/admin`.
+    pub admin_token: Option<AdminToken>,
+    /// Peers talk plaintext, unauthenticated (local experiments only).
+    pub insecure_peers: bool,
+    /// raft-rs `LeaseBased` reads (unsafe, for demonstrations).
+    pub unsafe_lease_based: bool,
+    /// Keep-alives answered without the leader-lease check (unsafe, the sessions' control).
+    pub unsafe_keepalive_without_lease: bool,
+    /// A leader counts its own promise for every acknowledgement, and the node boots with its
+    /// own promise only (unsafe, the negative control for a rolling change of `--election-ms`).
+    pub unsafe_count_own_promise: bool,
+    /// Snapshot and compact every this many applied entries.
+    pub snapshot_every: u64,
+    /// Join a running cluster through this member's HTTP address.
+    pub join: Option<String>,
+    /// Keys and values held at most (507 beyond).
+    pub max_state_bytes: u64,
+    /// Bytes of writes in flight at most (503 beyond).
+    pub max_inflight_bytes: u64,
+    /// UNSAFE test switch: the transport does not report lost messages to raft.
+    pub no_transport_reports: bool,
+    /// UNSAFE test switch: peer messages raft-rs trusts blindly reach it unchecked.
+    pub no_admission_checks: bool,
+}
+
+impl NodeOptions {
+    /// This node's HTTP address as others reach it.
+    pub fn advertised_http(&self) -> String {
+        self.peer_http
+            .get(&self.id)
+            .cloned()
+            .unwrap_or_else(|| self.http.to_string())
+    }
+
+    /// The largest message a peer may send: a snapshot of the largest state, with room for its
+    /// header and for the writes in flight.
+    pub fn max_message_bytes(&self) -> usize {
+        (self.max_state_bytes + self.max_state_bytes / 4 + self.max_inflight_bytes + (16 << 20))
+            as usize
+    }
+}

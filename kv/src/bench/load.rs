@@ -1,0 +1,433 @@
+//! `kv bench`: HTTP load on a local 3-node cluster, writes next to reads: for each number of
+//! keep-alive clients (1, 16 and 64 by default), PUTs, then `GET ?read=lease`, then
+//! `GET ?read=index`, each for `--seconds`, all on the leader, in one run. `--json PATH` writes one
+//! cell per line: `{"op": "put" | "get_lease" | "get_index", "clients": N, "ops_per_s": X,
+//! "p50_us": Y, "p99_us": Z}`, as a JSON array.
+//!
+//! Each cell also prints the CPU it cost per operation, the three nodes' and the bench's own (its
+//! clients), and how busy the machine was (see `cpu`): where clients and nodes share a few
+//! cores, that CPU, not the store, bounds the latency at many clients.
+//!
+//! The clients spin when there are fewer of them than CPUs: each polls for its answer for
+//! `--spin-us` before blocking on it, and the nodes run with `--http-spin-us`; 0 turns either
+//! off, to show what waking a halted CPU costs on each side of the socket (see `http::spin_io`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+
+use crate::bench::cpu::CpuSample;
+use crate::cli::cluster::args::ClusterArgs;
+use crate::cli::cluster::layout::Layout;
+use crate::cli::cluster::plan::{shutdown, Plan};
+use crate::http::client::Client;
+
+/// `kv bench`'s options.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Numbers of concurrent keep-alive clients, one cell each.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    clients: Vec<usize>,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Bytes per written value.
+    #[arg(long, default_value_t = 100)]
+    value_bytes: usize,
+    /// One-way delay added to every peer message.
+    #[arg(long, default_value_t = 0)]
+    peer_delay_ms: u64,
+    /// Ports: peers BASE+1.., HTTP BASE+1001...
+    #[arg(long, default_value_t = 7100)]
+    base_port: u16,
+    /// Write the cells as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Instead of the cells: this many sessions kept alive on the leader for `--seconds`.
+    #[arg(long)]
+    sessions: Option<usize>,
+    /// The sessions' TTL.
+    #[arg(long, default_value_t = 12_000)]
+    ttl_ms: u64,
+    /// Keep-alive connections for `--sessions`.
+    #[arg(long, default_value_t = 32)]
+    conns: usize,
+    /// Microseconds each client polls for its answer before blocking, in cells with fewer clients
+    /// than CPUs; 0 blocks at once.
+    #[arg(long, default_value_t = 50)]
+    spin_us: u64,
+    /// The nodes' `--http-spin-us`: how long a connection polls for its next request.
+    #[arg(long, default_value_t = 50)]
+    http_spin_us: u64,
+}
+
+/// One measured cell.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    op: &'static str,
+    clients: usize,
+    ops_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    errors: u64,
+    /// How long the cell ran.
+    seconds: f64,
+}
+
+/// `kv bench`.
+pub fn run(args: BenchArgs) -> i32 {
+    if args.http_spin_us > crate::base::limits::MAX_SPIN_US {
+        eprintln!(
+            "error: --http-spin-us must be at most {}",
+            crate::base::limits::MAX_SPIN_US
+        );
+        return 2;
+    }
+    let dir = match tempfile::Builder::new()
+        .prefix("raft-lease-kv-bench-")
+        .tempdir()
+    {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    let cluster = ClusterArgs {
+        nodes: Some(3),
+        data_dir: dir.path().to_path_buf(),
+        temp: false,
+        base_port: Some(args.base_port),
+        peer_delay_ms: args.peer_delay_ms,
+        fault_injection: false,
+        unsafe_lease_based: false,
+        insecure_peers: false,
+        node_args: vec!["--http-spin-us".into(), args.http_spin_us.to_string()],
+    };
+    let layout = Layout {
+        nodes: 3,
+        base_port: args.base_port,
+    };
+    let plan = match layout
+        .check()
+        .and_then(|_| Plan::new(&cluster, dir.path(), layout))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let children: Result<Vec<_>, _> = (1..=3).map(|id| plan.spawn(id)).collect();
+    let code = match children {
+        Ok(c) => {
+            let pids: Vec<u32> = c.iter().map(|child| child.id()).collect();
+            let code = match pick(&args, layout, &pids) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    1
+                }
+            };
+            shutdown(c);
+            code
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            1
+        }
+    };
+    code
+}
+
+/// The sessions bench with `--sessions`, else the cells.
+fn pick(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
+    let Some(sessions) = args.sessions else {
+        return bench(args, layout, pids);
+    };
+    let load = crate::bench::sessions::SessionLoad {
+        sessions,
+        ttl_ms: args.ttl_ms,
+        conns: args.conns.max(1),
+        seconds: args.seconds,
+    };
+    let report = crate::bench::sessions::bench(&leader_addr(layout)?, &load)?;
+    crate::bench::sessions::print(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, format!("{report}\n"))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn leader_addr(layout: Layout) -> Result<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        for id in 1..=layout.nodes {
+            let addr = format!("127.0.0.1:{}", layout.http_port(id));
+            let status = crate::http::client::request(&addr, "GET", "/status", b"", &[]);
+            if let Ok(a) = status {
+                if a.body.contains("\"role\":\"leader\"") && a.body.contains("\"state\":\"valid\"")
+                {
+                    return Ok(addr);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Err("no leader with a lease within 30 s".into())
+}
+
+fn bench(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
+    let addr = leader_addr(layout)?;
+    let mut c = Client::connect(&addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    for k in 0..100 {
+        c.request(
+            "PUT",
+            &format!("/kv/k{k}"),
+            format!("value-{k}").as_bytes(),
+            &[],
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    println!(
+        "kv bench: 3 nodes (fsync on), peer delay {} ms one way, {} s per cell, {}-byte values, keep-alive clients on the leader",
+        args.peer_delay_ms, args.seconds, args.value_bytes
+    );
+    println!(
+        "clients poll for each answer for {} µs before blocking (--spin-us; in cells with fewer clients than the {} CPUs); nodes poll for the next request for {} µs (--http-spin-us)",
+        args.spin_us,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        args.http_spin_us
+    );
+    println!(
+        "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8} {:>22} {:>26}",
+        "op",
+        "clients",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "errors",
+        "writes/fsync (fsync)",
+        "CPU µs/op nodes+bench (busy)"
+    );
+    let mut cells = Vec::new();
+    for &clients in &args.clients {
+        for op in ["put", "get_lease", "get_index"] {
+            let before = batches(&addr);
+            let cpu_before = CpuSample::now(pids);
+            let cell = load(&addr, op, clients, args)?;
+            let cpu = cpu_before.zip(CpuSample::now(pids)).map(|(b, a)| {
+                let c = b.cost(&a, cell.ops_per_s * cell.seconds);
+                let (nodes, bench) = (c.nodes_us_per_op, c.bench_us_per_op);
+                format!("{nodes:.1}+{bench:.1} ({:.0}%)", c.machine_busy_pct)
+            });
+            let after = batches(&addr);
+            let per_batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
+            let persist_us = (after.2 - before.2) / (after.3 - before.3).max(1.0) * 1e6;
+            let batch = match op {
+                "put" => format!("{per_batch:.1} ({persist_us:.0} µs)"),
+                _ => String::new(),
+            };
+            println!(
+                "{:<10} {:>8} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>22} {:>26}",
+                cell.op,
+                cell.clients,
+                cell.ops_per_s,
+                cell.p50_us,
+                cell.p99_us,
+                cell.errors,
+                batch,
+                cpu.unwrap_or_default()
+            );
+            cells.push(cell);
+        }
+    }
+    summary(&cells);
+    if let Some(path) = &args.json {
+        std::fs::write(path, to_json(&cells)).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// The leader's (proposals, passes that proposed, seconds persisting, persists): the writes per
+/// fsync, and the time an fsync takes.
+fn batches(addr: &str) -> (f64, f64, f64, f64) {
+    let text = crate::http::client::request(addr, "GET", "/metrics", b"", &[])
+        .map_or(String::new(), |a| a.body);
+    let value = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("kv_proposals_per_batch_sum"),
+        value("kv_proposals_per_batch_count"),
+        value("kv_log_persist_duration_seconds_sum"),
+        value("kv_log_persist_duration_seconds_count"),
+    )
+}
+
+/// Group commit at a glance: the write cells against the 1-client one.
+fn summary(cells: &[Cell]) {
+    let puts: Vec<&Cell> = cells.iter().filter(|c| c.op == "put").collect();
+    let Some(one) = puts.iter().find(|c| c.clients == 1) else {
+        return;
+    };
+    for c in puts.iter().filter(|c| c.clients > 1) {
+        println!(
+            "writes at {} clients: {:.1}x the 1-client throughput, p50 {:.1}x the 1-client p50",
+            c.clients,
+            c.ops_per_s / one.ops_per_s,
+            c.p50_us / one.p50_us
+        );
+    }
+}
+
+/// The cells as a JSON array, one cell per line, each `{"op", "clients", "ops_per_s", "p50_us",
+/// "p99_us"}` in that order.
+pub fn to_json(cells: &[Cell]) -> String {
+    let lines: Vec<String> = cells
+        .iter()
+        .map(|c| {
+            // In the issue's order: op, clients, ops_per_s, p50_us, p99_us.
+            let num = |v: f64| json!((v * 10.0).round() / 10.0);
+            format!(
+                "{{\"op\": {}, \"clients\": {}, \"ops_per_s\": {}, \"p50_us\": {}, \"p99_us\": {}}}",
+                json!(c.op),
+                c.clients,
+                json!(c.ops_per_s.round()),
+                num(c.p50_us),
+                num(c.p99_us)
+            )
+        })
+        .collect();
+    format!("[\n{}\n]\n", lines.join(",\n"))
+}
+
+/// Run `clients` clients doing `op` for the cell's time.
+fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Result<Cell, String> {
+    let end = Instant::now() + Duration::from_secs(args.seconds);
+    let t0 = Instant::now();
+    let value = vec![b'v'; args.value_bytes];
+    let results: Vec<Result<(Vec<u64>, u64), String>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..clients)
+            .map(|i| {
+                let value = &value;
+                let spin = client_spin(args.spin_us, clients);
+                s.spawn(move || client(addr, op, i, value, end, spin))
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|_| Err("client panicked".into())))
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let (mut lat, mut errors) = (Vec::new(), 0);
+    for r in results {
+        let (l, e) = r?;
+        lat.extend(l);
+        errors += e;
+    }
+    lat.sort_unstable();
+    let at = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as f64
+            / 1e3
+    };
+    Ok(Cell {
+        op,
+        clients,
+        ops_per_s: lat.len() as f64 / secs,
+        p50_us: at(0.5),
+        p99_us: at(0.99),
+        errors,
+        seconds: secs,
+    })
+}
+
+/// A client's spin: `spin_us`, but none when there are as many clients as CPUs or more (then the
+/// spinning threads would only take CPU from the nodes, on the same machine).
+fn client_spin(spin_us: u64, clients: usize) -> Duration {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match clients < cpus {
+        true => Duration::from_micros(spin_us),
+        false => Duration::ZERO,
+    }
+}
+
+/// One client: latencies (ns) of its successful requests, and how many failed.
+fn client(
+    addr: &str,
+    op: &str,
+    i: usize,
+    value: &[u8],
+    end: Instant,
+    spin: Duration,
+) -> Result<(Vec<u64>, u64), String> {
+    let mut c = Client::connect(addr, Duration::from_secs(10))
+        .map_err(|e| e.to_string())?
+        .spin(spin);
+    let (mut lat, mut errors, mut n) = (Vec::new(), 0u64, 0usize);
+    while Instant::now() < end {
+        n += 1;
+        let t = Instant::now();
+        let answer = match op {
+            "put" => c.request("PUT", &format!("/kv/w{i}-{}", n % 1000), value, &[]),
+            "get_lease" => c.request(
+                "GET",
+                &format!("/kv/k{}?read=lease", (i + 7 * n) % 100),
+                b"",
+                &[],
+            ),
+            _ => c.request(
+                "GET",
+                &format!("/kv/k{}?read=index", (i + 7 * n) % 100),
+                b"",
+                &[],
+            ),
+        };
+        match answer {
+            Ok(a) if a.status == 200 => lat.push(t.elapsed().as_nanos() as u64),
+            Ok(_) => errors += 1,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok((lat, errors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cells_are_written_one_per_line_in_the_issues_form() {
+        let cell = |op, clients| Cell {
+            op,
+            clients,
+            ops_per_s: 1234.4,
+            p50_us: 812.345,
+            p99_us: 2000.0,
+            errors: 0,
+            seconds: 3.0,
+        };
+        let text = to_json(&[cell("put", 1), cell("get_lease", 64)]);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "[",
+                r#"{"op": "put", "clients": 1, "ops_per_s": 1234.0, "p50_us": 812.3, "p99_us": 2000.0},"#,
+                r#"{"op": "get_lease", "clients": 64, "ops_per_s": 1234.0, "p50_us": 812.3, "p99_us": 2000.0}"#,
+                "]"
+            ]
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed[1]["clients"], 64);
+    }
+}

@@ -1,0 +1,283 @@
+//! `kv node`'s command line, checked into [`NodeOptions`] and the node's TLS files.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::base::admin_token::AdminToken;
+use crate::base::limits::HttpLimits;
+use crate::base::options::{NodeOptions, MAX_ELECTION_MS};
+use crate::peer::members::check_addr;
+
+/// One node's options.
+#[derive(Args, Clone)]
+pub struct NodeArgs {
+    /// This node's raft id (one of --peers).
+    #[arg(long)]
+    pub id: u64,
+    /// Every voter's peer address, `1=host:7001,2=...`: host names or IP addresses. This node's
+    /// entry is where it listens. With --join: this node and some members to reach first.
+    #[arg(long)]
+    pub peers: String,
+    /// HTTP listen address.
+    #[arg(long)]
+    pub http: SocketAddr,
+    /// Where the raft log, hard state, snapshots and the dir's marker live.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// The cluster's name, recorded in the data dir's marker: a dir of another cluster is
+    /// refused. Give every node of a cluster the same one (`kv cluster` makes one up).
+    #[arg(long)]
+    pub cluster_id: String,
+    /// Every node's HTTP address, `1=host:8001,...`, for redirects to the leader (this node's
+    /// entry is the address others reach it at; default: --http).
+    #[arg(long, default_value = "")]
+    pub peer_http: String,
+    /// Join a running cluster: the HTTP address of any member (`host:port`). The node asks to be
+    /// added as a learner, catches up (by snapshot), then asks to be promoted to voter. Needs
+    /// --admin-token-file with the cluster's admin token.
+    #[arg(long, requires = "admin_token_file")]
+    pub join: Option<String>,
+    /// The cluster CA certificate (PEM) that signs every node's certificate (`kv certs`).
+    #[arg(long)]
+    pub peer_ca: Option<PathBuf>,
+    /// This node's certificate (PEM); its SAN names this node's id.
+    #[arg(long)]
+    pub peer_cert: Option<PathBuf>,
+    /// This node's private key (PEM).
+    #[arg(long)]
+    pub peer_key: Option<PathBuf>,
+    /// UNSAFE: plaintext, unauthenticated peers. Anyone who reaches the peer port can then forge
+    /// raft messages, lose acknowledged writes and cause stale reads. Local experiments only.
+    #[arg(long)]
+    pub insecure_peers: bool,
+    /// Serve HTTPS with this certificate (PEM); needs --http-key.
+    #[arg(long, requires = "http_key")]
+    pub http_cert: Option<PathBuf>,
+    /// The HTTPS private key (PEM); needs --http-cert.
+    #[arg(long, requires = "http_cert")]
+    pub http_key: Option<PathBuf>,
+    /// Raft election timeout. The lease promise P equals it.
+    #[arg(long, default_value_t = 1000)]
+    pub election_ms: u64,
+    /// Raft heartbeat interval: the lease renews on every heartbeat.
+    #[arg(long, default_value_t = 100)]
+    pub heartbeat_ms: u64,
+    /// Raft tick interval.
+    #[arg(long, default_value_t = 10)]
+    pub tick_ms: u64,
+    /// Bound on clock rate error, in parts per million (10%: safe under any time daemon's
+    /// slewing; 1000 will do on hosts whose daemon slews at most 500 ppm).
+    #[arg(long, default_value_t = 100_000)]
+    pub drift_ppm: u64,
+    /// Lease safety margin.
+    #[arg(long, default_value_t = 10)]
+    pub margin_ms: u64,
+    /// Extra delay on every outgoing peer message (emulates a cross-zone network).
+    #[arg(long, default_value_t = 0)]
+    pub peer_delay_ms: u64,
+    /// Enable /admin/partition, /admin/heal, /admin/clock and /admin/transfer (tests only).
+    /// Needs --admin-token-file: every /admin request must carry `Authorization: Bearer <token>`.
+    #[arg(long, requires = "admin_token_file")]
+    pub fault_injection: bool,
+    /// A file holding the admin bearer token (at least 16 printable characters).
+    #[arg(long)]
+    pub admin_token_file: Option<PathBuf>,
+    /// UNSAFE: use raft-rs ReadOnlyOption::LeaseBased instead of the lease (to demonstrate the hazard).
+    #[arg(long)]
+    pub unsafe_lease_based: bool,
+    /// UNSAFE: answer session keep-alives without checking the leader lease (to demonstrate the
+    /// hazard: a deposed leader stretches a client's session past the new leader's).
+    #[arg(long)]
+    pub unsafe_keepalive_without_lease: bool,
+    /// UNSAFE, tests only: the leader counts every acknowledgement on its own promise (its
+    /// --election-ms), not on the one the follower made, and a restarted node keeps only its own
+    /// promise, not the longer one its data dir recorded. With nodes of different --election-ms
+    /// (a rolling change) a cut-off leader then serves stale lease reads.
+    #[arg(long, hide = true)]
+    pub unsafe_count_own_promise: bool,
+    /// Snapshot and compact the raft log every this many applied entries.
+    #[arg(long, default_value_t = 10_000)]
+    pub snapshot_every: u64,
+    /// Worker threads for HTTP and peer I/O (async: a slow client holds none of them).
+    #[arg(long, default_value_t = 2)]
+    pub http_threads: usize,
+    /// Keys and values (with 64 bytes per key) held at most; a write beyond gets 507. Every
+    /// node of a cluster must have the same: it bounds the snapshot a node accepts.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub max_state_bytes: u64,
+    /// Bytes of writes waiting for the raft thread or for their entries to apply, at most; a
+    /// write beyond gets 503 `overloaded` at once, before its body is read.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_inflight_bytes: u64,
+    /// UNSAFE, tests only: the transport does not tell raft about lost snapshots and appends
+    /// (a lagging follower then stays stuck until the leader changes).
+    #[arg(long, hide = true)]
+    pub no_transport_reports: bool,
+    /// UNSAFE, tests only: peer messages no correct peer sends (a heartbeat whose commit is past
+    /// the log, a leader's message from a node that does not lead) reach raft-rs unchecked.
+    #[arg(long, hide = true)]
+    pub no_admission_checks: bool,
+    /// The HTTP front end's limits.
+    #[command(flatten)]
+    pub http_limits: HttpLimits,
+}
+
+/// Peer TLS files, all three or none.
+pub struct PeerTlsFiles {
+    /// The cluster CA.
+    pub ca: PathBuf,
+    /// This node's certificate.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+}
+
+/// `1=host:port,2=...`: ids nonzero and given once, addresses `host:port`.
+pub fn parse_map(s: &str, what: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut out = BTreeMap::new();
+    for p in s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (id, addr) = p
+            .split_once('=')
+            .ok_or(format!("{what}: expected id=host:port, got {p:?}"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("{what}: bad id {id:?}"))?;
+        if id == 0 {
+            return Err(format!("{what}: id 0 is reserved by raft"));
+        }
+        let addr = addr.trim().to_string();
+        if !check_addr(&addr) {
+            return Err(format!(
+                "{what}: bad address {addr:?} for id {id} (expected host:port)"
+            ));
+        }
+        if out.insert(id, addr).is_some() {
+            return Err(format!("{what}: id {id} is given twice"));
+        }
+    }
+    Ok(out)
+}
+
+impl NodeArgs {
+    /// The checked options.
+    pub fn options(&self) -> Result<NodeOptions, String> {
+        let peers = parse_map(&self.peers, "--peers")?;
+        if !peers.contains_key(&self.id) {
+            return Err(format!("--id {} is not in --peers", self.id));
+        }
+        if self.snapshot_every < 10 {
+            return Err("--snapshot-every must be at least 10".into());
+        }
+        if self.tick_ms == 0
+            || self.heartbeat_ms < self.tick_ms
+            || self.election_ms <= self.heartbeat_ms
+        {
+            return Err("need 0 < --tick-ms <= --heartbeat-ms < --election-ms".into());
+        }
+        if self.election_ms > MAX_ELECTION_MS {
+            return Err(format!(
+                "--election-ms must be at most {MAX_ELECTION_MS} (a day): the data dir records it"
+            ));
+        }
+        if self.cluster_id.is_empty() || self.cluster_id.len() > 128 {
+            return Err("--cluster-id must be 1 to 128 bytes".into());
+        }
+        if self.max_state_bytes == 0 || self.max_state_bytes > 1 << 30 {
+            return Err("--max-state-bytes must be 1 byte to 1 GiB".into());
+        }
+        if self.max_inflight_bytes < 2 << 20 {
+            return Err(
+                "--max-inflight-bytes must be at least 2 MiB (one write of 1 MiB and more)".into(),
+            );
+        }
+        let join = self
+            .join
+            .as_deref()
+            .map(|j| j.trim_start_matches("http://").trim_end_matches('/'));
+        if join.is_some_and(|j| !check_addr(j)) {
+            return Err("--join: expected the host:port of a member's HTTP address".into());
+        }
+        self.http_limits.validate()?;
+        let admin_token = self
+            .admin_token_file
+            .as_deref()
+            .map(AdminToken::from_file)
+            .transpose()?;
+        Ok(NodeOptions {
+            id: self.id,
+            peers,
+            peer_http: parse_map(&self.peer_http, "--peer-http")?,
+            http: self.http,
+            data_dir: self.data_dir.clone(),
+            cluster_id: self.cluster_id.clone(),
+            election_ms: self.election_ms,
+            heartbeat_ms: self.heartbeat_ms,
+            tick_ms: self.tick_ms,
+            drift_ppm: self.drift_ppm,
+            margin_ms: self.margin_ms,
+            peer_delay_ms: self.peer_delay_ms,
+            fault_injection: self.fault_injection,
+            admin_token,
+            insecure_peers: self.insecure_peers,
+            unsafe_lease_based: self.unsafe_lease_based,
+            unsafe_keepalive_without_lease: self.unsafe_keepalive_without_lease,
+            unsafe_count_own_promise: self.unsafe_count_own_promise,
+            snapshot_every: self.snapshot_every,
+            join: join.map(str::to_string),
+            max_state_bytes: self.max_state_bytes,
+            max_inflight_bytes: self.max_inflight_bytes,
+            no_transport_reports: self.no_transport_reports,
+            no_admission_checks: self.no_admission_checks,
+        })
+    }
+
+    /// The peer TLS files, or `None` with `--insecure-peers`.
+    pub fn peer_tls_files(&self) -> Result<Option<PeerTlsFiles>, String> {
+        match (&self.peer_ca, &self.peer_cert, &self.peer_key, self.insecure_peers) {
+            (None, None, None, true) => Ok(None),
+            (Some(ca), Some(cert), Some(key), false) => Ok(Some(PeerTlsFiles {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            (_, _, _, true) => Err("--insecure-peers excludes --peer-ca/--peer-cert/--peer-key".into()),
+            _ => Err(
+                "peers need mutual TLS: give --peer-ca, --peer-cert and --peer-key (make them with \
+                 `kv certs`), or --insecure-peers for a local experiment"
+                    .into(),
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peer_lists_take_host_names_and_refuse_duplicates_and_bad_entries() {
+        let m = parse_map(
+            "1=node-a.example:7001, 2=127.0.0.1:7002,3=[::1]:7003",
+            "--peers",
+        )
+        .unwrap();
+        assert_eq!(m[&1], "node-a.example:7001");
+        assert_eq!(m[&3], "[::1]:7003");
+        let bad = [
+            ("1=a:1,1=b:2", "given twice"),
+            ("0=a:1", "reserved"),
+            ("1=a", "expected host:port"),
+            ("1=a:99999", "expected host:port"),
+            ("x=a:1", "bad id"),
+            ("1", "expected id=host:port"),
+        ];
+        for (input, why) in bad {
+            let e = parse_map(input, "--peers").unwrap_err();
+            assert!(e.contains(why), "{input}: {e}");
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! `kv cluster`'s options.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+/// `kv cluster`'s options.
+#[derive(Args)]
+pub struct ClusterArgs {
+    /// How many nodes (1 to 9; default 3, or what the data dir holds).
+    #[arg(long)]
+    pub nodes: Option<u64>,
+    /// Data directory, kept across runs (one subdirectory per node).
+    #[arg(long, default_value = "kv-data")]
+    pub data_dir: PathBuf,
+    /// A throwaway data directory instead, removed on exit.
+    #[arg(long, conflicts_with = "data_dir")]
+    pub temp: bool,
+    /// Peer ports are BASE+1..BASE+N; HTTP ports are BASE+1001..BASE+1000+N (default 7000, or
+    /// what the data dir holds).
+    #[arg(long)]
+    pub base_port: Option<u16>,
+    /// Passed to every node: extra one-way delay on peer messages.
+    #[arg(long, default_value_t = 0)]
+    pub peer_delay_ms: u64,
+    /// Passed to every node: `/admin/partition`, `/admin/heal` and `/admin/clock`.
+    #[arg(long)]
+    pub fault_injection: bool,
+    /// Passed to every node (UNSAFE, demonstrations only).
+    #[arg(long)]
+    pub unsafe_lease_based: bool,
+    /// Passed to every node: plaintext, unauthenticated peers (UNSAFE, local experiments only).
+    #[arg(long)]
+    pub insecure_peers: bool,
+    /// More flags for every node, after `--` (for example `-- --snapshot-every 1000`).
+    #[arg(last = true)]
+    pub node_args: Vec<String>,
+}

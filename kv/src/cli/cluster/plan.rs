@@ -1,0 +1,184 @@
+//! How to start each node of a cluster in a dir ([`Plan`]): the dir's certificates, cluster id
+//! and admin token, each node's command line, and starting and stopping the node processes.
+
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::base::admin_token::AdminToken;
+use crate::cli::cluster::args::ClusterArgs;
+use crate::cli::cluster::layout::Layout;
+
+/// The cluster id in `dir/cluster-id`, made up the first time.
+fn cluster_id(dir: &Path) -> Result<String, String> {
+    let path = dir.join("cluster-id");
+    if let Ok(id) = std::fs::read_to_string(&path) {
+        return Ok(id.trim().to_string());
+    }
+    let token = AdminToken::generate().map_err(|e| e.to_string())?;
+    let id = format!("kv-{}", &token.expose()[..12]);
+    std::fs::write(&path, &id).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(id)
+}
+
+/// The admin token in `dir/admin.token` (mode 0600), made up the first time.
+pub fn admin_token_file(dir: &Path) -> Result<PathBuf, String> {
+    let path = dir.join("admin.token");
+    if !path.exists() {
+        let token = AdminToken::generate().map_err(|e| e.to_string())?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| f.write_all(token.expose().as_bytes()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(path)
+}
+
+/// How to start each node of a cluster in `dir`.
+pub struct Plan {
+    /// The program (this one).
+    pub exe: PathBuf,
+    /// The cluster's dir.
+    pub dir: PathBuf,
+    /// Its layout.
+    pub layout: Layout,
+    /// Flags every node gets.
+    pub common: Vec<String>,
+    /// Whether peers talk plaintext.
+    pub insecure: bool,
+}
+
+impl Plan {
+    /// Set up `dir` (certificates, cluster id, admin token) for `layout`.
+    pub fn new(args: &ClusterArgs, dir: &Path, layout: Layout) -> Result<Plan, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+        if !args.insecure_peers {
+            let ids: Vec<u64> = (1..=layout.nodes).collect();
+            crate::tls::certs::make(&dir.join("tls"), &ids, &[])?;
+        }
+        let mut common = vec!["--cluster-id".to_string(), cluster_id(dir)?];
+        common.push("--admin-token-file".into());
+        common.push(admin_token_file(dir)?.display().to_string());
+        common.extend(["--peer-delay-ms".into(), args.peer_delay_ms.to_string()]);
+        let flags = [
+            (args.fault_injection, "--fault-injection"),
+            (args.unsafe_lease_based, "--unsafe-lease-based"),
+            (args.insecure_peers, "--insecure-peers"),
+        ];
+        common.extend(
+            flags
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, f)| f.to_string()),
+        );
+        common.extend(args.node_args.iter().cloned());
+        Ok(Plan {
+            exe,
+            dir: dir.to_path_buf(),
+            layout,
+            common,
+            insecure: args.insecure_peers,
+        })
+    }
+
+    /// Node `id`'s arguments.
+    pub fn node_args(&self, id: u64) -> Vec<String> {
+        let l = self.layout;
+        let node_dir = self.dir.join(format!("node{id}"));
+        let mut a: Vec<String> = vec![
+            "node".into(),
+            "--id".into(),
+            id.to_string(),
+            "--peers".into(),
+            l.list(|i| l.peer_port(i)),
+            "--peer-http".into(),
+            l.list(|i| l.http_port(i)),
+            "--http".into(),
+            format!("127.0.0.1:{}", l.http_port(id)),
+            "--data-dir".into(),
+            node_dir.display().to_string(),
+        ];
+        if !self.insecure {
+            let tls = self.dir.join("tls");
+            let (cert, key) = crate::tls::certs::node_files(&tls, id);
+            for (flag, path) in [
+                ("--peer-ca", tls.join("ca.pem")),
+                ("--peer-cert", cert),
+                ("--peer-key", key),
+            ] {
+                a.push(flag.into());
+                a.push(path.display().to_string());
+            }
+        }
+        a.extend(self.common.iter().cloned());
+        a
+    }
+
+    /// The command line that starts node `id`, to paste in a shell.
+    pub fn command_line(&self, id: u64) -> String {
+        let quote = |s: &str| {
+            if s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,".contains(c))
+            {
+                s.to_string()
+            } else {
+                format!("'{}'", s.replace('\'', "'\\''"))
+            }
+        };
+        std::iter::once(self.exe.display().to_string())
+            .chain(self.node_args(id))
+            .map(|s| quote(&s))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The log file of node `id`.
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("node{id}.log"))
+    }
+
+    /// Start node `id`, its standard error appended to its log.
+    pub fn spawn(&self, id: u64) -> Result<Child, String> {
+        let node_dir = self.dir.join(format!("node{id}"));
+        std::fs::create_dir_all(&node_dir).map_err(|e| format!("{}: {e}", node_dir.display()))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(id))
+            .map_err(|e| e.to_string())?;
+        Command::new(&self.exe)
+            .args(self.node_args(id))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("spawn node {id}: {e}"))
+    }
+}
+
+/// Stop `children` with SIGTERM, then SIGKILL after 5 s.
+pub fn shutdown(children: Vec<Child>) {
+    for c in &children {
+        // SAFETY: sending SIGTERM to a child we spawned and have not reaped.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for mut c in children {
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = c.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if c.try_wait().ok().flatten().is_none() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+    println!("all nodes stopped");
+}

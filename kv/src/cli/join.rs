@@ -1,0 +1,131 @@
+//! `kv node --join`: a new node joins a running cluster by itself.
+//!
+//! 1. It asks any member (`POST /admin/members`, redirected to the leader) to add it as a learner,
+//!    with its peer and HTTP addresses. A learner receives the log but does not vote, so a node
+//!    that is far behind never weakens the quorum.
+//! 2. The leader finds the learner's log empty and sends it a snapshot (taken when the learner was
+//!    added); the learner installs it and then follows the log.
+//! 3. Once the leader reports the learner replicating and past the index of its own addition, it
+//!    asks to be promoted to voter.
+//!
+//! Every step is idempotent: a restarted joiner picks up where its configuration says it is.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use slog::{info, warn, Logger};
+
+use crate::http::app::App;
+use crate::http::client::request;
+use crate::peer::members::is_member;
+
+/// Where the joiner is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Not in the configuration: ask to be added as a learner.
+    Add,
+    /// A learner: wait until caught up, then ask to be promoted.
+    Promote,
+    /// A voter: done.
+    Done,
+}
+
+fn step(app: &App) -> Step {
+    let s = app.status();
+    let me = app.opts.id;
+    if s.conf.voters.contains(&me) {
+        Step::Done
+    } else if is_member(&s.conf, me) {
+        Step::Promote
+    } else {
+        Step::Add
+    }
+}
+
+/// Run the join until this node is a voter or `stop` is set.
+pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
+    let mut added_at = 0;
+    let mut last_error = String::new();
+    while !stop.load(Ordering::Relaxed) {
+        let result = match step(&app) {
+            Step::Done => {
+                info!(log, "joined the cluster as a voter");
+                return;
+            }
+            Step::Add => add(&app, &join).map(|index| added_at = index),
+            Step::Promote => promote(&app, &join, added_at),
+        };
+        if let Err(e) = result {
+            if e != last_error {
+                warn!(log, "joining: not yet"; "why" => &e);
+                last_error = e;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn admin(app: &App, join: &str, body: Value) -> Result<Value, String> {
+    let token = app.opts.admin_token.as_ref().ok_or("no admin token")?;
+    let auth = format!("Bearer {}", token.expose());
+    let headers = [("Authorization", auth.as_str())];
+    let body = body.to_string();
+    let a = request(join, "POST", "/admin/members", body.as_bytes(), &headers)
+        .map_err(|e| format!("{join}: {e}"))?;
+    if a.status != 200 {
+        return Err(format!("{}: {}", a.status, a.body));
+    }
+    serde_json::from_str(&a.body).map_err(|e| e.to_string())
+}
+
+/// Ask to be added as a learner; the index of the change.
+fn add(app: &App, join: &str) -> Result<u64, String> {
+    let o = &app.opts;
+    let change = json!({"op": "add_learner", "id": o.id, "peer": o.peers[&o.id], "http": o.advertised_http()});
+    let v = admin(app, join, json!({"changes": [change]}))?;
+    Ok(v["index"].as_u64().unwrap_or(0))
+}
+
+/// Ask to be promoted once the leader sees this learner caught up with its own addition.
+fn promote(app: &App, join: &str, added_at: u64) -> Result<(), String> {
+    let (progress, matched) = leader_view(join, app.opts.id)?;
+    let applied = app.status().applied;
+    if progress != "replicate" || matched < added_at.max(1) || applied < added_at {
+        return Err(format!(
+            "catching up: {progress}, matched {matched}, applied {applied}, added at {added_at}"
+        ));
+    }
+    admin(
+        app,
+        join,
+        json!({"changes": [{"op": "add_voter", "id": app.opts.id}]}),
+    )
+    .map(|_| ())
+}
+
+/// This node's progress as the leader sees it: (state, matched).
+fn leader_view(join: &str, me: u64) -> Result<(String, u64), String> {
+    let get = |addr: &str| -> Result<Value, String> {
+        let a = request(addr, "GET", "/members", b"", &[]).map_err(|e| e.to_string())?;
+        serde_json::from_str(&a.body).map_err(|e| e.to_string())
+    };
+    let mut v = get(join)?;
+    if v["leader_id"] != v["id"] {
+        let leader = v["leader_id"].clone();
+        let addr = v["members"]
+            .as_array()
+            .and_then(|ms| ms.iter().find(|m| m["id"] == leader))
+            .and_then(|m| m["http"].as_str())
+            .ok_or("no leader known")?
+            .to_string();
+        v = get(&addr)?;
+    }
+    let mine = v["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["id"] == me))
+        .ok_or("not in the leader's membership yet")?;
+    let progress = mine["progress"].as_str().unwrap_or("unknown").to_string();
+    Ok((progress, mine["matched"].as_u64().unwrap_or(0)))
+}

@@ -1,0 +1,325 @@
+//! The data dir's marker, `kv-node.json`: which cluster and which node the dir belongs to.
+//!
+//! A dir with a marker is initialized: its raft store must be there, non-empty, readable and the
+//! same node's, or the node refuses to start. Starting empty would forget the term and the vote,
+//! and a node that forgets its vote can vote twice in one term. The marker is written (atomically)
+//! only after the store was created, so a crash in between leaves a pristine store and no marker,
+//! which is initialized again on the next start.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::disk::storage::{DiskStorage, StoreError};
+
+/// The marker's file name in a data dir.
+pub const MARKER_FILE: &str = "kv-node.json";
+/// Format 2: the raft log starts after a bootstrap snapshot at index 1 (so that nodes that join
+/// later always start from a snapshot), and membership carries addresses.
+const FORMAT: u32 = 2;
+
+/// What the marker records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Marker {
+    /// The dir's format.
+    pub format: u32,
+    /// The cluster's id.
+    pub cluster_id: String,
+    /// The node's raft id.
+    pub node_id: u64,
+}
+
+/// Why a data dir was refused. The node exits with code 3.
+#[derive(Debug, Error)]
+pub enum DirError {
+    /// Another node's dir.
+    #[error(
+        "{dir}: this data dir belongs to node {found}, not node {expected}; refusing to start"
+    )]
+    OtherNode {
+        /// The dir.
+        dir: String,
+        /// The node it belongs to.
+        found: u64,
+        /// This node.
+        expected: u64,
+    },
+    /// Another cluster's dir.
+    #[error(
+        "{dir}: this data dir belongs to cluster {found:?}, not {expected:?}; refusing to start"
+    )]
+    OtherCluster {
+        /// The dir.
+        dir: String,
+        /// The cluster it belongs to.
+        found: String,
+        /// This node's cluster.
+        expected: String,
+    },
+    #[error(
+        "{dir}: initialized (it has {MARKER_FILE}) but its raft store is {what}; refusing to start \
+         empty, which would forget this node's term and vote. Restore raft.redb from a backup, or \
+         remove the node from the cluster and start it on a new, empty dir"
+    )]
+    /// A marked dir whose store is missing, empty, corrupt or another node's.
+    Store {
+        /// The dir.
+        dir: String,
+        /// What is wrong with the store.
+        what: String,
+    },
+    #[error(
+        "{dir}: holds raft state but no {MARKER_FILE} (another version, or tampered with); \
+         refusing to start"
+    )]
+    /// Raft state without a marker.
+    NoMarker {
+        /// The dir.
+        dir: String,
+    },
+    #[error(
+        "{dir}: its raft store is {what} (and the dir has no {MARKER_FILE}); refusing to start"
+    )]
+    /// An unmarked dir whose store cannot be used.
+    Unusable {
+        /// The dir.
+        dir: String,
+        /// What is wrong with the store.
+        what: String,
+    },
+    #[error("{path}: unreadable marker: {why}")]
+    /// A marker that cannot be read.
+    BadMarker {
+        /// The marker's path.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    #[error(
+        "{path}: unreadable lease promise record: {why}; refusing to start, since this node \
+         could break a promise its previous run made. If the dir is otherwise intact, write \
+         {{\"format\": 1, \"max_promise_ms\": N}} with N the longest --election-ms it ever \
+         ran with"
+    )]
+    /// A lease promise record (`kv-promise.json`) that cannot be read.
+    BadPromiseRecord {
+        /// The record's path.
+        path: String,
+        /// Why.
+        why: String,
+    },
+    #[error(
+        "{dir}: another process is using this data dir (a node already running on it?); refusing \
+         to start. Stop that process first; the dir itself is fine"
+    )]
+    /// Another process has the dir's store open.
+    InUse {
+        /// The dir.
+        dir: String,
+    },
+    /// The dir could not be read or written.
+    #[error("{0}")]
+    Io(String),
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> DirError {
+    DirError::Io(format!("{}: {e}", path.display()))
+}
+
+fn read_marker(dir: &Path) -> Result<Option<Marker>, DirError> {
+    let path = dir.join(MARKER_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(&path, e)),
+    };
+    let bad = |why: String| DirError::BadMarker {
+        path: path.display().to_string(),
+        why,
+    };
+    let m: Marker = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if m.format != FORMAT {
+        return Err(bad(format!(
+            "format {} (this build knows {FORMAT})",
+            m.format
+        )));
+    }
+    Ok(Some(m))
+}
+
+/// Write the marker: a temporary file, fsynced, renamed into place, and the dir fsynced.
+fn write_marker(dir: &Path, m: &Marker) -> Result<(), DirError> {
+    let tmp: PathBuf = dir.join(format!("{MARKER_FILE}.tmp"));
+    let text = serde_json::to_string_pretty(m).expect("a marker serializes");
+    std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|_| f.sync_all()))
+        .map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, dir.join(MARKER_FILE)).map_err(|e| io(dir, e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(dir, e))
+}
+
+/// An opened data dir.
+pub struct Opened {
+    /// Its raft store.
+    pub storage: DiskStorage,
+    /// Whether it was initialized (had a marker) before this start: an earlier run may have
+    /// used it.
+    pub initialized: bool,
+}
+
+/// Open the raft store in `dir` for node `node_id` of `cluster_id`, initializing a fresh dir
+/// from `bootstrap` (see `DiskStorage::create`), and refusing a dir that is not this node's,
+/// whose store is not intact, or that another process uses.
+pub fn open_data_dir(
+    dir: &Path,
+    cluster_id: &str,
+    node_id: u64,
+    bootstrap: Option<&raft::eraftpb::Snapshot>,
+) -> Result<Opened, DirError> {
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let d = dir.display().to_string();
+    let Some(m) = read_marker(dir)? else {
+        let unusable = |e: StoreError| match e {
+            StoreError::InUse => DirError::InUse { dir: d.clone() },
+            e => DirError::Unusable {
+                dir: d.clone(),
+                what: e.to_string(),
+            },
+        };
+        let store = DiskStorage::create(dir, bootstrap, node_id).map_err(unusable)?;
+        if !store.is_pristine().map_err(unusable)? {
+            return Err(DirError::NoMarker { dir: d });
+        }
+        write_marker(
+            dir,
+            &Marker {
+                format: FORMAT,
+                cluster_id: cluster_id.to_string(),
+                node_id,
+            },
+        )?;
+        return Ok(Opened {
+            storage: store,
+            initialized: false,
+        });
+    };
+    if m.node_id != node_id {
+        return Err(DirError::OtherNode {
+            dir: d,
+            found: m.node_id,
+            expected: node_id,
+        });
+    }
+    if m.cluster_id != cluster_id {
+        return Err(DirError::OtherCluster {
+            dir: d,
+            found: m.cluster_id,
+            expected: cluster_id.to_string(),
+        });
+    }
+    let storage = DiskStorage::open_existing(dir, node_id).map_err(|e| store_err(&d, e))?;
+    Ok(Opened {
+        storage,
+        initialized: true,
+    })
+}
+
+fn store_err(dir: &str, e: StoreError) -> DirError {
+    match e {
+        StoreError::InUse => DirError::InUse { dir: dir.into() },
+        StoreError::OtherNode(found) => DirError::Store {
+            dir: dir.into(),
+            what: format!("node {found}'s, not this node's"),
+        },
+        e => DirError::Store {
+            dir: dir.into(),
+            what: e.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boot() -> raft::eraftpb::Snapshot {
+        let mut s = raft::eraftpb::Snapshot::default();
+        s.mut_metadata().index = 1;
+        s.mut_metadata().term = 1;
+        s.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+        s
+    }
+
+    #[test]
+    fn a_dir_in_use_by_another_process_is_refused_as_in_use_not_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = open_data_dir(dir.path(), "c", 1, Some(&boot())).expect("fresh dir");
+        let e = open_data_dir(dir.path(), "c", 1, Some(&boot()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, DirError::InUse { .. }), "{e}");
+        assert!(
+            !e.to_string().contains("corrupt") && !e.to_string().contains("Restore"),
+            "{e}"
+        );
+        drop(open);
+        drop(open_data_dir(dir.path(), "c", 1, Some(&boot())).expect("free again"));
+    }
+
+    #[test]
+    fn a_marked_dir_refuses_another_node_a_missing_or_empty_store_and_an_unmarked_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        drop(open_data_dir(p, "c", 1, Some(&boot())).expect("fresh dir"));
+        drop(open_data_dir(p, "c", 1, Some(&boot())).expect("same node again"));
+        let e = open_data_dir(p, "c", 2, Some(&boot()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DirError::OtherNode {
+                    found: 1,
+                    expected: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = open_data_dir(p, "d", 1, Some(&boot()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, DirError::OtherCluster { .. }), "{e}");
+        let store = p.join("raft.redb");
+        std::fs::File::create(&store).unwrap(); // truncated to 0 bytes
+        let e = open_data_dir(p, "c", 1, Some(&boot()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, DirError::Store { .. }), "{e}");
+        std::fs::remove_file(&store).unwrap();
+        let e = open_data_dir(p, "c", 1, Some(&boot()))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, DirError::Store { .. }), "{e}");
+        assert!(!store.exists(), "never re-created");
+        // A store with state but no marker is refused; a pristine one is adopted.
+        let other = tempfile::tempdir().unwrap();
+        let s = DiskStorage::create(other.path(), None, 1).unwrap();
+        let hs = raft::eraftpb::HardState {
+            term: 3,
+            vote: 1,
+            ..Default::default()
+        };
+        s.persist(&[], Some(&hs)).unwrap();
+        drop(s);
+        let e = open_data_dir(other.path(), "c", 1, None)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, DirError::NoMarker { .. }), "{e}");
+    }
+}

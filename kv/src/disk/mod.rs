@@ -1,0 +1,7 @@
+//! What a node keeps on disk: the raft store (on redb, with its in-memory tail), the data dir's
+//! marker, and the record of the longest lease promise the dir ran with.
+
+pub mod marker;
+pub mod mem_log;
+pub mod promise_file;
+pub mod storage;

@@ -1,0 +1,82 @@
+//! A request as the routes see it ([`Ctx`]), and the answers every route shares: 405, a bad name,
+//! and the redirect to the leader (any node answers, see `routes`).
+
+use hyper::http::request::Parts;
+use hyper::Method;
+use serde_json::json;
+
+use crate::base::conns::Guard;
+use crate::http::app::App;
+use crate::http::reply::{error, error_with, Reply};
+use crate::state::keys::{self, NameError};
+
+/// A query string, decoded.
+pub type Query = Vec<(String, String)>;
+
+/// A request, split for the routes.
+pub struct Ctx<'a> {
+    /// The node.
+    pub app: &'a App,
+    /// Method, path and headers.
+    pub parts: Parts,
+    /// The decoded query.
+    pub query: Query,
+    /// The connection (its phase, for the connection table).
+    pub conn: &'a Guard,
+}
+
+/// 405 with an `Allow` header.
+pub fn method_not_allowed(m: &Method, route: &str, allow: &'static str) -> Reply {
+    error(
+        405,
+        "method_not_allowed",
+        format!("{m} on {route}: use {allow}"),
+    )
+    .with_header("allow", allow)
+}
+
+/// A key or lock name from the path.
+pub fn name(raw: &str, what: &str) -> Result<String, Reply> {
+    keys::name(raw).map_err(|e| match e {
+        NameError::TooLong(_) => error(400, "key_too_long", e.to_string()),
+        e => error(400, what, e.to_string()),
+    })
+}
+
+/// A query parameter.
+pub fn param<'a>(q: &'a Query, name: &str) -> Option<&'a str> {
+    q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// Proceed on the leader; elsewhere, the redirect to it (or 503 when no leader is known).
+pub fn leader_only(c: &Ctx<'_>) -> Result<(), Reply> {
+    match c.app.raft.leadership.get() {
+        (true, _) => Ok(()),
+        (false, leader) => Err(not_leader(c, leader)),
+    }
+}
+
+/// This node does not lead: 307 to the leader's address, or 503.
+pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
+    let http = leader.and_then(|id| c.app.http_of(id));
+    let more = json!({"leader_id": leader, "leader_http": http});
+    match (leader, &http) {
+        (Some(id), Some(addr)) => {
+            let target = c.parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            let location = format!("{}://{addr}{target}", c.app.scheme);
+            let detail = format!("node {id} leads: {location}");
+            error_with(307, "not_leader", detail, more).with_header("location", location)
+        }
+        (Some(id), None) => {
+            let detail = format!("node {id} leads, and its HTTP address is not known here");
+            error_with(503, "not_leader", detail, more)
+        }
+        (None, _) => error_with(
+            503,
+            "no_leader",
+            "no leader is known yet; retry shortly",
+            more,
+        )
+        .with_header("retry-after", "1"),
+    }
+}

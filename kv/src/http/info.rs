@@ -1,0 +1,67 @@
+//! `GET /status`, `GET /members` and `GET /metrics`.
+
+use serde_json::{json, Value};
+
+use crate::http::app::App;
+use crate::http::reply::{reply, Reply};
+use crate::peer::members::is_member;
+
+pub fn status(app: &App) -> Reply {
+    let s = app.status();
+    let (state, remaining_ns) = s.lease.unwrap_or((raft_lease::LeaseState::Expired, 0));
+    reply(
+        200,
+        json!({"id": app.opts.id, "pid": std::process::id(), "role": s.role, "term": s.term, "leader_id": s.leader_id,
+               "commit": s.commit, "applied": s.applied, "last_index": s.last_index,
+               "log_entries": s.log_entries, "insecure_peers": app.opts.insecure_peers,
+               "member": is_member(&s.conf, app.opts.id),
+               "lease": {"state": state.as_str(), "remaining_ms": remaining_ns / 1_000_000},
+               "promise": promise_json(app), "uptime_ms": app.promise.uptime_ms(&app.raft.clock)}),
+    )
+}
+
+/// This run's lease promise `P`, the longest promise of an earlier run it boots with (0: none
+/// known), and the data dir's record now, all in ms.
+fn promise_json(app: &App) -> Value {
+    let p = &app.promise;
+    json!({"promise_ms": p.promise_ms, "prior_promise_ms": p.found.prior_ms(),
+           "recorded_promise_ms": p.recorded_ms()})
+}
+
+pub fn members(app: &App) -> Reply {
+    let s = app.status();
+    let book = app.raft.members.read().clone();
+    let mut body = s.conf_json();
+    let list: Vec<Value> = book
+        .addrs
+        .iter()
+        .filter(|(id, _)| is_member(&s.conf, **id))
+        .map(|(id, a)| {
+            let role = if s.conf.learners.contains(id) {
+                "learner"
+            } else {
+                "voter"
+            };
+            let mut m = json!({"id": id, "role": role, "peer": a.peer, "http": a.http});
+            if let Some(p) = s.progress.get(id) {
+                m["matched"] = p.matched.into();
+                m["progress"] = p.state.into();
+            }
+            m
+        })
+        .collect();
+    body["id"] = app.opts.id.into();
+    body["leader_id"] = s.leader_id.into();
+    body["members"] = list.into();
+    reply(200, body)
+}
+
+pub fn metrics(app: &App) -> Reply {
+    let s = app.status();
+    let lease = s.lease.unwrap_or((raft_lease::LeaseState::Expired, 0));
+    app.metrics.http_open.set(app.conns.len() as u64);
+    let body = app
+        .metrics
+        .render(app.opts.id, lease, &s.counters, &app.inflight);
+    Reply::raw(200, "text/plain; version=0.0.4", body)
+}

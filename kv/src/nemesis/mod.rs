@@ -1,0 +1,318 @@
+//! `kv nemesis`: randomized faults against real KV processes, every client operation recorded
+//! and the whole history checked (Jepsen's method, on one machine).
+//!
+//! It starts a cluster (peer TLS, `--fault-injection`), runs writers, readers on every node in
+//! every mode, and lockers with fenced writes, while a seeded schedule pauses, kills, partitions
+//! (both ways and one way), skews clocks, transfers leadership, changes membership and leaves a
+//! follower behind until it catches up by snapshot. After the faults it heals everything, reads
+//! every key through the leader, and checks the history (see `checker`).
+
+mod checker;
+mod clients;
+mod faults;
+mod ops;
+mod procs;
+mod report;
+mod schedule;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use parking_lot::{Mutex, RwLock};
+
+use clients::Shared;
+use faults::Nemesis;
+use ops::{Call, Recorder, Ret};
+
+/// `kv nemesis`'s options.
+#[derive(Args)]
+pub struct NemesisArgs {
+    /// A short run for CI: 3 nodes, every fault kind once, about 75 s of faults.
+    #[arg(long)]
+    pub quick: bool,
+    /// The schedule's seed (default: from the time; printed either way).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Seconds of faults (default 75 with --quick, else 600).
+    #[arg(long)]
+    pub duration_s: Option<u64>,
+    /// Founding nodes: 3 or 5.
+    #[arg(long, default_value_t = 3, value_parser = parse_nodes)]
+    pub nodes: u64,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// NEGATIVE CONTROL: the nodes use raft-rs `LeaseBased` reads (stale reads expected).
+    #[arg(long)]
+    pub unsafe_lease_based: bool,
+    /// NEGATIVE CONTROL: every clock fault runs the leader's clock at this rate (far beyond ρ,
+    /// for example 0.05) and cuts the leader off (stale reads expected).
+    #[arg(long)]
+    pub clock_rate: Option<f64>,
+    /// Succeed only if the run shows at least one stale read (for the controls in CI).
+    #[arg(long)]
+    pub expect_stale_reads: bool,
+    /// Keep the cluster's data and logs in this dir (default: a temporary dir, removed).
+    #[arg(long)]
+    pub keep_dir: Option<PathBuf>,
+}
+
+fn parse_nodes(s: &str) -> Result<u64, String> {
+    match s {
+        "3" => Ok(3),
+        "5" => Ok(5),
+        _ => Err("--nodes must be 3 or 5".into()),
+    }
+}
+
+/// The raft election timeout the nodes run with (their default).
+const ELECTION_MS: u64 = 1000;
+/// The clock rate bound the nodes run with (their default `--drift-ppm`).
+const RHO: f64 = 0.1;
+
+/// `kv nemesis`.
+pub fn run(a: NemesisArgs) -> i32 {
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64 % 1_000_000)
+    });
+    let duration = Duration::from_secs(a.duration_s.unwrap_or(if a.quick { 75 } else { 600 }));
+    let nodes = if a.quick { 3 } else { a.nodes };
+    println!(
+        "nemesis: seed {seed}, {nodes} nodes, {} s of faults",
+        duration.as_secs()
+    );
+    let (dir, _temp) = match procs::run_dir(a.keep_dir.as_ref()) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    // Compact often, so that a follower left behind catches up by snapshot.
+    let node_args = vec!["--snapshot-every".to_string(), "200".to_string()];
+    let procs = match procs::Procs::start(&dir, nodes, seed, a.unsafe_lease_based, node_args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let start = Instant::now();
+    let addrs = clients::addrs(|id| procs.http(id));
+    let nem = Arc::new(Nemesis {
+        auth: procs.auth(),
+        procs: Mutex::new(procs),
+        targets: Arc::new(RwLock::new((1..=nodes).collect())),
+        used: Mutex::new((1..=nodes).collect::<BTreeSet<u64>>()),
+        timeline: Mutex::default(),
+        start,
+        addrs: addrs.clone(),
+    });
+    let code = run_with(&a, seed, nodes, duration, &nem, addrs);
+    let procs = Arc::try_unwrap(nem).map(|n| n.procs.into_inner());
+    if let Ok(p) = procs {
+        if a.keep_dir.is_none() && code != 0 {
+            eprintln!("logs of the failed run: rerun with --keep-dir DIR to keep them");
+        }
+        p.shutdown();
+    }
+    code
+}
+
+fn run_with(
+    a: &NemesisArgs,
+    seed: u64,
+    nodes: u64,
+    duration: Duration,
+    nem: &Arc<Nemesis>,
+    addrs: Arc<Vec<String>>,
+) -> i32 {
+    if nem.leader(60).is_none() {
+        eprintln!("error: no leader within 60 s of starting; seed {seed}");
+        for id in 1..=nodes {
+            eprintln!("node {id}:\n{}", nem.procs.lock().log_tail(id, 10));
+        }
+        return 2;
+    }
+    let shared = Shared {
+        rec: Recorder::new(nem.start),
+        addrs,
+        targets: nem.targets.clone(),
+        stop: Arc::new(AtomicBool::new(false)),
+        think: Duration::from_millis(if a.quick { 5 } else { 20 }),
+    };
+    let clients = start_clients(&shared, nodes, seed);
+    let progress = progress(&shared, nem.clone());
+    faults_for(a, seed, duration, nem);
+    let node_exits = nem.heal_all();
+    shared.stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        let _ = c.join();
+    }
+    let _ = progress.join();
+    final_reads(&shared, nem);
+    let ops = shared.rec.snapshot();
+    let verdict = checker::check(&ops);
+    let mut rerun = format!(
+        "cargo run --release --bin kv -- nemesis --seed {seed} --nodes {nodes} --duration-s {}",
+        duration.as_secs()
+    );
+    for (on, flag) in [
+        (a.quick, " --quick"),
+        (a.unsafe_lease_based, " --unsafe-lease-based"),
+    ] {
+        if on {
+            rerun.push_str(flag);
+        }
+    }
+    if let Some(r) = a.clock_rate {
+        rerun.push_str(&format!(" --clock-rate {r}"));
+    }
+    let info = report::RunInfo {
+        seed,
+        nodes,
+        duration_s: nem.start.elapsed().as_secs_f64(),
+        rerun: rerun.clone(),
+        node_exits: &node_exits,
+        unsafe_lease_based: a.unsafe_lease_based,
+        clock_rate: a.clock_rate,
+    };
+    let r = report::json(&info, &verdict, &ops, &nem.timeline.lock());
+    report::print(&r);
+    if let Some(path) = &a.report {
+        let text = serde_json::to_string_pretty(&r).expect("the report serializes");
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("error: {}: {e}", path.display());
+            return 2;
+        }
+    }
+    verdict_code(a, &verdict, &node_exits, seed, &rerun)
+}
+
+fn verdict_code(
+    a: &NemesisArgs,
+    v: &checker::Verdict,
+    exits: &[u64],
+    seed: u64,
+    rerun: &str,
+) -> i32 {
+    if a.expect_stale_reads {
+        if v.stale_reads.is_empty() {
+            println!("CONTROL FAILED: no stale read (seed {seed}); rerun: {rerun}");
+            return 1;
+        }
+        println!(
+            "control passed: {} stale reads found, as expected (seed {seed})",
+            v.stale_reads.len()
+        );
+        return 0;
+    }
+    if v.anomalies() > 0 || !exits.is_empty() {
+        println!("FAILED: {} anomalies, nodes that exited on their own {exits:?} (seed {seed}); rerun: {rerun}", v.anomalies());
+        return 1;
+    }
+    println!("passed: no anomaly (seed {seed})");
+    0
+}
+
+fn start_clients(s: &Shared, nodes: u64, seed: u64) -> Vec<std::thread::JoinHandle<()>> {
+    let mut handles = Vec::new();
+    let mut client = 0u32;
+    let mut spawn = |f: Box<dyn FnOnce(Shared, u32) + Send>| {
+        client += 1;
+        let (s, c) = (s.clone(), client);
+        handles.push(std::thread::spawn(move || f(s, c)));
+    };
+    for w in 0..2 {
+        spawn(Box::new(move |s, c| {
+            clients::writer(s, c, seed ^ (100 + w))
+        }));
+    }
+    for slot in 0..nodes as usize {
+        spawn(Box::new(move |s, c| {
+            clients::reader(s, c, slot, seed ^ (200 + slot as u64))
+        }));
+    }
+    for l in 0..2 {
+        spawn(Box::new(move |s, c| {
+            clients::locker(s, c, seed ^ (300 + l))
+        }));
+    }
+    handles
+}
+
+/// A progress line every 10 s until the clients stop.
+fn progress(s: &Shared, nem: Arc<Nemesis>) -> std::thread::JoinHandle<()> {
+    let (rec, stop) = (s.rec.clone(), s.stop.clone());
+    std::thread::spawn(move || {
+        let mut last = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(200));
+            if last.elapsed() >= Duration::from_secs(10) {
+                last = Instant::now();
+                println!(
+                    "[{:>7.1}s] progress: {} operations, {} faults, members {:?}",
+                    nem.start.elapsed().as_secs_f64(),
+                    rec.len(),
+                    nem.timeline.lock().len(),
+                    nem.targets.read()
+                );
+            }
+        }
+    })
+}
+
+/// Run the schedule until `duration` has passed (with --quick, also until every kind ran once).
+fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>) {
+    let params = schedule::Params {
+        election_ms: ELECTION_MS,
+        rho: RHO,
+        control_rate: a.clock_rate,
+    };
+    let steps = schedule::schedule(seed, 100_000, &params);
+    let t0 = Instant::now();
+    let mut background: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    for step in steps {
+        if t0.elapsed() >= duration {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(step.gap_ms));
+        if step.overlap {
+            let n = nem.clone();
+            background.retain(|h| !h.is_finished());
+            background.push(std::thread::spawn(move || n.apply(&step.fault)));
+        } else {
+            nem.apply(&step.fault);
+        }
+    }
+    for h in background {
+        let _ = h.join();
+    }
+}
+
+/// After the faults: every key read through the leader (ReadIndex), until each has an answer.
+fn final_reads(s: &Shared, nem: &Nemesis) {
+    let mut keys: Vec<String> = (0..clients::KEYS).map(|k| format!("k{k}")).collect();
+    keys.push("fenced-L0".into());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for key in keys {
+        while Instant::now() < deadline {
+            let Some(l) = nem.leader(10) else { continue };
+            let c = Call::Get {
+                key: key.clone(),
+                mode: "index".into(),
+                final_read: true,
+            };
+            if matches!(clients::run_op(s, 0, l, c), Ret::Read { .. }) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}

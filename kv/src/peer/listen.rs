@@ -1,0 +1,391 @@
+//! Peer transport, receiving side: accept peer connections, authenticate them (mutual TLS), and
+//! deliver the raft messages they carry to the raft thread's inbox.
+//!
+//! Until a connection has authenticated (its TLS handshake done, or with `--insecure-peers` its
+//! first message read) it holds a place in a small table of pending handshakes, at most
+//! [`peer::MAX_PENDING_PER_IP`] from one address and [`peer::MAX_PENDING`] in all, for at most
+//! `HANDSHAKE_TIMEOUT`. A newcomer over a limit closes the pending connection that matters least
+//! (one that has sent nothing, oldest first; see `base::conns`), never itself: idle sockets opened by
+//! anyone who reaches the port cannot keep members from connecting. An authenticated connection
+//! takes one of [`peer::MAX_CONNECTIONS_PER_PEER`] places of its member instead.
+//!
+//! A message is dropped (and counted) unless it is addressed to this node, comes from a member in
+//! the address book (or one this node was started with) that was not removed, names the same
+//! sender as the certificate of the connection it came on, and is of a type peers send each
+//! other (never a proposal or a node-local message). Frames are bounded in size, and the bytes of
+//! messages being received or waiting for the raft thread in the peer byte budget.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use raft::eraftpb::{Message, MessageType};
+use slog::{info, warn, Logger};
+use tokio::io::{AsyncRead, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::timeout;
+
+use crate::base::budget::Ticket;
+use crate::base::conns::{Admission, ConnTable, Guard, Phase};
+use crate::base::limits::peer;
+use crate::peer::frame::read_message;
+use crate::peer::transport::{TransportConfig, HANDSHAKE_TIMEOUT};
+use crate::tls::config::peer_node_id;
+
+/// Open inbound connections per authenticated peer id.
+type PerPeer = Arc<Mutex<HashMap<u64, usize>>>;
+
+/// A place in the per-peer count, freed on drop.
+struct PeerSlot(PerPeer, u64);
+
+impl PeerSlot {
+    fn take(per_peer: &PerPeer, id: u64) -> Option<PeerSlot> {
+        let mut m = per_peer.lock();
+        let n = m.entry(id).or_default();
+        if *n >= peer::MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot(per_peer.clone(), id))
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        if let Some(n) = self.0.lock().get_mut(&self.1) {
+            *n -= 1;
+        }
+    }
+}
+
+/// Why a decoded message was dropped.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reject {
+    /// Not for this node, or from no member.
+    Misaddressed,
+    /// `from` is not the id in the connection's certificate.
+    Spoofed {
+        /// The sender the message names.
+        claimed: u64,
+        /// The id in the certificate.
+        cert: u64,
+    },
+    /// A type peers never send each other.
+    Type(MessageType),
+}
+
+/// Message types that travel between peers. Proposals are never forwarded in this KV (only the
+/// leader proposes) and the rest are node-local.
+fn peer_type(t: MessageType) -> bool {
+    use MessageType::*;
+    !matches!(
+        t,
+        MsgHup | MsgBeat | MsgPropose | MsgUnreachable | MsgSnapStatus | MsgCheckQuorum
+    )
+}
+
+/// Whether `msg`, received on a connection authenticated as `cert_id`, may reach raft.
+pub fn check(msg: &Message, cert_id: Option<u64>, cfg: &TransportConfig) -> Result<(), Reject> {
+    let member = cfg.members.read().accepts(msg.from, &cfg.started_with);
+    if msg.to != cfg.my_id || msg.from == cfg.my_id || !member {
+        return Err(Reject::Misaddressed);
+    }
+    if let Some(cert) = cert_id.filter(|&c| c != msg.from) {
+        return Err(Reject::Spoofed {
+            claimed: msg.from,
+            cert,
+        });
+    }
+    if !peer_type(msg.get_msg_type()) {
+        return Err(Reject::Type(msg.get_msg_type()));
+    }
+    Ok(())
+}
+
+/// What every connection task needs.
+struct Ctx {
+    inbox: crossbeam_channel::Sender<Inbound>,
+    cfg: TransportConfig,
+    per_peer: PerPeer,
+    pending: Arc<ConnTable>,
+}
+
+/// Accept peer connections until `stop` changes.
+pub async fn listen(
+    listener: TcpListener,
+    inbox: crossbeam_channel::Sender<Inbound>,
+    cfg: TransportConfig,
+    mut stop: watch::Receiver<bool>,
+) {
+    let ctx = Arc::new(Ctx {
+        inbox,
+        cfg,
+        per_peer: Arc::default(),
+        pending: ConnTable::new(peer::MAX_PENDING, peer::MAX_PENDING_PER_IP),
+    });
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        let (tcp, remote) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(ctx.cfg.logger, "peer accept failed; retrying"; "error" => %e);
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some((guard, admission)) = ctx.pending.admit(remote.ip()) else {
+            ctx.cfg.metrics.peer_refused.inc();
+            continue;
+        };
+        if let Admission::Evicted(_) = admission {
+            ctx.cfg.metrics.peer_evicted.inc();
+        }
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let close = guard.slot.clone();
+            tokio::select! {
+                _ = connection(tcp, guard, &ctx) => {}
+                _ = close.close.notified() => {}
+            }
+        });
+    }
+}
+
+/// Authenticate the connection within the handshake timeout, then receive from it.
+async fn connection(tcp: TcpStream, pending: Guard, ctx: &Ctx) {
+    let remote = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let log = ctx.cfg.logger.new(slog::o!("remote" => remote));
+    // A connection that sent a byte has started: it is closed after those that sent nothing.
+    let started = async {
+        let _ = tcp.readable().await;
+        pending.set(Phase::Idle);
+    };
+    if timeout(HANDSHAKE_TIMEOUT, started).await.is_err() {
+        return;
+    }
+    let Some(tls) = &ctx.cfg.tls else {
+        return insecure(tcp, pending, ctx, &log).await;
+    };
+    let stream = match timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        failed => {
+            ctx.cfg.metrics.peer_tls_failures.inc();
+            let why = failed.map_or("timed out".to_string(), |r| {
+                r.err().map(|e| e.to_string()).unwrap_or_default()
+            });
+            warn!(log, "peer TLS handshake failed; closed"; "error" => why);
+            return;
+        }
+    };
+    let cert_id = peer_node_id(stream.get_ref().1);
+    let member = |id: &u64| {
+        *id != ctx.cfg.my_id && ctx.cfg.members.read().accepts(*id, &ctx.cfg.started_with)
+    };
+    let Some(id) = cert_id.filter(member) else {
+        ctx.cfg.metrics.peer_tls_failures.inc();
+        warn!(log, "peer certificate names no other member; closed"; "cert_id" => ?cert_id);
+        return;
+    };
+    drop(pending); // authenticated: it no longer counts as a pending handshake
+    let Some(_slot) = PeerSlot::take(&ctx.per_peer, id) else {
+        ctx.cfg.metrics.peer_refused.inc();
+        warn!(log, "too many connections from this peer; closed"; "peer" => id);
+        return;
+    };
+    info!(log, "peer connected"; "peer" => id);
+    recv_loop(BufReader::new(stream), Some(id), ctx, &log).await
+}
+
+/// `--insecure-peers`: the first message names the peer (nothing proves it).
+async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
+    let mut r = BufReader::new(tcp);
+    let budget = &ctx.cfg.peer_budget;
+    let first = timeout(
+        HANDSHAKE_TIMEOUT,
+        read_message(&mut r, ctx.cfg.max_message_bytes, budget),
+    )
+    .await;
+    let (msg, ticket) = match first {
+        Ok(Ok(Some(m))) => m,
+        Ok(Err(e)) => {
+            ctx.cfg.metrics.bad_frames.inc();
+            warn!(log, "bad frame on a peer socket; closing it"; "error" => %e);
+            return;
+        }
+        _ => return,
+    };
+    drop(pending);
+    let Some(_slot) = PeerSlot::take(&ctx.per_peer, msg.from) else {
+        ctx.cfg.metrics.peer_refused.inc();
+        return;
+    };
+    deliver(msg, ticket, None, ctx, log, &mut false);
+    recv_loop(r, None, ctx, log).await
+}
+
+async fn recv_loop<R: AsyncRead + Unpin>(
+    mut r: BufReader<R>,
+    cert_id: Option<u64>,
+    ctx: &Ctx,
+    log: &Logger,
+) {
+    let mut warned = false;
+    loop {
+        let read = read_message(&mut r, ctx.cfg.max_message_bytes, &ctx.cfg.peer_budget);
+        let (msg, ticket) = match timeout(peer::IDLE_TIMEOUT, read).await {
+            Err(_) | Ok(Ok(None)) => return, // idle or closed
+            Ok(Err(e)) => {
+                ctx.cfg.metrics.bad_frames.inc();
+                warn!(log, "bad frame on a peer socket; closing it"; "error" => %e);
+                return;
+            }
+            Ok(Ok(Some(m))) => m,
+        };
+        deliver(msg, ticket, cert_id, ctx, log, &mut warned);
+    }
+}
+
+/// Check `msg` and hand it to the raft thread with its bytes' ticket.
+fn deliver(
+    msg: Message,
+    ticket: Ticket,
+    cert_id: Option<u64>,
+    ctx: &Ctx,
+    log: &Logger,
+    warned: &mut bool,
+) {
+    let cfg = &ctx.cfg;
+    if let Err(reject) = check(&msg, cert_id, cfg) {
+        match reject {
+            Reject::Spoofed { .. } => cfg.metrics.peer_spoofed.inc(),
+            Reject::Type(_) => cfg.metrics.peer_refused_types.inc(),
+            Reject::Misaddressed => cfg.metrics.bad_frames.inc(),
+        }
+        if !std::mem::replace(warned, true) {
+            warn!(log, "peer message dropped"; "reason" => ?reject, "from" => msg.from, "to" => msg.to);
+        }
+        return;
+    }
+    cfg.metrics.received(msg.get_msg_type());
+    if crate::peer::transport::cut(&cfg.blocked, msg.from, true) {
+        return;
+    }
+    let inbound = Inbound {
+        msg,
+        ticket: Some(ticket),
+    };
+    if ctx.inbox.try_send(inbound).is_err() {
+        cfg.metrics.dropped_full.inc();
+    }
+}
+
+/// A peer message and the bytes it holds in the peer budget until it is stepped.
+pub struct Inbound {
+    /// The message.
+    pub msg: Message,
+    /// Its bytes in the peer budget.
+    pub ticket: Option<Ticket>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> TransportConfig {
+        TransportConfig {
+            my_id: 1,
+            started_with: [
+                (1, "127.0.0.1:1".to_string()),
+                (2, "127.0.0.1:2".to_string()),
+                (3, "127.0.0.1:3".to_string()),
+            ]
+            .into(),
+            members: Arc::default(),
+            peer_delay_ms: Arc::default(),
+            blocked: Arc::default(),
+            metrics: Arc::default(),
+            logger: Logger::root(slog::Discard, slog::o!()),
+            tls: None,
+            peer_budget: crate::base::budget::Budget::new(1 << 20),
+            max_message_bytes: 1 << 20,
+        }
+    }
+
+    fn msg(from: u64, to: u64, t: MessageType) -> Message {
+        let mut m = Message {
+            from,
+            to,
+            ..Default::default()
+        };
+        m.set_msg_type(t);
+        m
+    }
+
+    #[test]
+    fn only_messages_from_the_certified_peer_of_peer_types_pass() {
+        let c = cfg();
+        let hb = MessageType::MsgHeartbeat;
+        assert_eq!(check(&msg(2, 1, hb), Some(2), &c), Ok(()));
+        assert_eq!(
+            check(&msg(2, 1, hb), None, &c),
+            Ok(()),
+            "insecure: no certificate to check"
+        );
+        assert_eq!(
+            check(&msg(2, 1, hb), Some(3), &c),
+            Err(Reject::Spoofed {
+                claimed: 2,
+                cert: 3
+            })
+        );
+        assert_eq!(
+            check(&msg(2, 5, hb), Some(2), &c),
+            Err(Reject::Misaddressed)
+        );
+        assert_eq!(
+            check(&msg(9, 1, hb), Some(9), &c),
+            Err(Reject::Misaddressed)
+        );
+        assert_eq!(check(&msg(1, 1, hb), None, &c), Err(Reject::Misaddressed));
+        let prop = MessageType::MsgPropose;
+        assert_eq!(
+            check(&msg(2, 1, prop), Some(2), &c),
+            Err(Reject::Type(prop))
+        );
+        for t in [
+            MessageType::MsgAppendResponse,
+            MessageType::MsgTimeoutNow,
+            MessageType::MsgSnapshot,
+        ] {
+            assert_eq!(check(&msg(3, 1, t), Some(3), &c), Ok(()));
+        }
+        // A removed member is refused; a member added later is accepted.
+        c.members.write().removed.insert(3);
+        assert_eq!(
+            check(&msg(3, 1, hb), Some(3), &c),
+            Err(Reject::Misaddressed)
+        );
+        c.members.write().addrs.insert(
+            9,
+            crate::peer::members::Addrs {
+                peer: "127.0.0.1:9".into(),
+                http: None,
+            },
+        );
+        assert_eq!(check(&msg(9, 1, hb), Some(9), &c), Ok(()));
+    }
+
+    #[test]
+    fn heartbeat_acknowledgements_pass_whatever_their_context() {
+        let c = cfg();
+        for ctx in crate::peer::ack_contexts::ack_contexts() {
+            let mut m = msg(2, 1, MessageType::MsgHeartbeatResponse);
+            m.context = ctx.into();
+            assert_eq!(check(&m, Some(2), &c), Ok(()));
+        }
+    }
+}

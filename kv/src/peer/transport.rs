@@ -1,0 +1,335 @@
+//! Peer transport, sending side: raft messages to each peer over one connection (mutual TLS
+//! unless `--insecure-peers`), as frames (see `frame`).
+//!
+//! Each peer has a sender task with a bounded queue: the raft thread never blocks on a slow or
+//! dead peer. A message that is not delivered is **reported** to the raft thread: a snapshot as
+//! failed (raft-rs otherwise waits for it forever, sending that peer nothing but heartbeats), an
+//! append as unreachable (raft then probes instead of streaming). A message counts as lost when
+//! its queue is full, the peer is cut off by fault injection, the connection cannot be made, or a
+//! frame makes no progress for [`FRAME_TIMEOUT`]; a snapshot counts as delivered once its frames
+//! are flushed. Connections reconnect with backoff; a connection to an address that does not prove
+//! it is that peer is dropped. Peers are found in the replicated address book, so nodes added
+//! later are reached too.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use raft::eraftpb::{Message, MessageType};
+use slog::{debug, info, warn, Logger};
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tokio::time::{timeout, Instant};
+
+use crate::base::budget::Budget;
+use crate::base::metrics::Metrics;
+use crate::peer::frame::{write_message, FrameError};
+use crate::peer::members::Members;
+use crate::tls::config::{peer_node_id, PeerTls};
+
+/// Messages queued per peer before new ones are dropped.
+const QUEUE_LEN: usize = 4096;
+/// Messages written per flush at most.
+const BATCH: usize = 256;
+/// A frame (at most 1 MiB) or a flush that makes no progress for this long fails the connection.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(2);
+/// TLS handshakes between peers must finish within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Peers cut off by fault injection: an id alone cuts both directions; `id | ONLY_OUT` drops
+/// only what this node sends to it, `id | ONLY_IN` only what it receives from it.
+pub type Blocked = Arc<RwLock<HashSet<u64>>>;
+/// In [`Blocked`]: only messages to the peer are dropped.
+pub const ONLY_OUT: u64 = 1 << 62;
+/// In [`Blocked`]: only messages from the peer are dropped.
+pub const ONLY_IN: u64 = 1 << 61;
+
+/// Whether messages from (`inbound`) or to peer `id` are dropped.
+pub fn cut(blocked: &Blocked, id: u64, inbound: bool) -> bool {
+    let b = blocked.read();
+    b.contains(&id) || b.contains(&(id | if inbound { ONLY_IN } else { ONLY_OUT }))
+}
+
+/// What the transport tells the raft thread about messages it could not deliver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// A snapshot to `to` was flushed (`delivered`) or lost.
+    Snapshot {
+        /// The peer.
+        to: u64,
+        /// Whether all its frames were flushed.
+        delivered: bool,
+    },
+    /// A message to `to` (an append) was lost.
+    Unreachable {
+        /// The peer.
+        to: u64,
+    },
+}
+
+struct Outgoing {
+    msg: Message,
+    queued_at: Instant,
+}
+
+/// Settings shared by the transport's tasks and the peer listener.
+#[derive(Clone)]
+pub struct TransportConfig {
+    /// This node's raft id.
+    pub my_id: u64,
+    /// The peers this node was started with (`--peers`): used until the address book knows them.
+    pub started_with: BTreeMap<u64, String>,
+    /// The replicated address book.
+    pub members: Arc<RwLock<Members>>,
+    /// Extra one-way delay on every outgoing message, in ms (a cross-zone network on one
+    /// machine; `/admin/delay` changes it).
+    pub peer_delay_ms: Arc<AtomicU64>,
+    /// Peers cut off by fault injection.
+    pub blocked: Blocked,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Where to log.
+    pub logger: Logger,
+    /// Mutual TLS; `None` with `--insecure-peers`.
+    pub tls: Option<PeerTls>,
+    /// Bytes received from peers and not yet stepped (see `listen`).
+    pub peer_budget: Arc<Budget>,
+    /// The largest message accepted from a peer.
+    pub max_message_bytes: usize,
+}
+
+impl TransportConfig {
+    /// Where peer `id` listens: the address book's entry, else the one it was started with.
+    pub fn addr_of(&self, id: u64) -> Option<String> {
+        let book = self.members.read();
+        book.addrs
+            .get(&id)
+            .map(|a| a.peer.clone())
+            .or_else(|| self.started_with.get(&id).cloned())
+    }
+}
+
+/// The sending side, owned by the raft thread.
+pub struct Transport {
+    queues: HashMap<u64, mpsc::Sender<Outgoing>>,
+    cfg: TransportConfig,
+    rt: tokio::runtime::Handle,
+    reports: Reports,
+}
+
+/// Where reports go; `None` only for the tests' control (`--no-transport-reports`).
+type Reports = Option<crossbeam_channel::Sender<Report>>;
+
+type PeerWriter = BufWriter<Box<dyn AsyncWrite + Send + Unpin>>;
+
+impl Transport {
+    /// A transport whose sender tasks run on `rt` and report to `reports`.
+    pub fn new(cfg: &TransportConfig, rt: &tokio::runtime::Handle, reports: Reports) -> Transport {
+        Transport {
+            queues: HashMap::new(),
+            cfg: cfg.clone(),
+            rt: rt.clone(),
+            reports,
+        }
+    }
+
+    /// Queue `msg` for its peer. Never blocks; a message that cannot be queued is reported.
+    pub fn send(&mut self, msg: Message) {
+        self.cfg.metrics.sent(msg.get_msg_type());
+        if cut(&self.cfg.blocked, msg.to, false) {
+            return report_lost(&self.reports, &self.cfg.metrics, &msg);
+        }
+        let Some(q) = self.queue(msg.to) else {
+            return report_lost(&self.reports, &self.cfg.metrics, &msg);
+        };
+        let out = Outgoing {
+            msg,
+            queued_at: Instant::now(),
+        };
+        if let Err(TrySendError::Full(out) | TrySendError::Closed(out)) = q.try_send(out) {
+            self.cfg.metrics.dropped_full.inc();
+            report_lost(&self.reports, &self.cfg.metrics, &out.msg);
+        }
+    }
+
+    /// The queue of peer `to`, its sender task started on first use.
+    fn queue(&mut self, to: u64) -> Option<&mpsc::Sender<Outgoing>> {
+        if to == self.cfg.my_id {
+            return None;
+        }
+        if !self.queues.contains_key(&to) {
+            self.cfg.addr_of(to)?;
+            let (tx, rx) = mpsc::channel(QUEUE_LEN);
+            let reports = self.reports.clone();
+            self.rt.spawn(send_loop(to, rx, self.cfg.clone(), reports));
+            self.queues.insert(to, tx);
+        }
+        self.queues.get(&to)
+    }
+}
+
+/// Tell the raft thread that `msg` was lost.
+fn report_lost(reports: &Reports, metrics: &Metrics, msg: &Message) {
+    let report = match msg.get_msg_type() {
+        MessageType::MsgSnapshot => {
+            metrics.snapshots_lost.inc();
+            Report::Snapshot {
+                to: msg.to,
+                delivered: false,
+            }
+        }
+        MessageType::MsgAppend => Report::Unreachable { to: msg.to },
+        _ => return,
+    };
+    send_report(reports, report);
+}
+
+fn send_report(reports: &Reports, r: Report) {
+    if let Some(tx) = reports {
+        let _ = tx.try_send(r);
+    }
+}
+
+async fn send_loop(
+    peer: u64,
+    mut rx: mpsc::Receiver<Outgoing>,
+    cfg: TransportConfig,
+    reports: Reports,
+) {
+    let log = cfg.logger.new(slog::o!("peer" => peer));
+    let mut conn: Option<PeerWriter> = None;
+    let mut backoff = Duration::from_millis(20);
+    while let Some(out) = rx.recv().await {
+        let delay = Duration::from_millis(cfg.peer_delay_ms.load(Ordering::Relaxed));
+        if !delay.is_zero() {
+            tokio::time::sleep_until(out.queued_at + delay).await; // the timer's 1 ms grain otherwise
+        }
+        if conn.is_none() {
+            match connect(peer, &cfg).await {
+                Ok(w) => {
+                    info!(log, "connected to peer"; "tls" => cfg.tls.is_some());
+                    conn = Some(BufWriter::new(w));
+                    backoff = Duration::from_millis(20);
+                }
+                Err(e) => {
+                    debug!(log, "peer unreachable; dropping message"; "error" => %e, "backoff_ms" => backoff.as_millis());
+                    report_lost(&reports, &cfg.metrics, &out.msg);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            }
+        }
+        let mut batch = vec![out.msg];
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(more) => batch.push(more.msg),
+                Err(_) => break,
+            }
+        }
+        let w = conn.as_mut().expect("connected");
+        if let Err(e) = write_batch(w, &batch, &reports, &cfg.metrics).await {
+            cfg.metrics.peer_write_failures.inc();
+            warn!(log, "peer connection failed; reconnecting"; "error" => %e, "lost" => batch.len());
+            conn = None;
+        }
+    }
+}
+
+/// Write `batch` and flush, each frame within [`FRAME_TIMEOUT`]. A snapshot is flushed on its own
+/// and reported delivered; on failure, everything not yet reported is reported lost.
+async fn write_batch(
+    w: &mut PeerWriter,
+    batch: &[Message],
+    reports: &Reports,
+    metrics: &Metrics,
+) -> Result<(), FrameError> {
+    let mut unflushed = 0;
+    for (i, m) in batch.iter().enumerate() {
+        let mut written = write_message(w, m, FRAME_TIMEOUT).await;
+        let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
+        if written.is_ok() && snapshot {
+            written = flush(w).await;
+        }
+        if let Err(e) = written {
+            batch[unflushed..]
+                .iter()
+                .for_each(|m| report_lost(reports, metrics, m));
+            return Err(e);
+        }
+        if snapshot {
+            let delivered = Report::Snapshot {
+                to: m.to,
+                delivered: true,
+            };
+            metrics.snapshots_delivered.inc();
+            send_report(reports, delivered);
+            unflushed = i + 1;
+        }
+    }
+    if let Err(e) = flush(w).await {
+        batch[unflushed..]
+            .iter()
+            .for_each(|m| report_lost(reports, metrics, m));
+        return Err(e);
+    }
+    Ok(())
+}
+
+async fn flush(w: &mut PeerWriter) -> Result<(), FrameError> {
+    match timeout(FRAME_TIMEOUT, w.flush()).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(FrameError::Stalled),
+    }
+}
+
+async fn connect(
+    peer: u64,
+    cfg: &TransportConfig,
+) -> Result<Box<dyn AsyncWrite + Send + Unpin>, String> {
+    let addr = cfg.addr_of(peer).ok_or("no address")?;
+    let tcp = timeout(Duration::from_millis(500), TcpStream::connect(&addr))
+        .await
+        .map_err(|_| "connect timed out".to_string())?
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    let Some(tls) = &cfg.tls else {
+        return Ok(Box::new(tcp));
+    };
+    let stream = timeout(
+        HANDSHAKE_TIMEOUT,
+        tls.connector.connect(PeerTls::server_name(peer), tcp),
+    )
+    .await
+    .map_err(|_| "TLS handshake timed out".to_string())?
+    .map_err(|e| format!("TLS handshake: {e}"))?;
+    // rustls checked the chain and the name; check the id once more, strictly.
+    match peer_node_id(stream.get_ref().1) {
+        Some(id) if id == peer => Ok(Box::new(stream)),
+        other => Err(format!(
+            "peer at {addr} presented node {other:?}, expected {peer}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_one_way_cut_drops_one_direction_only() {
+        let b: Blocked = Arc::default();
+        assert!(!cut(&b, 2, true) && !cut(&b, 2, false));
+        b.write().insert(2 | ONLY_OUT);
+        assert!(cut(&b, 2, false), "to 2 dropped");
+        assert!(!cut(&b, 2, true), "from 2 delivered");
+        assert!(!cut(&b, 3, false));
+        b.write().insert(3 | ONLY_IN);
+        assert!(cut(&b, 3, true) && !cut(&b, 3, false));
+        b.write().insert(4);
+        assert!(cut(&b, 4, true) && cut(&b, 4, false), "both ways");
+    }
+}

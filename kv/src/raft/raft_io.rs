@@ -1,0 +1,312 @@
+//! The raft loop's I/O for `LeaseNode::handle_ready`: the durable log, the transport, the state
+//! machine, the address book, and the requests waiting for their entries to apply.
+//!
+//! Snapshot data is an envelope (see `snapshot`): the address book, then the state machine's own
+//! snapshot.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChangeV2, Entry, EntryType, HardState, Message, Snapshot};
+use raft_lease::drive::apply_conf_change_entry;
+use raft_lease::ReadyIo;
+use slog::{info, Logger};
+use tokio::sync::oneshot;
+
+use crate::base::budget::Ticket;
+use crate::base::clock::ScaledClock;
+use crate::disk::storage::{DiskError, DiskStorage};
+use crate::peer::transport::Transport;
+use crate::raft::machine::{Node, StateMachine};
+use crate::raft::requests::{MembersReply, WriteReply};
+use crate::raft::shared::Shared;
+use crate::raft::snapshot::{envelope, restore};
+use crate::raft::status::Status;
+
+/// A request waiting for its entry to apply.
+pub enum Waiter<O> {
+    /// A write, and its bytes in the in-flight budget (released once leadership is lost).
+    Write(oneshot::Sender<WriteReply<O>>, Option<Ticket>),
+    /// A membership change.
+    Members(oneshot::Sender<MembersReply>),
+}
+
+/// The loop's I/O and the waiters, as `handle_ready` sees them.
+pub struct LoopIo<M: StateMachine> {
+    storage: DiskStorage,
+    shared: Arc<Shared<M>>,
+    transport: Transport,
+    /// Requests waiting on the entry at an index: (the term it was proposed in, the waiter).
+    waiting: BTreeMap<u64, (u64, Waiter<M::Outcome>)>,
+    /// The index of the latest snapshot taken or installed.
+    snapshot_index: u64,
+    /// Take a snapshot at the next chance (a node was added: it should catch up from a recent one).
+    snapshot_due: bool,
+    was_leader: (bool, u64),
+    progress: BTreeMap<u64, crate::raft::status::PeerProgress>,
+    metrics: Arc<crate::base::metrics::Metrics>,
+    logger: Logger,
+}
+
+impl<M: StateMachine> LoopIo<M> {
+    /// The I/O of a loop whose state machine is in `shared`.
+    pub fn new(
+        storage: DiskStorage,
+        shared: Arc<Shared<M>>,
+        transport: Transport,
+        metrics: Arc<crate::base::metrics::Metrics>,
+        logger: Logger,
+    ) -> Self {
+        let snapshot_index = shared.machine.read().applied();
+        LoopIo {
+            storage,
+            shared,
+            transport,
+            waiting: BTreeMap::new(),
+            snapshot_index,
+            snapshot_due: false,
+            was_leader: (false, 0),
+            progress: BTreeMap::new(),
+            metrics,
+            logger,
+        }
+    }
+
+    /// Answer `w` when the entry at `index` (proposed in `term`) applies.
+    ///
+    /// A request already waiting there was proposed by this node in an earlier term, which it
+    /// lost; its entry was then overwritten (a leader never overwrites its own log), so it will
+    /// never commit: it is answered "not applied" now (found by `kv nemesis`, seed 3).
+    pub fn wait(&mut self, index: u64, term: u64, w: Waiter<M::Outcome>) {
+        if let Some((old_term, old)) = self.waiting.insert(index, (term, w)) {
+            assert!(
+                old_term < term,
+                "two requests wait on index {index} in term {term}"
+            );
+            not_applied(old, "another leader's entry took its place: not applied");
+        }
+    }
+
+    /// Leadership changed: a write's bytes are on disk or gone, so its budget is released; the
+    /// waiter stays, to be answered exactly when its index applies.
+    pub fn on_role(&mut self, is_leader: bool, term: u64) {
+        if self.was_leader.0 && (!is_leader || self.was_leader.1 != term) {
+            for (_, w) in self.waiting.values_mut() {
+                if let Waiter::Write(_, ticket) = w {
+                    ticket.take();
+                }
+            }
+            self.waiting.retain(|_, (_, w)| match w {
+                Waiter::Write(reply, _) => !reply.is_closed(),
+                Waiter::Members(reply) => !reply.is_closed(),
+            });
+        }
+        self.was_leader = (is_leader, term);
+    }
+
+    /// Answer every waiter: the node stops.
+    pub fn fail_all(&mut self, why: &str) {
+        for (_, (_, w)) in std::mem::take(&mut self.waiting) {
+            match w {
+                Waiter::Write(reply, _) => {
+                    let _ = reply.send(WriteReply::Unknown(why.into()));
+                }
+                Waiter::Members(reply) => {
+                    let _ = reply.send(MembersReply::Unknown(why.into()));
+                }
+            }
+        }
+    }
+
+    /// Publish the node's status for the HTTP threads.
+    pub fn publish(&self, node: &Node) {
+        let mut s = Status::of(node, self.storage.log_len());
+        s.progress = self.progress.clone();
+        *self.shared.status.write() = s;
+    }
+
+    /// Refresh the peers' progress (every tick: it is for people and tests, not for requests).
+    pub fn publish_progress(&mut self, node: &Node) {
+        self.progress = Status::progress_of(node);
+    }
+
+    /// Snapshot and compact the log when enough was applied since the last snapshot, or when a
+    /// node was added.
+    pub fn maybe_compact(&mut self, every: u64) -> Result<(), DiskError> {
+        let applied = self.shared.machine.read().applied();
+        if applied <= self.snapshot_index
+            || (applied < self.snapshot_index + every && !self.snapshot_due)
+        {
+            return Ok(());
+        }
+        let data = envelope(
+            &self.shared.members.read(),
+            &self.shared.machine.read().snapshot(),
+        );
+        let keep = if self.snapshot_due { every } else { every / 10 };
+        self.storage.compact(applied, data, keep)?;
+        self.snapshot_index = applied;
+        self.snapshot_due = false;
+        info!(self.logger, "snapshot taken, log compacted"; "index" => applied, "log_entries" => self.storage.log_len());
+        Ok(())
+    }
+
+    /// Answer the request waiting on `e`, if any, with `outcome` (computed from `e`).
+    fn answer_write(&mut self, e: &Entry, outcome: Option<M::Outcome>) {
+        let Some((term, w)) = self.waiting.remove(&e.index) else {
+            return;
+        };
+        match (w, outcome) {
+            (Waiter::Write(reply, _), Some(o)) if term == e.term => {
+                let _ = reply.send(WriteReply::Done(o));
+            }
+            (Waiter::Write(reply, _), _) => {
+                let why = "another leader's entry took its place: not applied";
+                let _ = reply.send(WriteReply::NotApplied(why.into()));
+            }
+            (w, _) => not_applied(
+                w,
+                "raft replaced the change with an empty entry: not applied",
+            ),
+        }
+    }
+
+    fn apply_conf_change(&mut self, node: &mut Node, e: &Entry) -> Result<(), DiskError> {
+        let cs = apply_conf_change_entry(node, e)?;
+        if let Some(cs) = &cs {
+            self.storage.set_conf_state(cs)?;
+            if e.get_entry_type() == EntryType::EntryConfChangeV2 {
+                let cc = ConfChangeV2::parse_from_bytes(&e.data)?;
+                self.shared.members.write().apply(&cc, cs);
+                self.snapshot_due |= cc
+                    .get_changes()
+                    .iter()
+                    .any(|c| c.get_change_type() != raft::eraftpb::ConfChangeType::RemoveNode);
+            }
+            info!(self.logger, "membership applied"; "index" => e.index, "voters" => ?cs.voters,
+                  "learners" => ?cs.learners, "voters_outgoing" => ?cs.voters_outgoing);
+        }
+        self.shared.machine.write().skip(e.index);
+        if let Some((term, w)) = self.waiting.remove(&e.index) {
+            let reply = match (w, &cs) {
+                (Waiter::Members(reply), Some(cs)) if term == e.term => (reply, Some(cs.clone())),
+                (Waiter::Members(reply), _) => (reply, None),
+                (Waiter::Write(reply, _), _) => {
+                    let _ = reply.send(WriteReply::NotApplied(
+                        "replaced by a membership change".into(),
+                    ));
+                    return Ok(());
+                }
+            };
+            let answer = match reply.1 {
+                Some(conf) => MembersReply::Done {
+                    conf,
+                    index: e.index,
+                },
+                None => MembersReply::Refused("raft refused to apply the change".into()),
+            };
+            let _ = reply.0.send(answer);
+        }
+        Ok(())
+    }
+
+    /// Apply a run of normal entries under one write lock of the state machine.
+    fn apply_normal(&mut self, run: &[Entry]) {
+        let shared = self.shared.clone();
+        let mut machine = shared.machine.write();
+        for e in run {
+            let outcome = match e.data.is_empty() {
+                true => {
+                    machine.skip(e.index);
+                    None
+                }
+                false => Some(machine.apply(e.index, &e.data)),
+            };
+            self.answer_write(e, outcome);
+        }
+    }
+}
+
+impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
+    type Error = DiskError;
+
+    fn send(&mut self, msgs: Vec<Message>) {
+        for m in msgs {
+            self.transport.send(m);
+        }
+    }
+
+    fn install_snapshot(&mut self, _: &mut Node, snap: Snapshot) -> Result<(), DiskError> {
+        let (machine, book) = restore::<M>(&snap.data)?;
+        self.storage.apply_snapshot(&snap)?;
+        let index = snap.get_metadata().index;
+        self.snapshot_index = index;
+        *self.shared.machine.write() = machine;
+        if let Some(book) = book {
+            *self.shared.members.write() = book;
+        }
+        // Entries up to the snapshot applied inside it: whether a waiter's did is not known.
+        let later = self.waiting.split_off(&(index + 1));
+        let covered = std::mem::replace(&mut self.waiting, later);
+        for (_, (_, w)) in covered {
+            match w {
+                Waiter::Write(reply, _) => {
+                    let _ = reply.send(WriteReply::Unknown("a snapshot replaced the log".into()));
+                }
+                Waiter::Members(reply) => {
+                    let _ = reply.send(MembersReply::Unknown("a snapshot replaced the log".into()));
+                }
+            }
+        }
+        info!(self.logger, "installed snapshot"; "index" => index, "bytes" => snap.data.len());
+        Ok(())
+    }
+
+    fn apply(&mut self, node: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
+        let normal = |e: &Entry| e.get_entry_type() == EntryType::EntryNormal;
+        for run in entries.chunk_by(|a, b| normal(a) == normal(b)) {
+            if normal(&run[0]) {
+                self.apply_normal(run);
+            } else {
+                for e in run {
+                    self.apply_conf_change(node, e)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn persist(
+        &mut self,
+        _: &mut Node,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> Result<(), DiskError> {
+        if entries.is_empty() && hs.is_none() {
+            return Ok(());
+        }
+        let t = std::time::Instant::now();
+        self.storage.persist(entries, hs)?;
+        self.metrics
+            .persist_seconds
+            .observe(t.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    fn set_commit(&mut self, _: &mut Node, commit: u64) -> Result<(), DiskError> {
+        self.storage.set_commit(commit)
+    }
+}
+
+/// Answer a request whose entry will never apply.
+fn not_applied<O>(w: Waiter<O>, why: &str) {
+    match w {
+        Waiter::Write(reply, _) => {
+            let _ = reply.send(WriteReply::NotApplied(why.into()));
+        }
+        Waiter::Members(reply) => {
+            let _ = reply.send(MembersReply::Refused(why.into()));
+        }
+    }
+}
