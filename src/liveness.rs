@@ -622,7 +622,7 @@ mod tests {
 
     /// A withdrawal sent by the supporter's previous incarnation arrives after its new
     /// incarnation supported the same epoch again: the requester moves on, and its next
-    /// heartbeat must not end support a lease still rests on (review of issue 15, finding 1).
+    /// heartbeat must not end support a lease still rests on.
     fn late_withdrawal_from_an_earlier_incarnation(s2: Supporter) -> Vec<(NodeId, Epoch)> {
         let mut r = Requester::new(1, &derived(), [2]);
         let mut s1 = Supporter::new(1, &derived());

@@ -479,7 +479,7 @@ fn delayed_copy_of_the_winning_vote_request_never_releases_a_fortification() {
     assert_eq!(fortified(&c), None, "a campaign for a later term releases");
 }
 
-/// Finding: a held, rejected pre-vote response of a later term reaches both followers of a
+/// A held, rejected pre-vote response of a later term reaches both followers of a
 /// quiescent group. raft-rs moves a follower's term on it; if that released the fortification,
 /// the followers, whose per-group promises lapsed while the group slept, elect one of them while
 /// the leader, cut off from it, still counts their fortifications (their nodes support it at the

@@ -268,7 +268,7 @@ fn control_a_removed_leader_renewing_from_its_own_clock_serves_stale_reads() {
     assert_caught(&runs);
     assert!(
         runs.iter().any(|(_, r)| r.stale_reads() > 0),
-        "the bug as reviewed served stale lease reads"
+        "the bug served stale lease reads"
     );
 }
 

@@ -8,7 +8,7 @@
 //! measures: idle messages, batches and node-thread CPU per second per node, and the lowest
 //! share of groups with a leased leader; lease-read latency on random groups through their
 //! `ReadHandle`s from a reader thread; and failover after killing the node leading the most
-//! groups. It ends with the targets, computed from this run's measurements.
+//! groups. It ends with the goals it checks, computed from this run's measurements.
 //!
 //! Lease reads: one reader thread holds a clone of the leader's handle of every leased group
 //! and reads random groups (a seeded draw, uniform over the groups), each read a handle read

@@ -1,5 +1,5 @@
 //! One cell's results (a liveness mode at a number of groups), the table, the JSON, and the
-//! issue's targets computed from the measurements of this run.
+//! goals computed from the measurements of this run.
 
 use raft_lease::multi::LivenessMode;
 
@@ -102,7 +102,7 @@ fn verdict(ok: bool) -> &'static str {
     }
 }
 
-/// The targets at the largest number of groups measured, shared against per-group.
+/// The goals at the largest number of groups measured, shared against per-group.
 pub fn print_targets(cells: &[Cell]) {
     let Some(g) = cells.iter().map(|c| c.groups).max() else {
         return;

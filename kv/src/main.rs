@@ -58,8 +58,8 @@ enum Cmd {
     Certs(cli::certs::CertsArgs),
     /// Start a local 3-node cluster and measure HTTP writes, lease reads and index reads.
     Bench(bench::load::BenchArgs),
-    /// Randomized faults against a local cluster, every client operation checked (see README
-    /// "Correctness").
+    /// Randomized faults against a local cluster, every client operation checked (see
+    /// docs/correctness.md).
     Nemesis(nemesis::NemesisArgs),
 }
 

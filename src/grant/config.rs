@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn the_holds_saturate_instead_of_wrapping() {
-        // The review's case: 1.5e13 ms at 50% held for 2.25e19 ns, above u64::MAX; the old
+        // The overflow case: 1.5e13 ms at 50% held for 2.25e19 ns, above u64::MAX; the old
         // `as u64` wrapped it to about 4.1e18 ns, below the holder's 7.5e18 ns view.
         let huge = config(500_000, 0, 15_000_000_000_000);
         assert!(huge.validate().is_err());

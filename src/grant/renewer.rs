@@ -10,7 +10,7 @@
 //! **What the timing claim means.** In simulated time ([`SimSleeper`]) `Lost` comes exactly at
 //! `valid_until − d/12`. With real threads it comes when the renewer thread next runs after that
 //! instant: usually within a millisecond, but a loaded machine, a paused process or a suspended
-//! host can delay it past the end of the view (a reviewer's run on a loaded 2-core machine, 120 ms
+//! host can delay it past the end of the view (a run on a loaded 2-core machine, 120 ms
 //! term: `Lost` came 1.8 ms and 40.7 ms after the view had ended in 2 of 6 runs). The event
 //! channel is a prompt, not a guarantee. So an owner:
 //! - checks [`Renewer::token`]`(now)` **right before each protected action** (it reads the clock,

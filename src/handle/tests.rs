@@ -279,7 +279,7 @@ fn a_read_that_captured_a_commit_waits_for_it_whatever_stamp_it_sees_next() {
     // Publication a (5, 4: behind), publication b (5, 5: not behind), then publication c stores
     // commit 6 but its stamp (behind) is not yet visible to the reader (store order is only
     // guaranteed for loads that synchronize). An attempt that captured 6 from c must not serve
-    // state at 5 because b's stamp says "not behind" (found by review of the 16-byte slots).
+    // state at 5 because b's stamp says "not behind" (a case of the 16-byte slots).
     let rig = Rig::new(CORRECT, 0);
     rig.shared.publish(5, 4, 10_000);
     rig.shared.publish(5, 5, 10_000);

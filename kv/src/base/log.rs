@@ -78,8 +78,8 @@ mod tests {
         );
     }
 
-    /// The negative control: the same filter behind the asynchronous drain (the order the review
-    /// found) formats every debug record on the logging thread before dropping it.
+    /// The negative control: the same filter behind the asynchronous drain (the order an
+    /// earlier design had) formats every debug record on the logging thread before dropping it.
     #[test]
     fn control_a_filter_behind_the_async_drain_formats_every_record() {
         let formatted = Arc::new(AtomicUsize::new(0));

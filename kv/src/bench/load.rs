@@ -293,7 +293,7 @@ pub fn to_json(cells: &[Cell]) -> String {
     let lines: Vec<String> = cells
         .iter()
         .map(|c| {
-            // In the order: op, clients, ops_per_s, p50_us, p99_us.
+            // In this order: op, clients, ops_per_s, p50_us, p99_us.
             let num = |v: f64| json!((v * 10.0).round() / 10.0);
             format!(
                 "{{\"op\": {}, \"clients\": {}, \"ops_per_s\": {}, \"p50_us\": {}, \"p99_us\": {}}}",

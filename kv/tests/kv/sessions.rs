@@ -69,8 +69,8 @@ pub fn run_bench(args: &[&str]) -> String {
     std::fs::read_to_string(&path).unwrap()
 }
 
-/// `kv bench --sessions`: the CI size by default; `KV_SESSIONS_FULL=1` runs the issue's
-/// 10,000 sessions with 12 s TTLs for 60 s (by hand, in release: see the README).
+/// `kv bench --sessions`: the CI size by default; `KV_SESSIONS_FULL=1` runs the full size:
+/// 10,000 sessions with 12 s TTLs for 60 s (by hand, in release: see docs/measurements.md).
 #[test]
 fn many_sessions_are_held_with_no_spurious_expiry() {
     let _serial = cluster::serial();

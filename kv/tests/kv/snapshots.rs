@@ -1,4 +1,4 @@
-//! A snapshot lost in flight (review finding F1). raft-rs keeps a follower it sent a snapshot to
+//! A snapshot lost in flight. raft-rs keeps a follower it sent a snapshot to
 //! paused until told how the send went; a transport that silently drops a snapshot leaves the
 //! follower behind for good (measured: stuck for minutes, until the leader changed). The
 //! transport now reports every lost snapshot and append, and a frame that makes no progress for

@@ -432,7 +432,7 @@ fn flags_of(sub: &str) -> Vec<(String, Option<String>)> {
     flags
 }
 
-/// The README's command line for `kv SUB`, with its continuation lines.
+/// The documented command line for `kv SUB` (docs/kv.md), with its continuation lines.
 fn readme_command(section: &str, sub: &str) -> String {
     let start = format!("--bin kv -- {sub} ");
     let mut lines = section.lines().skip_while(|l| !l.contains(&start));
@@ -446,18 +446,18 @@ fn readme_command(section: &str, sub: &str) -> String {
     }
     assert!(
         !text.is_empty(),
-        "the README has no `kv {sub}` command line"
+        "docs/kv.md has no `kv {sub}` command line"
     );
     text
 }
 
 #[test]
-fn the_readme_command_lines_name_every_flag_with_its_default() {
-    let readme = include_str!("../../../README.md");
+fn the_documented_command_lines_name_every_flag_with_its_default() {
+    let readme = include_str!("../../../docs/kv.md");
     let section = readme
-        .split_once("## The example KV cluster")
+        .split_once("## Commands")
         .and_then(|(_, rest)| rest.split("\n## ").next())
-        .expect("the README's KV section");
+        .expect("docs/kv.md's Commands section");
     assert!(section.contains("--bin kv -- --version"));
     for sub in ["node", "cluster", "bench", "certs"] {
         let line = readme_command(section, sub);
@@ -469,14 +469,14 @@ fn the_readme_command_lines_name_every_flag_with_its_default() {
                     let end = &line[i + flag.len()..];
                     !end.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-')
                 })
-                .unwrap_or_else(|| panic!("the README's `kv {sub}` leaves out {flag}:\n{line}"));
+                .unwrap_or_else(|| panic!("docs/kv.md's `kv {sub}` leaves out {flag}:\n{line}"));
             // `[--flag VALUE]` shows the default (an upper-case VALUE is a placeholder).
             let shown = line[start + flag.len()..].split_whitespace().next();
             let shown = shown.unwrap_or("").trim_end_matches(']');
             let optional = line[..start].ends_with('[');
             if let Some(d) = default.filter(|_| optional && !shown.starts_with(char::is_uppercase))
             {
-                assert_eq!(shown, d, "the README's `kv {sub}` shows {flag} {shown}");
+                assert_eq!(shown, d, "docs/kv.md's `kv {sub}` shows {flag} {shown}");
             }
         }
     }

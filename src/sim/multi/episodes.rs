@@ -30,7 +30,7 @@ fn quiet(sim: &mut MultiSim, gid: GroupId) {
 }
 
 /// A supporter's withdrawal, sent by its previous incarnation, arrives after its new incarnation
-/// supports the same epoch again and re-fortified (review of issue 15, finding 1). Group `gid`,
+/// supports the same epoch again and re-fortified. Group `gid`,
 /// led by `R` with followers `S` and the rest:
 /// 1. `R → S` is cut until `S` withdraws `R`'s epoch; then `S`'s answers turn slow (its
 ///    `Withdrawn` is in flight) and the link comes back;
