@@ -125,8 +125,22 @@ pub enum DirError {
     Io(String),
 }
 
-fn io(path: &Path, e: impl std::fmt::Display) -> DirError {
+/// An I/O failure on `path`.
+pub(crate) fn io(path: &Path, e: impl std::fmt::Display) -> DirError {
     DirError::Io(format!("{}: {e}", path.display()))
+}
+
+/// Write `text` to `dir/name` durably: a temporary file, fsynced, renamed into place, and the dir
+/// fsynced, so that a crash leaves the old file or the new one, never a torn one.
+pub(crate) fn write_durably(dir: &Path, name: &str, text: &str) -> Result<(), DirError> {
+    let tmp: PathBuf = dir.join(format!("{name}.tmp"));
+    std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|_| f.sync_all()))
+        .map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, dir.join(name)).map_err(|e| io(dir, e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(dir, e))
 }
 
 fn read_marker(dir: &Path) -> Result<Option<Marker>, DirError> {
@@ -150,17 +164,10 @@ fn read_marker(dir: &Path) -> Result<Option<Marker>, DirError> {
     Ok(Some(m))
 }
 
-/// Write the marker: a temporary file, fsynced, renamed into place, and the dir fsynced.
+/// Write the marker durably.
 fn write_marker(dir: &Path, m: &Marker) -> Result<(), DirError> {
-    let tmp: PathBuf = dir.join(format!("{MARKER_FILE}.tmp"));
     let text = serde_json::to_string_pretty(m).expect("a marker serializes");
-    std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|_| f.sync_all()))
-        .map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, dir.join(MARKER_FILE)).map_err(|e| io(dir, e))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io(dir, e))
+    write_durably(dir, MARKER_FILE, &text)
 }
 
 /// An opened data dir.

@@ -20,7 +20,6 @@
 //!   longer; otherwise wait that long before restarting.
 //! - A record that cannot be read or parsed refuses the start, like a bad marker (exit 3).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use slog::{info, warn, Logger};
 
 use crate::base::clock::ScaledClock;
-use crate::disk::marker::DirError;
+use crate::disk::marker::{io, write_durably, DirError};
 
 /// The record's file name in a data dir.
 pub const PROMISE_FILE: &str = "kv-promise.json";
@@ -85,10 +84,6 @@ pub struct PromiseRecord {
     started_ns: u64,
 }
 
-fn io(path: &Path, e: impl std::fmt::Display) -> DirError {
-    DirError::Io(format!("{}: {e}", path.display()))
-}
-
 /// Parse a record's text: `None` with the reason if it is not one this build wrote.
 fn parse(text: &str) -> Result<u64, String> {
     let r: Record = serde_json::from_str(text).map_err(|e| e.to_string())?;
@@ -127,19 +122,12 @@ fn bad(path: &Path, why: String) -> DirError {
 
 /// Write `max_promise_ms` durably: a temporary file, fsynced, renamed into place, the dir fsynced.
 pub fn write(dir: &Path, max_promise_ms: u64) -> Result<(), DirError> {
-    let tmp = dir.join(format!("{PROMISE_FILE}.tmp"));
     let record = Record {
         format: FORMAT,
         max_promise_ms,
     };
     let text = serde_json::to_string_pretty(&record).expect("a record serializes");
-    std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|_| f.sync_all()))
-        .map_err(|e| io(&tmp, e))?;
-    std::fs::rename(&tmp, dir.join(PROMISE_FILE)).map_err(|e| io(dir, e))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io(dir, e))
+    write_durably(dir, PROMISE_FILE, &text)
 }
 
 /// What the dir says about earlier promises. `initialized`: the dir had a marker before this

@@ -164,16 +164,8 @@ impl Cluster {
 
     /// Start node `id` as a new member joining through node `via`.
     pub fn spawn_join(&mut self, id: u64, via: u64) {
-        let log = std::fs::File::create(self.log_path(id)).unwrap();
-        let mut cmd = self.command(id);
-        cmd.args(["--join", &format!("127.0.0.1:{}", self.port(via))]);
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn node");
-        self.nodes[id as usize - 1] = Some(child);
+        let join = format!("127.0.0.1:{}", self.port(via));
+        self.spawn_edited(id, |args| args.extend(["--join".to_string(), join]));
     }
 
     pub fn tls(&self) -> PathBuf {
