@@ -44,6 +44,27 @@ impl App {
         self.raft.status.read().clone()
     }
 
+    /// The leader to send clients to: `leader`, if this node heard from it within
+    /// [`App::redirect_window_ms`]. A follower that has not may be pointing at a dead leader (it
+    /// keeps its id until an election ends), and answers 503 `no_leader` instead.
+    pub fn live_leader(&self, leader: Option<u64>) -> Option<u64> {
+        let window = self.redirect_window_ms();
+        leader.filter(|&id| {
+            self.raft
+                .leadership
+                .heard_ago_ms(id)
+                .is_some_and(|ms| ms <= window)
+        })
+    }
+
+    /// Two of raft's heartbeat intervals and a tick: a leader sends a heartbeat every interval,
+    /// so a follower that heard nothing for this long has missed at least one.
+    pub fn redirect_window_ms(&self) -> u64 {
+        let (hb, tick) = (self.opts.heartbeat_ms, self.opts.tick_ms.max(1));
+        let interval = (hb / tick).max(1) * tick;
+        2 * interval + tick
+    }
+
     /// Node `id`'s HTTP address: the address book's, else the one given with `--peer-http`.
     pub fn http_of(&self, id: u64) -> Option<String> {
         let book = self.raft.members.read();

@@ -56,11 +56,15 @@ pub fn leader_only(c: &Ctx<'_>) -> Result<(), Reply> {
     }
 }
 
-/// This node does not lead: 307 to the leader's address, or 503.
+/// This node does not lead: 307 to the leader's address, or 503 when no leader is known, when
+/// its address is not known here, or when this node has not heard from it lately (see
+/// [`App::live_leader`]): a redirect never points at a node this one has lost touch with.
 pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
-    let http = leader.and_then(|id| c.app.http_of(id));
-    let more = json!({"leader_id": leader, "leader_http": http});
-    match (leader, &http) {
+    let heard = leader.and_then(|id| c.app.raft.leadership.heard_ago_ms(id));
+    let live = c.app.live_leader(leader);
+    let http = live.and_then(|id| c.app.http_of(id));
+    let more = json!({"leader_id": live, "leader_http": http, "last_heard_ms": heard});
+    match (live, &http) {
         (Some(id), Some(addr)) => {
             let target = c.parts.uri.path_and_query().map_or("/", |p| p.as_str());
             let location = format!("{}://{addr}{target}", c.app.scheme);
@@ -71,12 +75,18 @@ pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
             let detail = format!("node {id} leads, and its HTTP address is not known here");
             error_with(503, "not_leader", detail, more)
         }
-        (None, _) => error_with(
-            503,
-            "no_leader",
-            "no leader is known yet; retry shortly",
-            more,
-        )
-        .with_header("retry-after", "1"),
+        (None, _) => no_leader(leader, heard, more),
     }
+}
+
+/// 503 `no_leader`: none is known, or the one known has not been heard from lately.
+fn no_leader(leader: Option<u64>, heard: Option<u64>, more: serde_json::Value) -> Reply {
+    let detail = match (leader, heard) {
+        (Some(id), Some(ms)) => format!(
+            "node {id} led, but nothing came from it for {ms} ms: an election may be under way; \
+             retry shortly"
+        ),
+        _ => "no leader is known yet; retry shortly".to_string(),
+    };
+    error_with(503, "no_leader", detail, more).with_header("retry-after", "1")
 }
