@@ -48,6 +48,32 @@ pub fn param<'a>(q: &'a Query, name: &str) -> Option<&'a str> {
     q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// Refuse a parameter the route does not take, or one given twice: 400 `bad_query` naming it.
+/// (A misspelt `?raed=lease` would otherwise read in the default mode, and of `?read=lease&read=
+/// index` only the first would count, both silently.)
+pub fn check_query(c: &Ctx<'_>, takes: &[&str]) -> Result<(), Reply> {
+    for (i, (k, _)) in c.query.iter().enumerate() {
+        let detail = if !takes.contains(&k.as_str()) {
+            let takes = match takes {
+                [] => "no parameters".to_string(),
+                t => format!("only {}", t.join(", ")),
+            };
+            format!("unknown parameter {k:?}: this route takes {takes}")
+        } else if c.query[..i].iter().any(|(p, _)| p == k) {
+            format!("parameter {k:?} given more than once")
+        } else {
+            continue;
+        };
+        return Err(error_with(
+            400,
+            "bad_query",
+            detail,
+            json!({"parameter": k}),
+        ));
+    }
+    Ok(())
+}
+
 /// Proceed on the leader; elsewhere, the redirect to it (or 503 when no leader is known).
 pub fn leader_only(c: &Ctx<'_>) -> Result<(), Reply> {
     match c.app.raft.leadership.get() {
