@@ -9,6 +9,7 @@ use crate::base::limits::HttpLimits;
 use crate::base::metrics::Metrics;
 use crate::base::options::NodeOptions;
 use crate::disk::promise_file::PromiseRecord;
+use crate::peer::heard::Heard;
 use crate::peer::transport::Blocked;
 use crate::raft::shared::Shared;
 use crate::raft::status::Status;
@@ -28,6 +29,8 @@ pub struct App {
     pub blocked: Blocked,
     /// The transport's extra one-way delay, in ms (fault injection changes it).
     pub peer_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// When each peer was last heard from (the peer listener records it).
+    pub heard: Arc<Heard>,
     /// Bytes of writes waiting for the raft thread or for their entries to apply.
     pub inflight: Arc<Budget>,
     /// The HTTP connection table.
@@ -44,17 +47,12 @@ impl App {
         self.raft.status.read().clone()
     }
 
-    /// The leader to send clients to: `leader`, if this node heard from it within
-    /// [`App::redirect_window_ms`]. A follower that has not may be pointing at a dead leader (it
-    /// keeps its id until an election ends), and answers 503 `no_leader` instead.
+    /// The leader to send clients to: `leader`, if a message from it arrived within
+    /// [`App::redirect_window_ms`]. A follower that heard nothing may be pointing at a dead leader
+    /// (it keeps its id until an election ends), and answers 503 `no_leader` instead.
     pub fn live_leader(&self, leader: Option<u64>) -> Option<u64> {
         let window = self.redirect_window_ms();
-        leader.filter(|&id| {
-            self.raft
-                .leadership
-                .heard_ago_ms(id)
-                .is_some_and(|ms| ms <= window)
-        })
+        leader.filter(|&id| self.heard.ago_ms(id).is_some_and(|ms| ms <= window))
     }
 
     /// Two of raft's heartbeat intervals and a tick: a leader sends a heartbeat every interval,

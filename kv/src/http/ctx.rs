@@ -86,7 +86,7 @@ pub fn leader_only(c: &Ctx<'_>) -> Result<(), Reply> {
 /// its address is not known here, or when this node has not heard from it lately (see
 /// [`App::live_leader`]): a redirect never points at a node this one has lost touch with.
 pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
-    let heard = leader.and_then(|id| c.app.raft.leadership.heard_ago_ms(id));
+    let heard = leader.and_then(|id| c.app.heard.ago_ms(id));
     let live = c.app.live_leader(leader);
     let http = live.and_then(|id| c.app.http_of(id));
     let more = json!({"leader_id": live, "leader_http": http, "last_heard_ms": heard});

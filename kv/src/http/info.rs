@@ -28,7 +28,7 @@ pub fn status(app: &App) -> Reply {
 /// On a node that does not lead, how many ms ago it last heard from the leader it knows.
 fn last_heard_ms(app: &App) -> Option<u64> {
     match app.raft.leadership.get() {
-        (false, Some(leader)) => app.raft.leadership.heard_ago_ms(leader),
+        (false, Some(leader)) => app.heard.ago_ms(leader),
         _ => None,
     }
 }

@@ -242,12 +242,8 @@ impl<M: StateMachine> RaftLoop<M> {
                   "type" => ?m.msg.get_msg_type(), "term" => m.msg.term);
             return;
         }
-        let from = m.msg.from;
         let _ = self.node.step(m.msg); // raft refuses what it must (a removed peer, say)
         drop(m.ticket); // its bytes leave the peer budget once raft has the message
-        if self.node.leader_id() == Some(from) {
-            self.shared.leadership.heard(from); // followers redirect only to a leader heard lately
-        }
     }
 
     /// Tell raft what the transport could not deliver.

@@ -8,7 +8,7 @@ use crossbeam_channel::Sender;
 use parking_lot::RwLock;
 use raft_lease::ReadHandle;
 
-use crate::base::clock::{monotonic_ms, ScaledClock};
+use crate::base::clock::ScaledClock;
 use crate::peer::members::Members;
 use crate::raft::machine::StateMachine;
 use crate::raft::requests::Request;
@@ -22,10 +22,6 @@ pub struct Leadership {
     leader_id: AtomicU64,
     /// The node's raft term.
     term: AtomicU64,
-    /// The leader the raft thread last stepped a message from (0: none yet).
-    heard_from: AtomicU64,
-    /// When, on [`monotonic_ms`].
-    heard_at_ms: AtomicU64,
 }
 
 impl Leadership {
@@ -41,20 +37,6 @@ impl Leadership {
     /// The node's raft term, as of the raft thread's last pass.
     pub fn term(&self) -> u64 {
         self.term.load(Ordering::Acquire)
-    }
-
-    /// How many ms ago the raft thread last stepped a message from `leader` while it knew it as
-    /// the leader; `None` if it has not since another node led.
-    pub fn heard_ago_ms(&self, leader: u64) -> Option<u64> {
-        let from = self.heard_from.load(Ordering::Acquire);
-        let at = self.heard_at_ms.load(Ordering::Acquire);
-        (from == leader).then(|| monotonic_ms().saturating_sub(at))
-    }
-
-    /// Record a message from `leader`, the leader this node knows (the raft thread).
-    pub(super) fn heard(&self, leader: u64) {
-        self.heard_at_ms.store(monotonic_ms(), Ordering::Release);
-        self.heard_from.store(leader, Ordering::Release);
     }
 
     /// Record who leads (the raft thread, after every pass).
