@@ -122,6 +122,66 @@ fn killed_leader_is_replaced_and_acked_writes_survive() {
     }
 }
 
+/// After `kill -9` of the leader, a follower sends clients to it only while it still hears from
+/// it: once the follower's own `/status` says it has not heard from the leader for two heartbeat
+/// intervals and a tick (2 × 40 + 10 ms with the tests' flags), or names another leader, every
+/// later answer is 503 `no_leader`, a redirect to a live node, or its own as the new leader; a
+/// request asked before that may still be redirected to the dead node.
+#[test]
+fn a_follower_never_redirects_to_a_leader_it_no_longer_hears_from() {
+    const WINDOW_MS: u64 = 2 * 40 + 10;
+    let mut c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let f = cluster::others(l)[0];
+    let dead = format!("127.0.0.1:{}/", c.port(l));
+    let s = status(c.port(f)).unwrap();
+    assert!(s["last_heard_ms"].as_u64().is_some(), "{s}");
+    c.kill9(l);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut noticed, mut counts) = (false, std::collections::BTreeMap::new());
+    loop {
+        let s = status(c.port(f)).expect("the follower answers /status");
+        let silent = s["last_heard_ms"].as_u64().is_some_and(|ms| ms > WINDOW_MS);
+        noticed |= s["leader_id"].as_u64() != Some(l) || silent;
+        let (code, head, body) =
+            cluster::http_raw(c.port(f), "GET", "/kv/k?read=index", b"", &[]).expect("an answer");
+        let body = String::from_utf8_lossy(&body).into_owned();
+        let location = head
+            .lines()
+            .find_map(|h| {
+                h.to_ascii_lowercase()
+                    .strip_prefix("location:")
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        let to_dead = code == 307 && location.contains(&dead);
+        assert!(
+            !(noticed && to_dead),
+            "redirected to the killed node {l} after its status said it had lost it: {s}\n{head}"
+        );
+        let what = match code {
+            307 if to_dead => "307 to the killed node, before noticing",
+            307 => "307 to a live node",
+            503 => {
+                assert_eq!(cluster::error_code(&body), "no_leader", "{body}");
+                "503 no_leader"
+            }
+            200 | 404 => "answered as the new leader",
+            other => panic!("{other}: {body}"),
+        };
+        *counts.entry(what).or_insert(0u32) += 1;
+        if !what.starts_with("307 to the killed") && !what.starts_with("503") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new leader: {counts:?}\n{}",
+            c.log_tail()
+        );
+    }
+    eprintln!("answers of follower {f} after the kill: {counts:?}");
+}
+
 #[test]
 fn a_restarted_node_recovers_from_its_data_dir_and_sigterm_stops_cleanly() {
     let mut c = Cluster::start(3, &["--fault-injection"]);

@@ -1,6 +1,9 @@
 //! The node's lease clock: `CLOCK_BOOTTIME`, with a rate that fault injection can change to
 //! emulate drift (`POST /admin/clock {"rate": 1.0005}`).
 
+use std::sync::OnceLock;
+use std::time::Instant;
+
 use parking_lot::Mutex;
 use raft_lease::{BootClock, Clock};
 
@@ -40,4 +43,11 @@ impl Clock for ScaledClock {
         let a = *self.anchor.lock();
         a.1 + ((self.base.now_ns().saturating_sub(a.0)) as f64 * a.2) as u64
     }
+}
+
+/// Milliseconds of real time on a monotonic clock since this process first asked: for "how long
+/// ago" questions that must not follow the lease clock's injected drift.
+pub fn monotonic_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }

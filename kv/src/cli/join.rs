@@ -1,7 +1,9 @@
 //! `kv node --join`: a new node joins a running cluster by itself.
 //!
-//! 1. It asks any member (`POST /admin/members`, redirected to the leader) to add it as a learner,
-//!    with its peer and HTTP addresses. A learner receives the log but does not vote, so a node
+//! 1. It learns every member's addresses from the member it joins through (`GET /members`), so
+//!    that it can reach, and accept connections from, whichever member leads, even if `--peers`
+//!    lists only some of them. Then it asks that member (`POST /admin/members`, redirected to the
+//!    leader) to add it as a learner, with its peer and HTTP addresses. A learner receives the log but does not vote, so a node
 //!    that is far behind never weakens the quorum.
 //! 2. The leader finds the learner's log empty and sends it a snapshot (taken when the learner was
 //!    added); the learner installs it and then follows the log.
@@ -19,7 +21,7 @@ use slog::{info, warn, Logger};
 
 use crate::http::app::App;
 use crate::http::client::request;
-use crate::peer::members::is_member;
+use crate::peer::members::{is_member, Addrs};
 
 /// Where the joiner is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +56,7 @@ pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
                 info!(log, "joined the cluster as a voter");
                 return;
             }
-            Step::Add => add(&app, &join).map(|index| added_at = index),
+            Step::Add => add(&app, &join, &log).map(|index| added_at = index),
             Step::Promote => promote(&app, &join, added_at),
         };
         if let Err(e) = result {
@@ -80,8 +82,32 @@ fn admin(app: &App, join: &str, body: Value) -> Result<Value, String> {
     serde_json::from_str(&a.body).map_err(|e| e.to_string())
 }
 
-/// Ask to be added as a learner; the index of the change.
-fn add(app: &App, join: &str) -> Result<u64, String> {
+/// Learn the members' addresses from `join`'s `GET /members` (see `Members::learn`); TLS still
+/// authenticates every peer connection, so an address only says where to dial.
+fn learn_members(app: &App, join: &str, log: &Logger) -> Result<(), String> {
+    let a = request(join, "GET", "/members", b"", &[]).map_err(|e| format!("{join}: {e}"))?;
+    let v: Value = serde_json::from_str(&a.body).map_err(|e| format!("{join}: {e}"))?;
+    let listed = v["members"].as_array().ok_or("no members listed")?;
+    let mut book = app.raft.members.write();
+    for m in listed {
+        let (Some(id), Some(peer)) = (m["id"].as_u64(), m["peer"].as_str()) else {
+            continue;
+        };
+        let http = m["http"].as_str().map(str::to_string);
+        let addrs = Addrs {
+            peer: peer.to_string(),
+            http,
+        };
+        if id != app.opts.id && book.learn(id, addrs) {
+            info!(log, "learned a member's addresses"; "id" => id, "peer" => peer);
+        }
+    }
+    Ok(())
+}
+
+/// Ask to be added as a learner (after learning the members); the index of the change.
+fn add(app: &App, join: &str, log: &Logger) -> Result<u64, String> {
+    learn_members(app, join, log)?;
     let o = &app.opts;
     let change = json!({"op": "add_learner", "id": o.id, "peer": o.peers[&o.id], "http": o.advertised_http()});
     let v = admin(app, join, json!({"changes": [change]}))?;

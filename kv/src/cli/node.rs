@@ -207,6 +207,7 @@ fn transport_config(opts: &NodeOptions, tls: Option<PeerTls>, log: &Logger) -> T
         tls,
         peer_budget: Budget::new(opts.max_message_bytes() as u64 + (64 << 20)),
         max_message_bytes: opts.max_message_bytes(),
+        heard: Arc::default(),
     }
 }
 
@@ -310,6 +311,7 @@ fn start(
         metrics,
         blocked: tcfg.blocked.clone(),
         peer_delay_ms: tcfg.peer_delay_ms.clone(),
+        heard: tcfg.heard.clone(),
         scheme: if http_tls.is_some() { "https" } else { "http" },
         promise: boot.promise.clone(),
         opts,

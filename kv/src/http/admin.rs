@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 
 use crate::http::ask::ask;
 use crate::http::body::json_body;
-use crate::http::ctx::{leader_only, method_not_allowed, not_leader, Ctx};
+use crate::http::ctx::{check_query, leader_only, method_not_allowed, not_leader, Ctx};
 use crate::http::reply::{error, reply, Reply};
 use crate::peer::members::Change;
 use crate::raft::requests::{MembersReply, Request};
@@ -62,16 +62,18 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     if c.parts.method != Method::POST {
         return Err(method_not_allowed(&c.parts.method, "/admin/*", "POST"));
     }
+    check_query(c, &[])?;
     match what {
         "members" => {
             authorize(c, false)?;
             leader_only(c)?;
-            members(c, json_body(body, c).await?).await
+            let expected = "{\"changes\": [{\"op\", \"id\", \"peer\", \"http\"}, ...]}";
+            members(c, json_body(body, c, expected).await?).await
         }
         "transfer" => {
             authorize(c, false)?;
             leader_only(c)?;
-            let to = json_body(body, c)
+            let to = json_body(body, c, "{\"to\": N}")
                 .await?
                 .get("to")
                 .and_then(Value::as_u64)
@@ -88,7 +90,7 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
             let body = if what == "heal" {
                 Value::Null
             } else {
-                json_body(body, c).await?
+                json_body(body, c, "a JSON object").await?
             };
             faults(c, what, body)
         }

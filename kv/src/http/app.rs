@@ -9,6 +9,7 @@ use crate::base::limits::HttpLimits;
 use crate::base::metrics::Metrics;
 use crate::base::options::NodeOptions;
 use crate::disk::promise_file::PromiseRecord;
+use crate::peer::heard::Heard;
 use crate::peer::transport::Blocked;
 use crate::raft::shared::Shared;
 use crate::raft::status::Status;
@@ -28,6 +29,8 @@ pub struct App {
     pub blocked: Blocked,
     /// The transport's extra one-way delay, in ms (fault injection changes it).
     pub peer_delay_ms: Arc<std::sync::atomic::AtomicU64>,
+    /// When each peer was last heard from (the peer listener records it).
+    pub heard: Arc<Heard>,
     /// Bytes of writes waiting for the raft thread or for their entries to apply.
     pub inflight: Arc<Budget>,
     /// The HTTP connection table.
@@ -42,6 +45,22 @@ impl App {
     /// The status the raft thread published last.
     pub fn status(&self) -> Status {
         self.raft.status.read().clone()
+    }
+
+    /// The leader to send clients to: `leader`, if a message from it arrived within
+    /// [`App::redirect_window_ms`]. A follower that heard nothing may be pointing at a dead leader
+    /// (it keeps its id until an election ends), and answers 503 `no_leader` instead.
+    pub fn live_leader(&self, leader: Option<u64>) -> Option<u64> {
+        let window = self.redirect_window_ms();
+        leader.filter(|&id| self.heard.ago_ms(id).is_some_and(|ms| ms <= window))
+    }
+
+    /// Two of raft's heartbeat intervals and a tick: a leader sends a heartbeat every interval,
+    /// so a follower that heard nothing for this long has missed at least one.
+    pub fn redirect_window_ms(&self) -> u64 {
+        let (hb, tick) = (self.opts.heartbeat_ms, self.opts.tick_ms.max(1));
+        let interval = (hb / tick).max(1) * tick;
+        2 * interval + tick
     }
 
     /// Node `id`'s HTTP address: the address book's, else the one given with `--peer-http`.

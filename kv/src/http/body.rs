@@ -57,8 +57,12 @@ pub async fn read_body(mut body: Incoming, limit: usize, c: &Ctx<'_>) -> Result<
     Ok(buf)
 }
 
-/// A JSON body of at most [`MAX_JSON_BYTES`].
-pub async fn json_body(body: Incoming, c: &Ctx<'_>) -> Result<Value, Reply> {
+/// A JSON body of at most [`MAX_JSON_BYTES`]; `expected` shows its shape (`{"ttl_ms": N}`) in the
+/// 400 `bad_json` that a body which is not JSON gets.
+pub async fn json_body(body: Incoming, c: &Ctx<'_>, expected: &str) -> Result<Value, Reply> {
     let b: Vec<u8> = read_body(body, MAX_JSON_BYTES.min(c.app.limits.max_body_bytes), c).await?;
-    serde_json::from_slice(&b).map_err(|e| error(400, "bad_json", e.to_string()))
+    serde_json::from_slice(&b).map_err(|e| {
+        let detail = format!("the body is not valid JSON ({e}); expected {expected}");
+        error(400, "bad_json", detail)
+    })
 }

@@ -2,12 +2,16 @@
 //! keep-alive [`Client`] for load, and one-shot [`request`]s that follow the cluster's 307
 //! redirects to the leader.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::mem::MaybeUninit;
 use std::net::{TcpStream, ToSocketAddrs};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use rustls::pki_types::ServerName;
 use socket2::SockRef;
+
+use crate::tls::config::https_client;
 
 /// A spinning client whose polls are further apart than this lost its CPU to other work.
 const MAX_POLL_GAP: Duration = Duration::from_micros(20);
@@ -34,14 +38,7 @@ pub struct Answer {
 impl Client {
     /// Connect to `addr` (`host:port`).
     pub fn connect(addr: &str, timeout: Duration) -> std::io::Result<Client> {
-        let sa = addr
-            .to_socket_addrs()?
-            .next()
-            .ok_or_else(|| std::io::Error::other(format!("{addr}: no address")))?;
-        let s = TcpStream::connect_timeout(&sa, timeout)?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(timeout))?;
-        s.set_write_timeout(Some(timeout))?;
+        let s = connect_tcp(addr, timeout)?;
         Ok(Client {
             r: BufReader::new(s.try_clone()?),
             w: s,
@@ -105,36 +102,68 @@ impl Client {
     }
 
     fn read_answer(&mut self) -> std::io::Result<Answer> {
-        let mut line = String::new();
-        self.r.read_line(&mut line)?;
-        let status = line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {line:?}")))?;
-        let (mut len, mut location) = (0usize, None);
-        loop {
-            line.clear();
-            self.r.read_line(&mut line)?;
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            let lower = line.to_ascii_lowercase();
-            if let Some(v) = lower.strip_prefix("content-length:") {
-                len = v.trim().parse().unwrap_or(0);
-            }
-            if lower.starts_with("location:") {
-                location = Some(line[9..].trim().to_string());
-            }
-        }
-        let mut body = vec![0; len];
-        self.r.read_exact(&mut body)?;
-        Ok(Answer {
-            status,
-            body: String::from_utf8_lossy(&body).into_owned(),
-            location,
-        })
+        parse_answer(&mut self.r)
     }
+}
+
+/// An answer with a `Content-Length` (or none), read from `r`.
+fn parse_answer(r: &mut impl BufRead) -> std::io::Result<Answer> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {line:?}")))?;
+    let (mut len, mut location) = (0usize, None);
+    loop {
+        line.clear();
+        r.read_line(&mut line)?;
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        let lower = line.to_ascii_lowercase();
+        if let Some(v) = lower.strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+        if lower.starts_with("location:") {
+            location = Some(line[9..].trim().to_string());
+        }
+    }
+    let mut body = vec![0; len];
+    r.read_exact(&mut body)?;
+    Ok(Answer {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        location,
+    })
+}
+
+/// A TCP connection to `addr` (`host:port`), with `timeout` on connecting, reads and writes.
+fn connect_tcp(addr: &str, timeout: Duration) -> std::io::Result<TcpStream> {
+    let sa = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{addr}: no address")))?;
+    let s = TcpStream::connect_timeout(&sa, timeout)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    Ok(s)
+}
+
+/// One `GET` over HTTPS to `addr` (`host:port`, the host as the server's certificate names it),
+/// trusting the CA certificates in the PEM file `ca`; redirects are not followed.
+pub fn get_tls(addr: &str, path: &str, ca: &Path, timeout: Duration) -> std::io::Result<Answer> {
+    let config = https_client(ca).map_err(std::io::Error::other)?;
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let name = ServerName::try_from(host.trim_matches(['[', ']']).to_string())
+        .map_err(std::io::Error::other)?;
+    let conn = rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
+    let mut s = rustls::StreamOwned::new(conn, connect_tcp(addr, timeout)?);
+    let head = format!("GET {path} HTTP/1.1\r\nHost: kv\r\nConnection: close\r\n\r\n");
+    s.write_all(head.as_bytes())?;
+    parse_answer(&mut BufReader::new(s))
 }
 
 /// `http://host:port/path` → (`host:port`, `/path`).

@@ -48,6 +48,32 @@ pub fn param<'a>(q: &'a Query, name: &str) -> Option<&'a str> {
     q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// Refuse a parameter the route does not take, or one given twice: 400 `bad_query` naming it.
+/// (A misspelt `?raed=lease` would otherwise read in the default mode, and of `?read=lease&read=
+/// index` only the first would count, both silently.)
+pub fn check_query(c: &Ctx<'_>, takes: &[&str]) -> Result<(), Reply> {
+    for (i, (k, _)) in c.query.iter().enumerate() {
+        let detail = if !takes.contains(&k.as_str()) {
+            let takes = match takes {
+                [] => "no parameters".to_string(),
+                t => format!("only {}", t.join(", ")),
+            };
+            format!("unknown parameter {k:?}: this route takes {takes}")
+        } else if c.query[..i].iter().any(|(p, _)| p == k) {
+            format!("parameter {k:?} given more than once")
+        } else {
+            continue;
+        };
+        return Err(error_with(
+            400,
+            "bad_query",
+            detail,
+            json!({"parameter": k}),
+        ));
+    }
+    Ok(())
+}
+
 /// Proceed on the leader; elsewhere, the redirect to it (or 503 when no leader is known).
 pub fn leader_only(c: &Ctx<'_>) -> Result<(), Reply> {
     match c.app.raft.leadership.get() {
@@ -56,11 +82,15 @@ pub fn leader_only(c: &Ctx<'_>) -> Result<(), Reply> {
     }
 }
 
-/// This node does not lead: 307 to the leader's address, or 503.
+/// This node does not lead: 307 to the leader's address, or 503 when no leader is known, when
+/// its address is not known here, or when this node has not heard from it lately (see
+/// [`App::live_leader`]): a redirect never points at a node this one has lost touch with.
 pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
-    let http = leader.and_then(|id| c.app.http_of(id));
-    let more = json!({"leader_id": leader, "leader_http": http});
-    match (leader, &http) {
+    let heard = leader.and_then(|id| c.app.heard.ago_ms(id));
+    let live = c.app.live_leader(leader);
+    let http = live.and_then(|id| c.app.http_of(id));
+    let more = json!({"leader_id": live, "leader_http": http, "last_heard_ms": heard});
+    match (live, &http) {
         (Some(id), Some(addr)) => {
             let target = c.parts.uri.path_and_query().map_or("/", |p| p.as_str());
             let location = format!("{}://{addr}{target}", c.app.scheme);
@@ -71,12 +101,18 @@ pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
             let detail = format!("node {id} leads, and its HTTP address is not known here");
             error_with(503, "not_leader", detail, more)
         }
-        (None, _) => error_with(
-            503,
-            "no_leader",
-            "no leader is known yet; retry shortly",
-            more,
-        )
-        .with_header("retry-after", "1"),
+        (None, _) => no_leader(leader, heard, more),
     }
+}
+
+/// 503 `no_leader`: none is known, or the one known has not been heard from lately.
+fn no_leader(leader: Option<u64>, heard: Option<u64>, more: serde_json::Value) -> Reply {
+    let detail = match (leader, heard) {
+        (Some(id), Some(ms)) => format!(
+            "node {id} led, but nothing came from it for {ms} ms: an election may be under way; \
+             retry shortly"
+        ),
+        _ => "no leader is known yet; retry shortly".to_string(),
+    };
+    error_with(503, "no_leader", detail, more).with_header("retry-after", "1")
 }

@@ -9,15 +9,28 @@ use crate::peer::members::is_member;
 pub fn status(app: &App) -> Reply {
     let s = app.status();
     let (state, remaining_ns) = s.lease.unwrap_or((raft_lease::LeaseState::Expired, 0));
+    // Only a leader holds a lease: elsewhere "expired" would read as a fault.
+    let state = match s.role {
+        "leader" => state.as_str(),
+        _ => "not_leader",
+    };
     reply(
         200,
         json!({"id": app.opts.id, "pid": std::process::id(), "role": s.role, "term": s.term, "leader_id": s.leader_id,
                "commit": s.commit, "applied": s.applied, "last_index": s.last_index,
                "log_entries": s.log_entries, "insecure_peers": app.opts.insecure_peers,
-               "member": is_member(&s.conf, app.opts.id),
-               "lease": {"state": state.as_str(), "remaining_ms": remaining_ns / 1_000_000},
+               "member": is_member(&s.conf, app.opts.id), "last_heard_ms": last_heard_ms(app),
+               "lease": {"state": state, "remaining_ms": remaining_ns / 1_000_000},
                "promise": promise_json(app), "uptime_ms": app.promise.uptime_ms(&app.raft.clock)}),
     )
+}
+
+/// On a node that does not lead, how many ms ago it last heard from the leader it knows.
+fn last_heard_ms(app: &App) -> Option<u64> {
+    match app.raft.leadership.get() {
+        (false, Some(leader)) => app.heard.ago_ms(leader),
+        _ => None,
+    }
 }
 
 /// This run's lease promise `P`, the longest promise of an earlier run it boots with (0: none

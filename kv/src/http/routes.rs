@@ -18,7 +18,7 @@ use hyper::{Method, Request as HttpRequest, Response};
 
 use crate::base::conns::Guard;
 use crate::http::app::App;
-use crate::http::ctx::{leader_only, method_not_allowed, name, Ctx};
+use crate::http::ctx::{check_query, leader_only, method_not_allowed, name, Ctx};
 use crate::http::reply::{error, Reply};
 use crate::http::{admin, ask, info, kv, sessions};
 use crate::state::command::Command;
@@ -48,27 +48,51 @@ pub async fn handle(rq: HttpRequest<Incoming>, app: &App, conn: &Guard) -> Respo
 
 async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     let path = c.parts.uri.path();
-    let m = &c.parts.method;
-    Ok(match (m, path) {
-        (&Method::GET, "/status") => info::status(c.app),
-        (&Method::GET, "/metrics") => info::metrics(c.app),
-        (&Method::GET, "/members") => info::members(c.app),
-        (_, p) if p.starts_with("/kv/") => {
-            let key = name(&p[4..], "bad_key")?;
-            match *m {
-                Method::GET => kv::get(c, key).await?,
-                Method::PUT => kv::put(c, key, body).await?,
-                Method::DELETE => {
-                    leader_only(c)?;
-                    ask::write(c, Command::Delete { key }, Vec::new(), None).await?
-                }
-                _ => return Err(method_not_allowed(m, "/kv/<key>", "GET, PUT, DELETE")),
-            }
-        }
-        (_, p) if p.starts_with("/session") || p.starts_with("/lock/") => {
+    Ok(match path {
+        "/status" | "/metrics" | "/members" => info_route(c, path)?,
+        p if p.starts_with("/kv/") => kv_route(c, &p[4..], body).await?,
+        p if p.starts_with("/session") || p.starts_with("/lock/") => {
             sessions::route(c, body).await?
         }
-        (_, p) if p.starts_with("/admin/") => admin::route(c, body).await?,
-        _ => error(404, "not_found", format!("no route for {m} {path}")),
+        p if p.starts_with("/admin/") => admin::route(c, body).await?,
+        _ => {
+            let m = &c.parts.method;
+            error(404, "not_found", format!("no route for {m} {path}"))
+        }
     })
+}
+
+/// `GET /status`, `/metrics`, `/members`: no other method, no parameters.
+fn info_route(c: &Ctx<'_>, path: &str) -> Result<Reply, Reply> {
+    if c.parts.method != Method::GET {
+        return Err(method_not_allowed(&c.parts.method, path, "GET"));
+    }
+    check_query(c, &[])?;
+    Ok(match path {
+        "/status" => info::status(c.app),
+        "/metrics" => info::metrics(c.app),
+        _ => info::members(c.app),
+    })
+}
+
+/// `GET`, `PUT`, `DELETE /kv/<key>`, `raw` the key as sent.
+async fn kv_route(c: &Ctx<'_>, raw: &str, body: Incoming) -> Result<Reply, Reply> {
+    let key = name(raw, "bad_key")?;
+    let m = &c.parts.method;
+    match *m {
+        Method::GET => {
+            check_query(c, &["read"])?;
+            kv::get(c, key).await
+        }
+        Method::PUT => {
+            check_query(c, &["session", "fence"])?;
+            kv::put(c, key, body).await
+        }
+        Method::DELETE => {
+            check_query(c, &[])?;
+            leader_only(c)?;
+            ask::write(c, Command::Delete { key }, Vec::new(), None).await
+        }
+        _ => Err(method_not_allowed(m, "/kv/<key>", "GET, PUT, DELETE")),
+    }
 }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use crate::base::conns::Phase;
 use crate::http::ask::write;
 use crate::http::body::json_body;
-use crate::http::ctx::{leader_only, method_not_allowed, name, param, Ctx};
+use crate::http::ctx::{check_query, leader_only, method_not_allowed, name, param, Ctx};
 use crate::http::outcome::outcome_reply;
 use crate::http::reply::{error, reply, Reply};
 use crate::state::command::{Command, Outcome};
@@ -22,8 +22,9 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     let m = &c.parts.method;
     match (m, path) {
         (&Method::POST, "/session") => {
+            check_query(c, &[])?;
             leader_only(c)?;
-            let body = json_body(body, c).await?;
+            let body = json_body(body, c, "{\"ttl_ms\": N}").await?;
             let ttl_ms = body
                 .get("ttl_ms")
                 .and_then(Value::as_u64)
@@ -32,8 +33,9 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
             write(c, cmd, Vec::new(), None).await
         }
         (&Method::POST, "/session/keepalive") => {
+            check_query(c, &[])?;
             leader_only(c)?;
-            let body = json_body(body, c).await?;
+            let body = json_body(body, c, "{\"ids\": [N, ...]}").await?;
             let ids: Vec<u64> = body
                 .get("ids")
                 .and_then(Value::as_array)
@@ -45,6 +47,7 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
             let id = p[9..]
                 .parse()
                 .map_err(|_| error(400, "bad_session", "session id must be a number"))?;
+            check_query(c, &[])?;
             leader_only(c)?;
             write(c, Command::SessionRevoke { id }, Vec::new(), None).await
         }
@@ -97,6 +100,11 @@ fn keepalive_reply(ka: &LocalKeepAlive, via: &str) -> Reply {
 /// releases it (with its token, safe to retry).
 async fn lock(c: &Ctx<'_>, raw_name: &str) -> Result<Reply, Reply> {
     let name = name(raw_name, "bad_lock")?;
+    match c.parts.method {
+        Method::POST => check_query(c, &["session"])?,
+        Method::DELETE => check_query(c, &["session", "token"])?,
+        _ => {}
+    }
     let usage = "use POST or DELETE /lock/<name>?session=<id>";
     let session = param(&c.query, "session")
         .and_then(|s| s.parse::<u64>().ok())

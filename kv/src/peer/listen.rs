@@ -274,6 +274,7 @@ fn deliver(
     if crate::peer::transport::cut(&cfg.blocked, msg.from, true) {
         return;
     }
+    cfg.heard.record(msg.from);
     let inbound = Inbound {
         msg,
         ticket: Some(ticket),
@@ -311,6 +312,7 @@ mod tests {
             logger: Logger::root(slog::Discard, slog::o!()),
             tls: None,
             peer_budget: crate::base::budget::Budget::new(1 << 20),
+            heard: Arc::default(),
             max_message_bytes: 1 << 20,
         }
     }

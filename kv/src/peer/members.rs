@@ -197,6 +197,19 @@ impl Members {
         }
     }
 
+    /// Add `id`'s addresses as a member told a joining node, unless the book knows `id` already
+    /// or it was removed; whether it was added. A node started with only some members (`--join`
+    /// with a partial `--peers`) learns the others this way before it asks to be added, so that
+    /// it can reach, and accept, whichever member leads. The book raft sends it (in its first
+    /// snapshot) replaces what it learned.
+    pub fn learn(&mut self, id: u64, addrs: Addrs) -> bool {
+        if self.removed.contains(&id) || self.addrs.contains_key(&id) {
+            return false;
+        }
+        self.addrs.insert(id, addrs);
+        true
+    }
+
     /// Whether connections from node `id` are accepted: it is in the book, or (before this node
     /// has learned the book) among the addresses it was started with, and it was not removed.
     pub fn accepts(&self, id: u64, started_with: &BTreeMap<u64, String>) -> bool {
@@ -318,5 +331,25 @@ mod tests {
         assert!(applied.accepts(1, &BTreeMap::new()));
         assert!(!applied.accepts(9, &BTreeMap::new()));
         assert!(applied.accepts(9, &[(9, "h:1".to_string())].into()));
+    }
+
+    #[test]
+    fn a_joiner_learns_members_it_was_not_started_with_but_never_a_removed_one() {
+        let mut m = book();
+        m.removed.insert(5);
+        let a = |p: &str| Addrs {
+            peer: p.into(),
+            http: None,
+        };
+        assert!(!m.accepts(4, &BTreeMap::new()));
+        assert!(m.learn(4, a("h:7004")));
+        assert!(m.accepts(4, &BTreeMap::new()));
+        assert!(
+            !m.learn(1, a("elsewhere:1")),
+            "a known member keeps its address"
+        );
+        assert_eq!(m.addrs[&1].peer, "h:7001");
+        assert!(!m.learn(5, a("h:7005")), "a removed node stays out");
+        assert!(!m.accepts(5, &BTreeMap::new()));
     }
 }

@@ -1,9 +1,10 @@
-//! Peers: the replicated address book, frames on the wire, the sending transport and the
-//! listener that admits peer messages.
+//! Peers: the replicated address book, frames on the wire, the sending transport, the
+//! listener that admits peer messages, and when each peer was last heard from.
 
 #[cfg(test)]
 pub mod ack_contexts;
 pub mod frame;
+pub mod heard;
 pub mod listen;
 pub mod members;
 pub mod transport;

@@ -27,6 +27,7 @@ use tokio::time::{timeout, Instant};
 use crate::base::budget::Budget;
 use crate::base::metrics::Metrics;
 use crate::peer::frame::{write_message, FrameError};
+use crate::peer::heard::Heard;
 use crate::peer::members::Members;
 use crate::tls::config::{peer_node_id, PeerTls};
 
@@ -99,6 +100,8 @@ pub struct TransportConfig {
     pub peer_budget: Arc<Budget>,
     /// The largest message accepted from a peer.
     pub max_message_bytes: usize,
+    /// When each peer's last admitted message arrived (the listener records it).
+    pub heard: Arc<Heard>,
 }
 
 impl TransportConfig {

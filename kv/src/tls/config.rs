@@ -160,6 +160,19 @@ pub fn http_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// A client of the nodes' HTTPS that trusts the CA certificates in the PEM file `ca`.
+pub fn https_client(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for c in load_certs(ca)? {
+        roots.add(c).map_err(|e| file_err(ca, e))?;
+    }
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

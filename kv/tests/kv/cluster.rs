@@ -164,8 +164,27 @@ impl Cluster {
 
     /// Start node `id` as a new member joining through node `via`.
     pub fn spawn_join(&mut self, id: u64, via: u64) {
-        let join = format!("127.0.0.1:{}", self.port(via));
-        self.spawn_edited(id, |args| args.extend(["--join".to_string(), join]));
+        let cmd = self.command(id);
+        self.spawn_join_with(id, via, cmd);
+    }
+
+    /// Start node `id` joining through node `via`, with only the nodes `listed` in its `--peers`
+    /// and `--peer-http` (as the documented join lists only the node it joins through and itself).
+    pub fn spawn_join_listing(&mut self, id: u64, via: u64, listed: &[u64]) {
+        let cmd = self.command_listing(id, &self.data.join(format!("node{id}")), listed);
+        self.spawn_join_with(id, via, cmd);
+    }
+
+    fn spawn_join_with(&mut self, id: u64, via: u64, mut cmd: Command) {
+        let log = std::fs::File::create(self.log_path(id)).unwrap();
+        cmd.args(["--join", &format!("127.0.0.1:{}", self.port(via))]);
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn node");
+        self.nodes[id as usize - 1] = Some(child);
     }
 
     pub fn tls(&self) -> PathBuf {
@@ -194,11 +213,17 @@ impl Cluster {
         } else {
             self.nodes.len()
         };
+        let listed: Vec<u64> = (1..=upto as u64).collect();
+        self.command_listing(id, dir, &listed)
+    }
+
+    /// The command line of node `id` on data dir `dir`, with the nodes `listed` in its `--peers`
+    /// and `--peer-http`.
+    pub fn command_listing(&self, id: u64, dir: &std::path::Path, listed: &[u64]) -> Command {
         let list = |ports: &[u16]| {
-            ports[..upto]
+            listed
                 .iter()
-                .enumerate()
-                .map(|(i, p)| format!("{}=127.0.0.1:{p}", i + 1))
+                .map(|&i| format!("{i}=127.0.0.1:{}", ports[i as usize - 1]))
                 .collect::<Vec<_>>()
                 .join(",")
         };

@@ -1,7 +1,8 @@
 //! Membership changes through raft with real processes, with a client writing and reading
 //! throughout: grow 3 → 5 with `kv node --join` (each new node catches up by snapshot, then is
 //! promoted), shrink 5 → 3 in one joint change, remove the leader (refused until leadership is
-//! transferred), and replace a node. The client checks every read against the writes acknowledged
+//! transferred), replace a node, and join through a follower with `--peers` naming only that
+//! follower and the new node (as the documented join does). The client checks every read against the writes acknowledged
 //! before it began: a read that returns an older value is stale.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -202,4 +203,48 @@ fn remove_the_leader_after_a_transfer_and_replace_a_node_with_reads_throughout()
     });
     assert_eq!(seen.stale.load(Ordering::Relaxed), 0, "stale reads");
     assert!(seen.writes.load(Ordering::Relaxed) > 10, "{seen:?}");
+}
+
+/// Wait until node `id` has applied at least `index`.
+fn wait_applied(c: &Cluster, id: u64, index: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = crate::cluster::status(c.port(id));
+        if s.as_ref().and_then(|s| s["applied"].as_u64()) >= Some(index) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node {id} never applied {index}: {s:?}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_node_listing_only_some_members_joins_through_a_follower_and_catches_up() {
+    let mut c = Cluster::start(3, &[]);
+    if leader(&c, &[1, 2, 3]) == 1 {
+        crate::cluster::transfer(&c, 1, 2);
+    }
+    let l = leader(&c, &[2, 3]);
+    crate::cluster::put(c.port(l), "before", "the join");
+    // As docs/kv.md joins node 4: --peers names node 1 (a follower now) and node 4 only.
+    c.add_slot(4);
+    c.spawn_join_listing(4, 1, &[1, 4]);
+    wait_conf(&c, 1, &[1, 2, 3, 4], &[]);
+    let l = leader(&c, &[1, 2, 3, 4]);
+    let rev = crate::cluster::put(c.port(l), "after", "the join");
+    wait_applied(&c, 4, rev);
+    let (code, body) =
+        crate::cluster::http(c.port(4), "GET", "/status", b"").expect("node 4 answers");
+    assert_eq!(code, 200);
+    assert_eq!(json(&body)["member"], true, "{body}");
+    let learned = std::fs::read_to_string(c.log_path(4)).unwrap();
+    assert!(
+        learned.contains("learned a member's addresses"),
+        "node 4 learned the members it was not started with:\n{}",
+        c.log_tail()
+    );
 }

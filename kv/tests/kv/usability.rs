@@ -196,6 +196,97 @@ fn every_error_has_one_shape_on_every_route_malformed_http_included() {
     put(p, "after", "served");
 }
 
+/// The `allow` header of a raw response head.
+fn allow_header(head: &str) -> Option<String> {
+    head.lines().find_map(|l| {
+        let l = l.to_ascii_lowercase();
+        l.strip_prefix("allow:").map(|v| v.trim().to_string())
+    })
+}
+
+#[test]
+fn wrong_methods_bad_json_and_bad_queries_are_named_and_a_follower_shows_it_holds_no_lease() {
+    let c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let (p, f) = (c.port(l), crate::cluster::others(l)[0]);
+    // A wrong method on a read-only route: 405 with Allow, as on /kv.
+    for path in ["/status", "/metrics", "/members"] {
+        for method in ["POST", "PUT", "DELETE", "PATCH"] {
+            let (code, head, body) = crate::cluster::http_raw(p, method, path, b"", &[]).unwrap();
+            let body = String::from_utf8_lossy(&body);
+            assert_eq!(
+                (
+                    code,
+                    error_code(&body).as_str(),
+                    allow_header(&head).as_deref()
+                ),
+                (405, "method_not_allowed", Some("get")),
+                "{method} {path}: {head}\n{body}"
+            );
+        }
+    }
+    // A body that is not JSON, on every JSON route: 400 bad_json that says so.
+    for path in [
+        "/session",
+        "/session/keepalive",
+        "/admin/members",
+        "/admin/transfer",
+    ] {
+        let (code, body) = http(p, "POST", path, b"{bad").unwrap();
+        assert_eq!(
+            (code, error_code(&body).as_str()),
+            (400, "bad_json"),
+            "{path}: {body}"
+        );
+        let detail = json(&body)["detail"].as_str().unwrap().to_string();
+        assert!(
+            detail.contains("not valid JSON") && detail.contains("expected"),
+            "{detail}"
+        );
+    }
+    // A parameter given twice, or one the route does not take: 400 bad_query naming it.
+    let queries = [
+        ("GET", "/kv/k?read=lease&read=index", "read"),
+        ("GET", "/kv/k?raed=lease", "raed"),
+        ("PUT", "/kv/k?bogus=1", "bogus"),
+        ("PUT", "/kv/k?session=1&session=2", "session"),
+        ("DELETE", "/kv/k?read=index", "read"),
+        ("GET", "/status?verbose=1", "verbose"),
+        ("GET", "/members?x", "x"),
+        ("POST", "/lock/L?session=1&token=2", "token"),
+        ("POST", "/session?ttl_ms=5", "ttl_ms"),
+        ("POST", "/admin/transfer?to=2", "to"),
+    ];
+    for (method, path, param) in queries {
+        for port in [p, c.port(f)] {
+            let (code, body) = http(port, method, path, b"{\"to\": 2}").unwrap();
+            assert_eq!(
+                (
+                    code,
+                    error_code(&body).as_str(),
+                    json(&body)["parameter"].as_str()
+                ),
+                (400, "bad_query", Some(param)),
+                "{method} {path} on port {port}: {body}"
+            );
+        }
+    }
+    let (code, body) = http(p, "GET", "/kv/k?read=index", b"").unwrap();
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (404, "not_found"),
+        "{body}"
+    );
+    // Only the leader holds a lease: a follower says so rather than "expired".
+    let leader = crate::cluster::status(p).unwrap();
+    assert!(
+        ["valid", "suspect"].contains(&leader["lease"]["state"].as_str().unwrap()),
+        "{leader}"
+    );
+    let follower = crate::cluster::status(c.port(f)).unwrap();
+    assert_eq!(follower["lease"]["state"], "not_leader", "{follower}");
+}
+
 #[test]
 fn unlock_version_duplicate_peers_host_names_and_prometheus_names() {
     let c = one_node(&[]);

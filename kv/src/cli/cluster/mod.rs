@@ -8,10 +8,14 @@
 //!
 //! A node that dies is reported on the console with its last error and a hint, and the others
 //! keep running; the console prints the exact command that restarts it, and takes `restart N`
-//! (and `stop N`, `status`) on standard input. Ctrl-C stops every node.
+//! (and `stop N`, `status`) on standard input. Ctrl-C stops every node. One console runs on a dir
+//! at a time (see `lock`): a second is refused, with exit code 3, before it starts anything.
 
 pub mod args;
+pub mod banner;
+pub mod commands;
 pub mod layout;
+pub mod lock;
 pub mod plan;
 pub mod supervise;
 
@@ -20,6 +24,7 @@ use std::sync::Arc;
 
 use args::ClusterArgs;
 use layout::layout;
+use lock::DirLock;
 use plan::Plan;
 
 /// `kv cluster`.
@@ -37,10 +42,18 @@ pub fn run(args: ClusterArgs) -> i32 {
     let dir = temp
         .as_ref()
         .map_or(args.data_dir.clone(), |t| t.path().to_path_buf());
-    let prepared = std::fs::create_dir_all(&dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))
-        .and_then(|_| layout(&args, &dir))
-        .and_then(|l| Plan::new(&args, &dir, l));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("error: {}: {e}", dir.display());
+        return 2;
+    }
+    let _lock = match DirLock::take(&dir) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 3;
+        }
+    };
+    let prepared = layout(&args, &dir).and_then(|l| Plan::new(&args, &dir, l));
     let plan = match prepared {
         Ok(p) => p,
         Err(e) => {

@@ -51,6 +51,38 @@ pub struct Plan {
     pub common: Vec<String>,
     /// Whether peers talk plaintext.
     pub insecure: bool,
+    /// With `--http-cert` among the node flags the nodes serve HTTPS: the CA its clients trust.
+    pub https_ca: Option<PathBuf>,
+}
+
+/// The CA that clients of HTTPS nodes trust, if `node_args` give `--http-cert`: `ca.pem` beside
+/// the certificate (where `kv certs --http-san` writes both), else the cluster CA in `dir/tls`.
+fn https_ca(node_args: &[String], dir: &Path) -> Option<PathBuf> {
+    let cert = node_args
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.as_str() {
+            "--http-cert" => node_args.get(i + 1).cloned(),
+            a => a.strip_prefix("--http-cert=").map(str::to_string),
+        })?;
+    let beside = Path::new(&cert).parent().map(|d| d.join("ca.pem"));
+    Some(
+        beside
+            .filter(|ca| ca.exists())
+            .unwrap_or_else(|| dir.join("tls").join("ca.pem")),
+    )
+}
+
+/// `s` as a shell word: as it is if it needs no quoting, else in single quotes.
+pub fn quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 impl Plan {
@@ -83,7 +115,16 @@ impl Plan {
             layout,
             common,
             insecure: args.insecure_peers,
+            https_ca: https_ca(&args.node_args, dir),
         })
+    }
+
+    /// `https` if the nodes serve HTTPS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        match self.https_ca {
+            Some(_) => "https",
+            None => "http",
+        }
     }
 
     /// Node `id`'s arguments.
@@ -121,15 +162,6 @@ impl Plan {
 
     /// The command line that starts node `id`, to paste in a shell.
     pub fn command_line(&self, id: u64) -> String {
-        let quote = |s: &str| {
-            if s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,".contains(c))
-            {
-                s.to_string()
-            } else {
-                format!("'{}'", s.replace('\'', "'\\''"))
-            }
-        };
         std::iter::once(self.exe.display().to_string())
             .chain(self.node_args(id))
             .map(|s| quote(&s))
@@ -161,7 +193,7 @@ impl Plan {
     }
 }
 
-/// Stop `children` with SIGTERM, then SIGKILL after 5 s.
+/// Stop `children` with SIGTERM, then SIGKILL after 5 s; the caller says what stopped.
 pub fn shutdown(children: Vec<Child>) {
     for c in &children {
         // SAFETY: sending SIGTERM to a child we spawned and have not reaped.
@@ -180,5 +212,4 @@ pub fn shutdown(children: Vec<Child>) {
             let _ = c.wait();
         }
     }
-    println!("all nodes stopped");
 }
