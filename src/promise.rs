@@ -31,6 +31,10 @@ pub enum VoteDecision {
 pub struct FollowerPromise {
     /// `P`, in nanoseconds.
     promise_ns: u64,
+    /// The longest a promise made by this node or its previous run may last from now on: the
+    /// boot promise (at least `P`). A promise to a leader heard during a longer boot promise
+    /// ends where the boot promise does.
+    longest_ns: u64,
     /// Votes for anyone but `holder` are refused before this local instant (exclusive).
     /// Only ever moves later.
     until_ns: u64,
@@ -50,6 +54,7 @@ impl FollowerPromise {
         );
         FollowerPromise {
             promise_ns,
+            longest_ns: boot_promise_ns,
             until_ns: boot_ns.saturating_add(boot_promise_ns),
             holder: None,
         }
@@ -59,6 +64,7 @@ impl FollowerPromise {
     pub fn none(promise_ns: u64) -> Self {
         FollowerPromise {
             promise_ns,
+            longest_ns: promise_ns,
             until_ns: 0,
             holder: None,
         }
@@ -81,7 +87,7 @@ impl FollowerPromise {
             return VoteDecision::Allow;
         }
         let remaining_ns = self.until_ns - now_ns;
-        debug_assert!(remaining_ns > 0 && remaining_ns <= self.promise_ns || self.holder.is_none());
+        debug_assert!(remaining_ns > 0 && remaining_ns <= self.longest_ns || self.holder.is_none());
         VoteDecision::Refuse {
             remaining_ns,
             holder: self.holder,
@@ -213,6 +219,23 @@ mod tests {
             p.check_vote(2, 3 * P - 1),
             VoteDecision::Refuse { .. }
         ));
+        assert_eq!(p.check_vote(2, 3 * P), VoteDecision::Allow);
+    }
+
+    /// A leader heard during a boot promise longer than `P` (a restart with a shorter `P`)
+    /// becomes the holder; votes for others stay refused until the boot promise ends.
+    #[test]
+    fn a_leader_heard_during_a_longer_boot_promise_holds_it_to_its_end() {
+        let mut p = FollowerPromise::at_boot(P, 3 * P, 0);
+        p.on_leader_message(1, 10);
+        assert_eq!(
+            p.check_vote(2, P + 10),
+            VoteDecision::Refuse {
+                remaining_ns: 2 * P - 10,
+                holder: Some(1)
+            }
+        );
+        assert_eq!(p.check_vote(1, P + 10), VoteDecision::Allow, "the holder");
         assert_eq!(p.check_vote(2, 3 * P), VoteDecision::Allow);
     }
 
