@@ -237,6 +237,16 @@ fn control_counting_an_earlier_terms_fortifications_is_caught() {
 }
 
 #[test]
+fn control_releasing_on_a_term_move_is_caught() {
+    assert_caught(MultiControl::ReleaseOnTermMove, false);
+}
+
+#[test]
+fn control_counting_own_promise_with_mixed_settings_is_caught() {
+    assert_caught(MultiControl::MixedSettingsOwnPromise, false);
+}
+
+#[test]
 fn control_no_give_up_is_caught_by_the_liveness_phase() {
     assert_caught(MultiControl::NoGiveUp, true);
 }

@@ -4,18 +4,22 @@
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use super::MultiSim;
+use raft::eraftpb::MessageType;
+
+use super::{MsgAction, MsgKind, MsgRule, MultiSim};
 use crate::multi::GroupId;
 
 fn fortified_to(sim: &MultiSim, node: u64, gid: GroupId) -> Option<u64> {
     sim.node(node)?.group(gid)?.fortified_to()
 }
 
-/// An episode starts from a quiet network: no cuts, no slow links, no loss, and every paused
+/// An episode starts from a quiet network: no cuts, no slow links, no per-type rules, no loss
+/// and no stale copies, and every paused
 /// node resumed; then the group settles for up to `P` (its followers fortify again).
 fn quiet(sim: &mut MultiSim, gid: GroupId) {
     sim.heal();
     sim.net_mut().config = crate::sim::NetConfig::default();
+    sim.net_mut().set_stale_copies(0.0, 0);
     for n in 1..=sim.config().nodes {
         if sim.is_paused(n) {
             sim.resume(n);
@@ -131,6 +135,65 @@ pub fn transfer_round_trip(
         r,
         format!("group {gid}: {r} hands leadership to {x} and wins it back"),
     ))
+}
+
+/// A follower that falls ahead: group `gid`'s leader `R` is cut off, and its followers `S` and
+/// `X` campaign. `X`'s pre-votes win (`S` grants them), but its votes are lost on the way to
+/// `S`, so `X` stands again and again, each time in a later term; `X`'s answers to `S` are
+/// held for `2P`–`3P`. Then `R` and `S` are connected again: `S`, still in `R`'s term (its own
+/// pre-votes never won), follows `R` and fortifies; and the held answers arrive, `X`'s
+/// rejections of `S`'s pre-votes among them, each with a later term than the one `S` is
+/// fortified at. `S` must keep refusing while its node supports `R` (MULTI.md, the first
+/// hazard): `R` counts it, and `X` is not cut from `S`.
+///
+/// Needs pre-vote on `S` (`S`'s campaign must not move its term). Returns the leader and what
+/// it did, or `None` when the group is not in shape for it. Leaves the cuts and the rules on:
+/// the caller heals.
+pub fn answer_from_a_later_term(
+    sim: &mut MultiSim,
+    gid: GroupId,
+    rng: &mut ChaCha8Rng,
+) -> Option<(u64, String)> {
+    let (r, s, x) = three_in_shape(sim, gid)?;
+    let c = sim.config();
+    if !c.pre_vote || c.no_pre_vote_nodes.contains(&s) {
+        return None;
+    }
+    let p_ms = sim.max_promise_ms();
+    let until_ns = sim.now_ns() + 30 * p_ms * 1_000_000;
+    let rule = |kind, action| MsgRule {
+        from: Some(x),
+        to: Some(s),
+        kind: MsgKind::Raft(kind),
+        action,
+        until_ns,
+    };
+    let held = MsgAction::Hold {
+        min_extra_us: 2 * p_ms * 1_000,
+        max_extra_us: 6 * p_ms * 1_000,
+    };
+    let net = sim.net_mut();
+    net.add_rule(rule(MessageType::MsgRequestVote, MsgAction::Drop));
+    net.add_rule(rule(MessageType::MsgRequestPreVoteResponse, held));
+    net.add_rule(rule(MessageType::MsgRequestVoteResponse, held));
+    let others: Vec<u64> = (1..=sim.config().nodes).filter(|&n| n != r).collect();
+    sim.partition(&[r], &others);
+    let term = |sim: &MultiSim, n: u64| {
+        sim.node(n)
+            .and_then(|m| m.group(gid))
+            .map(|g| g.raw().raft.term)
+    };
+    let t = term(sim, r)?;
+    let ahead = |sim: &MultiSim| term(sim, x) > Some(t + 1) && term(sim, s) == Some(t);
+    if !sim.run_until(10 * p_ms, ahead) {
+        return None;
+    }
+    sim.run_for_ms(rng.gen_range(0..=p_ms / 2));
+    sim.reconnect(r, s);
+    sim.run_until(3 * p_ms, |sim| fortified_to(sim, s, gid) == Some(r));
+    sim.run_for_ms(6 * p_ms);
+    let what = format!("group {gid}: {x} falls ahead while {r} is cut off; {s}, fortified again, gets {x}'s held answers");
+    Some((r, what))
 }
 
 /// After [`quiet`]: group `gid`'s leader `R` and its two followers `(S, X)`, when the group has

@@ -5,6 +5,7 @@
 //! is checked for linearizability.
 
 pub mod episodes;
+mod faults;
 mod io;
 mod net;
 pub mod random;
@@ -17,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use slog::Logger;
 
-pub use net::BatchNet;
+pub use net::{BatchNet, MsgAction, MsgKind, MsgRule};
 
 use crate::clock::{Clock, SimClock};
 use crate::config::LeaseConfig;
@@ -61,6 +62,22 @@ pub struct MultiSimConfig {
     pub step_us: u64,
     /// Network faults.
     pub net: NetConfig,
+    /// raft's pre-vote.
+    pub pre_vote: bool,
+    /// Nodes that run without pre-vote although `pre_vote` is on: a rolling change of the
+    /// setting under way. Such a node, cut off, moves its term up with every campaign, and
+    /// answers the others' pre-votes with that later term.
+    pub no_pre_vote_nodes: Vec<u64>,
+    /// raft's check-quorum. Shared liveness needs it to give up a group stuck on a live node
+    /// (its leader steps down, and releases its followers): without it such a group stays
+    /// fortified to a leader that cannot serve.
+    pub check_quorum: bool,
+    /// A node's own promise and election timeout, in ms, indexed by `id - 1` (missing or 0: the
+    /// shared `lease.promise_ms` and `election_tick`). A node with its own setting has an
+    /// election timeout equal to its promise, as the example KV derives both from
+    /// `--election-ms`: nodes in the middle of a rolling change of that setting. Change it
+    /// between a crash and a restart with [`MultiSim::set_promise_ms`].
+    pub promise_ms_per_node: Vec<u64>,
     /// Negative control: a restarted node keeps its incarnation.
     #[doc(hidden)]
     pub same_incarnation_on_restart: bool,
@@ -86,6 +103,10 @@ impl Default for MultiSimConfig {
             drift_ppm: Vec::new(),
             step_us: 100,
             net: NetConfig::default(),
+            pre_vote: true,
+            no_pre_vote_nodes: Vec::new(),
+            check_quorum: true,
+            promise_ms_per_node: Vec::new(),
             same_incarnation_on_restart: false,
         }
     }
@@ -104,6 +125,9 @@ struct SimNode {
     next_tick_ns: u64,
     /// Persisted: bumped at every boot.
     incarnation: u32,
+    /// Persisted, as the example KV does: the longest promise any run of this node made, in ms.
+    /// Each boot passes it as `prior_promise_ms`.
+    max_promise_ms: u64,
     writes: HashMap<GroupId, HashSet<OpId>>,
     reads: HashMap<(GroupId, ReadId), (OpId, Vec<u8>)>,
 }
@@ -147,6 +171,7 @@ impl MultiSim {
                 held: Vec::new(),
                 next_tick_ns: 0,
                 incarnation: 0,
+                max_promise_ms: 0,
                 writes: HashMap::new(),
                 reads: HashMap::new(),
             })
@@ -177,13 +202,14 @@ impl MultiSim {
         if n.incarnation == 0 || !c.same_incarnation_on_restart {
             n.incarnation += 1;
         }
+        let (promise_ms, election_tick) = own_promise(c, idx);
         let raft = raft::Config {
-            election_tick: c.election_tick,
+            election_tick,
             heartbeat_tick: c.heartbeat_tick,
-            min_election_tick: c.election_tick,
-            max_election_tick: c.election_tick + c.election_spread_ticks + 1,
-            check_quorum: true,
-            pre_vote: true,
+            min_election_tick: election_tick,
+            max_election_tick: election_tick + c.election_spread_ticks + 1,
+            check_quorum: c.check_quorum,
+            pre_vote: c.pre_vote && !c.no_pre_vote_nodes.contains(&n.id),
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
             ..raft::Config::default()
@@ -195,12 +221,15 @@ impl MultiSim {
             raft,
             lease: LeaseConfig {
                 seed: c.lease.seed ^ c.seed,
+                promise_ms,
+                prior_promise_ms: n.max_promise_ms,
                 ..c.lease.clone()
             },
             tick_ms: c.tick_ms,
             quiesce_after_ticks: c.quiesce_after_ticks,
             seed: c.seed,
         };
+        n.max_promise_ms = n.max_promise_ms.max(promise_ms);
         let storages = n.storages.iter().map(|(&g, s)| (g, s.clone()));
         let node = MultiNode::new(config, storages, n.clock.clone(), &self.logger)
             .unwrap_or_else(|e| panic!("node {} failed to start: {e}", n.id));
@@ -478,6 +507,29 @@ impl MultiSim {
         self.boot(idx);
     }
 
+    /// Give `node` its own promise (and election timeout) of `promise_ms` from its next boot: a
+    /// rolling change of the setting.
+    pub fn set_promise_ms(&mut self, node: u64, promise_ms: u64) {
+        let idx = node as usize - 1;
+        let per_node = &mut self.config.promise_ms_per_node;
+        if per_node.len() <= idx {
+            per_node.resize(idx + 1, 0);
+        }
+        per_node[idx] = promise_ms;
+    }
+
+    /// The promise `node` runs with (or will, from its next boot), in ms.
+    pub fn promise_ms(&self, node: u64) -> u64 {
+        own_promise(&self.config, node as usize - 1).0
+    }
+
+    /// The longest promise any node ran with so far (at least the shared setting), in ms: a
+    /// fault that must outlast every promise waits this long.
+    pub fn max_promise_ms(&self) -> u64 {
+        let ran = self.nodes.iter().map(|n| n.max_promise_ms);
+        ran.max().unwrap_or(0).max(self.config.lease.promise_ms)
+    }
+
     /// The node's clock (to change its drift).
     pub fn clock(&self, node: u64) -> &SimClock {
         &self.nodes[node as usize - 1].clock
@@ -634,6 +686,15 @@ fn view(n: &SimNode, gid: GroupId, ids: &[u64]) -> NodeView {
             .filter(|&l| m.promise_backs(gid, l))
             .collect(),
         voters: (cs.voters, cs.voters_outgoing),
+    }
+}
+
+/// Node `idx`'s promise and election timeout in ticks: its own setting if it has one (the
+/// election timeout then equals the promise), else the shared ones.
+fn own_promise(c: &MultiSimConfig, idx: usize) -> (u64, usize) {
+    match c.promise_ms_per_node.get(idx).copied().unwrap_or(0) {
+        0 => (c.lease.promise_ms, c.election_tick),
+        ms => (ms, (ms / c.tick_ms) as usize),
     }
 }
 

@@ -7,6 +7,7 @@ use raft::eraftpb::ConfChangeType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use super::faults::{self, Later, Undo, PROMISES_MS};
 use super::{episodes, MultiSim, MultiSimConfig};
 use crate::config::Safeties;
 use crate::multi::LivenessMode;
@@ -33,6 +34,13 @@ pub enum MultiControl {
     EndEpochAtOnce,
     /// A leader of a new term counts the fortifications made for its earlier term.
     CountEarlierTerms,
+    /// A fortified replica lets go as soon as raft moves its term (a held, rejected pre-vote
+    /// response of a later term is enough), while its node still supports the leader.
+    ReleaseOnTermMove,
+    /// Every acknowledgement is counted on the counting node's own promise, and a node boots
+    /// with its own promise only: with nodes of different promise settings (a rolling change),
+    /// leases outlive the promises they rest on.
+    MixedSettingsOwnPromise,
 }
 
 /// What one run found.
@@ -46,7 +54,10 @@ pub struct MultiOutcome {
     pub liveness: Result<(), String>,
 }
 
-/// The config for `seed`: 3 to 5 nodes, 4 to 8 groups, shared liveness, the control applied.
+/// The config for `seed`: 3 to 5 nodes, 4 to 8 groups, shared liveness, pre-vote and
+/// check-quorum on or off; in half the seeds with pre-vote every node with a promise of its own
+/// (a rolling change of the promise under way), in a quarter some nodes without pre-vote (a
+/// rolling change of that setting); the control applied.
 pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x006d_756c_7469);
     let nodes = rng.gen_range(3..=5);
@@ -63,12 +74,35 @@ pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
         _ => c.lease.drift_ppm as i64,
     };
     c.drift_ppm = (0..nodes).map(|_| rng.gen_range(-drift..=drift)).collect();
+    c.pre_vote = rng.gen_bool(0.7);
+    let no_check_quorum = rng.gen_bool(0.2);
+    let mut own = || PROMISES_MS[rng.gen_range(0..PROMISES_MS.len())];
+    let per_node: Vec<u64> = (0..nodes).map(|_| own()).collect();
+    let without: Vec<u64> = (1..=nodes).filter(|_| rng.gen_bool(0.4)).collect();
+    // Raft without pre-vote is not live when nodes' election timeouts do not overlap: a node
+    // with a short timeout and a stale log campaigns first every time, moves every term and
+    // never wins (seen as terms in the hundreds and no leader). Mixed promises (a rolling
+    // change of the election timeout) need pre-vote on every node, as the example KV runs.
+    match rng.gen_range(0..4) {
+        0 | 1 if c.pre_vote => c.promise_ms_per_node = per_node,
+        2 if c.pre_vote && (1..nodes as usize).contains(&without.len()) => {
+            c.no_pre_vote_nodes = without;
+        }
+        _ => {}
+    }
+    // Without check-quorum, a leader cut off from its quorum learns of a later term only from
+    // an answer to its appends, which raft-rs sends only with pre-vote or check-quorum on; and
+    // it refuses the later candidates' votes while it keeps promising itself with every
+    // heartbeat round it sends. With neither, its group never elects again (seen).
+    c.check_quorum = !(no_check_quorum && c.pre_vote && c.no_pre_vote_nodes.is_empty());
     let knobs = &mut c.lease.safeties.testing;
     knobs.forget_withdrawals = control == Some(MultiControl::ForgetWithdrawals);
     knobs.no_boot_promise = control == Some(MultiControl::NoBootPromise);
     knobs.no_give_up = control == Some(MultiControl::NoGiveUp);
     knobs.end_epoch_at_once = control == Some(MultiControl::EndEpochAtOnce);
     knobs.count_earlier_terms = control == Some(MultiControl::CountEarlierTerms);
+    knobs.release_on_term_move = control == Some(MultiControl::ReleaseOnTermMove);
+    knobs.count_own_promise = control == Some(MultiControl::MixedSettingsOwnPromise);
     c.same_incarnation_on_restart = control == Some(MultiControl::SameIncarnation);
     c
 }
@@ -87,7 +121,8 @@ pub fn run_keeping_sim(
     let mut sim = MultiSim::new(config(seed, control));
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
     let mut faults = Vec::new();
-    let mut later: Vec<(u64, u64, Undo)> = Vec::new(); // (ms, node, what)
+    let mut later = Later::new();
+    faults.push(format!("0ms {}", stale_copies(&mut sim, &mut rng)));
     while sim.now_ns() / 1_000_000 < safety_ms {
         let now_ms = sim.now_ns() / 1_000_000;
         undo_due(&mut sim, &mut later, now_ms);
@@ -101,7 +136,12 @@ pub fn run_keeping_sim(
         sim.run_with_load(20, mode, 2_000, 5_000);
     }
     heal(&mut sim, &later);
-    if let Some(stuck) = stick_one_group(&mut sim, &mut rng) {
+    // Without check-quorum a leader that cannot reach its group never steps down, so never
+    // gives up: its followers stay fortified while its node's support flows (see
+    // `MultiSimConfig::check_quorum`). The stuck group is tested where check-quorum is on.
+    if !sim.config().check_quorum {
+        faults.push("check-quorum off: no group stuck after healing".into());
+    } else if let Some(stuck) = stick_one_group(&mut sim, &mut rng) {
         faults.push(stuck);
     }
     let liveness = liveness_phase(&mut sim);
@@ -113,20 +153,7 @@ pub fn run_keeping_sim(
     (outcome, sim)
 }
 
-/// A fault that ends by itself later.
-#[derive(Debug, Clone, Copy)]
-enum Undo {
-    Resume,
-    Restart,
-    /// Reconnect the node with this peer.
-    Reconnect(u64),
-    /// Let this group's raft messages through to the node again.
-    Unmute(u64),
-    /// The node's link to this peer is fast again.
-    Fast(u64),
-}
-
-fn undo_due(sim: &mut MultiSim, later: &mut Vec<(u64, u64, Undo)>, now_ms: u64) {
+fn undo_due(sim: &mut MultiSim, later: &mut Later, now_ms: u64) {
     let (due, rest): (Vec<_>, Vec<_>) = later.drain(..).partition(|(at, _, _)| *at <= now_ms);
     *later = rest;
     for (_, node, undo) in due {
@@ -141,12 +168,34 @@ fn undo_due(sim: &mut MultiSim, later: &mut Vec<(u64, u64, Undo)>, now_ms: u64) 
     }
 }
 
-fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, Undo)>) -> String {
-    let n = sim.config().nodes;
-    let node = rng.gen_range(1..=n);
+/// One fault, drawn from every kind the run knows.
+fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later) -> String {
+    let node = rng.gen_range(1..=sim.config().nodes);
     let gid = rng.gen_range(1..=sim.config().groups);
+    match rng.gen_range(0..28) {
+        k @ 0..=8 => node_fault(sim, rng, later, k, node),
+        k @ 9..=13 => group_fault(sim, rng, later, k, gid),
+        14..=16 => faults::message_rule(sim, rng),
+        17 => faults::rolling_change(sim, rng, node, later),
+        18 => faults::mass_failover(sim, rng, later),
+        19 | 20 => faults::joint_change(sim, rng, gid),
+        21 => faults::quiescent_transfer(sim, rng),
+        // Reserved: a group removed from its nodes and added back (`MultiNode::remove_group`).
+        _ => episode(sim, rng, later, gid),
+    }
+}
+
+/// Faults of nodes and links: cuts, pauses, crashes, drift, slow links, the network's settings.
+fn node_fault(
+    sim: &mut MultiSim,
+    rng: &mut ChaCha8Rng,
+    later: &mut Later,
+    kind: u32,
+    node: u64,
+) -> String {
+    let n = sim.config().nodes;
     let now_ms = sim.now_ns() / 1_000_000;
-    match rng.gen_range(0..16) {
+    match kind {
         0 => {
             let rest: Vec<u64> = (1..=n).filter(|&i| i != node).collect();
             sim.partition(&[node], &rest);
@@ -173,28 +222,8 @@ fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, U
             later.push((at, node, Undo::Restart));
             format!("crash {node}, restart at {at}ms")
         }
-        5 => {
-            let rho = sim
-                .config()
-                .drift_ppm
-                .iter()
-                .map(|d| d.abs())
-                .max()
-                .unwrap_or(0)
-                .max(10_000);
-            let ppm = rng.gen_range(-rho..=rho);
-            sim.clock(node).set_drift_ppm(ppm);
-            format!("drift {node} {ppm}ppm")
-        }
-        6 => match sim.leader(gid) {
-            Some(leader) if leader != node => {
-                sim.transfer_leader(gid, leader, node);
-                format!("group {gid}: transfer {leader}->{node}")
-            }
-            _ => String::new(),
-        },
-        7 => membership(sim, gid, node),
-        8 => {
+        5 => drift(sim, rng, node),
+        6 => {
             let max_delay_us = rng.gen_range(100..5_000);
             sim.net_mut().config = NetConfig {
                 min_delay_us: rng.gen_range(50..=max_delay_us),
@@ -202,27 +231,61 @@ fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, U
                 loss: rng.gen_range(0.0..0.05),
                 duplicate: rng.gen_range(0.0..0.05),
             };
-            "net changed".into()
+            format!("net changed, {}", stale_copies(sim, rng))
         }
-        9 => restart_during_partial_partition(sim, rng, gid, later),
-        11 => straggler(sim, rng, node, later),
-        13..=15 => match match rng.gen_range(0..3) {
-            0 => episodes::late_withdrawal(sim, gid, rng),
-            1 => episodes::resumed_support(sim, gid, rng),
-            _ => episodes::transfer_round_trip(sim, gid, rng),
-        } {
-            Some((leader, what)) => {
-                later.push((sim.now_ns() / 1_000_000, leader, Undo::Unmute(gid)));
-                what
-            }
-            None => String::new(),
-        },
-        12 if sim.is_up(node) => {
+        7 => straggler(sim, rng, node, later),
+        8 if sim.is_up(node) => {
             sim.crash(node);
             sim.restart(node);
             format!("restart {node} at once")
         }
+        _ => String::new(),
+    }
+}
+
+/// Half the time, stale copies: 0.2–2% of messages of every kind are sent once more, alone,
+/// up to `10P` late (held in a queue, retransmitted): whatever trusts a message to be fresh is
+/// tested, a request that finds its receiver in a later term answered with that term included.
+fn stale_copies(sim: &mut MultiSim, rng: &mut ChaCha8Rng) -> String {
+    let (p, max_us) = match rng.gen_bool(0.5) {
+        true => (rng.gen_range(0.02..0.05), 10 * sim.max_promise_ms() * 1_000),
+        false => (0.0, 0),
+    };
+    sim.net_mut().set_stale_copies(p, max_us);
+    format!("stale copies {:.1}% up to {}ms", p * 100.0, max_us / 1_000)
+}
+
+/// A node's clock drifts anywhere within the larger of the configured drifts and 1%.
+fn drift(sim: &mut MultiSim, rng: &mut ChaCha8Rng, node: u64) -> String {
+    let drifts = sim.config().drift_ppm.iter().map(|d| d.abs());
+    let rho = drifts.max().unwrap_or(0).max(10_000);
+    let ppm = rng.gen_range(-rho..=rho);
+    sim.clock(node).set_drift_ppm(ppm);
+    format!("drift {node} {ppm}ppm")
+}
+
+/// Faults aimed at one group: transfers, membership, a group stuck on its leader, partial
+/// partitions around its leader.
+fn group_fault(
+    sim: &mut MultiSim,
+    rng: &mut ChaCha8Rng,
+    later: &mut Later,
+    kind: u32,
+    gid: u64,
+) -> String {
+    let node = rng.gen_range(1..=sim.config().nodes);
+    let now_ms = sim.now_ns() / 1_000_000;
+    match kind {
         10 => match sim.leader(gid) {
+            Some(leader) if leader != node => {
+                sim.transfer_leader(gid, leader, node);
+                format!("group {gid}: transfer {leader}->{node}")
+            }
+            _ => String::new(),
+        },
+        11 => membership(sim, gid, node),
+        12 => restart_during_partial_partition(sim, rng, gid, later),
+        13 => match sim.leader(gid) {
             Some(leader) => {
                 sim.mute_group(gid, leader);
                 let until = now_ms + rng.gen_range(100..1_500);
@@ -235,14 +298,26 @@ fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Vec<(u64, u64, U
     }
 }
 
+/// One of the scripted episodes on group `gid`.
+fn episode(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later, gid: u64) -> String {
+    let run = match rng.gen_range(0..4) {
+        0 => episodes::late_withdrawal(sim, gid, rng),
+        1 => episodes::resumed_support(sim, gid, rng),
+        2 => episodes::answer_from_a_later_term(sim, gid, rng),
+        _ => episodes::transfer_round_trip(sim, gid, rng),
+    };
+    match run {
+        Some((leader, what)) => {
+            later.push((sim.now_ns() / 1_000_000, leader, Undo::Unmute(gid)));
+            what
+        }
+        None => String::new(),
+    }
+}
+
 /// One link turns slow for a while (up to `3P` one way): batches sent on it meanwhile arrive
 /// after later ones, perhaps after the sender restarted.
-fn straggler(
-    sim: &mut MultiSim,
-    rng: &mut ChaCha8Rng,
-    node: u64,
-    later: &mut Vec<(u64, u64, Undo)>,
-) -> String {
+fn straggler(sim: &mut MultiSim, rng: &mut ChaCha8Rng, node: u64, later: &mut Later) -> String {
     let n = sim.config().nodes;
     let peer = (node % n) + 1;
     let p_us = sim.config().lease.promise_ms * 1_000;
@@ -254,12 +329,15 @@ fn straggler(
 }
 
 /// A group's leader is cut off for longer than `P`, then its links to one follower come back
-/// while the others stay cut.
+/// while the others stay cut. Half the time the others' links to that follower are slow
+/// meanwhile (up to `3P` one way): the election among the followers goes on in the network
+/// after the old leader is back, and late answers from a node that moved to a later term reach
+/// a follower fortified again.
 fn isolate_then_reconnect_one(
     sim: &mut MultiSim,
     rng: &mut ChaCha8Rng,
     gid: u64,
-    later: &mut Vec<(u64, u64, Undo)>,
+    later: &mut Later,
 ) -> String {
     let Some(leader) = sim.leader(gid) else {
         return String::new();
@@ -270,7 +348,18 @@ fn isolate_then_reconnect_one(
     let p_ms = sim.config().lease.promise_ms;
     let at = sim.now_ns() / 1_000_000 + rng.gen_range(p_ms..=3 * p_ms);
     later.push((at, leader, Undo::Reconnect(peer)));
-    format!("group {gid}: leader {leader} isolated, reconnected with {peer} at {at}ms")
+    let mut what =
+        format!("group {gid}: leader {leader} isolated, reconnected with {peer} at {at}ms");
+    if rng.gen_bool(0.5) {
+        let slow_us = rng.gen_range(p_ms * 500..=3 * p_ms * 1_000);
+        let until = at + rng.gen_range(0..=3 * p_ms);
+        for &o in others.iter().filter(|&&o| o != peer) {
+            sim.slow_link(o, peer, slow_us);
+            later.push((until, o, Undo::Fast(peer)));
+        }
+        what += &format!(", links to {peer} slow by {slow_us}us until {until}ms");
+    }
+    what
 }
 
 /// A rolling restart during a partial partition: a follower of group `gid` restarts at once,
@@ -279,7 +368,7 @@ fn restart_during_partial_partition(
     sim: &mut MultiSim,
     rng: &mut ChaCha8Rng,
     gid: u64,
-    later: &mut Vec<(u64, u64, Undo)>,
+    later: &mut Later,
 ) -> String {
     let Some(leader) = sim.leader(gid) else {
         return String::new();
@@ -337,6 +426,7 @@ fn heal(sim: &mut MultiSim, later: &[(u64, u64, Undo)]) {
         }
     }
     sim.net_mut().config = NetConfig::default();
+    sim.net_mut().set_stale_copies(0.0, 0);
     for &(_, node, _) in later {
         if sim.is_paused(node) {
             sim.resume(node);
@@ -359,6 +449,13 @@ fn stick_one_group(sim: &mut MultiSim, rng: &mut ChaCha8Rng) -> Option<String> {
     sim.run_until(3_000, |s| s.leader(gid).is_some());
     sim.run_for_ms(500); // its followers fortify
     let leader = sim.leader(gid)?;
+    // The others can elect a leader without it only in a configuration of three voters or more
+    // (the membership faults leave some of two, or joint).
+    let g = sim.node(leader)?.group(gid)?;
+    let cs = g.raw().raft.prs().conf().to_conf_state();
+    if cs.voters.len() < 3 || !cs.voters_outgoing.is_empty() {
+        return None;
+    }
     sim.mute_group(gid, leader);
     Some(format!(
         "after healing, group {gid} stuck on its leader {leader}"
