@@ -137,45 +137,62 @@ pub fn transfer_round_trip(
     ))
 }
 
-/// A follower that falls ahead: group `gid`'s leader `R` is cut off, and its followers `S` and
-/// `X` campaign. `X`'s pre-votes win (`S` grants them), but its votes are lost on the way to
-/// `S`, so `X` stands again and again, each time in a later term; `X`'s answers to `S` are
-/// held for `2P`–`3P`. Then `R` and `S` are connected again: `S`, still in `R`'s term (its own
-/// pre-votes never won), follows `R` and fortifies; and the held answers arrive, `X`'s
-/// rejections of `S`'s pre-votes among them, each with a later term than the one `S` is
-/// fortified at. `S` must keep refusing while its node supports `R` (MULTI.md, the first
-/// hazard): `R` counts it, and `X` is not cut from `S`.
+/// Followers that fall ahead: group `gid`'s leader `R`, asleep (quiescent, its lease on the
+/// node stream), is cut off, and its followers campaign: the followers `S` (one fewer than a
+/// quorum) and the others `X`. The `X`s' pre-votes win (the `S`s grant them), but their votes
+/// are lost on the way to the `S`s, so they stand again and again, each time in a later term;
+/// their answers to the `S`s are lost meanwhile, so the `S`s' own pre-votes never win. Once an
+/// `X` is two terms ahead, the `X`s' answers to the `S`s are held for `2P`–`6P` instead, and a
+/// little later (the `S`s campaign again meanwhile, the `X`s reject them) `R` and the `S`s are
+/// connected again: the `S`s, still in `R`'s term, follow `R` and fortify, and the held answers
+/// arrive, rejections of the `S`s' pre-votes among them, each with a later term than the one
+/// the `S`s are fortified at. They must keep refusing while their nodes support `R` (MULTI.md,
+/// the first hazard): `R`'s lease rests on them, and the `X`s are cut from `R`, not from them.
 ///
-/// Needs pre-vote on `S` (`S`'s campaign must not move its term). Returns the leader and what
-/// it did, or `None` when the group is not in shape for it. Leaves the cuts and the rules on:
-/// the caller heals.
+/// Needs pre-vote on the `S`s (a campaign must not move their term). Returns the leader and
+/// what it did, or `None` when the group is not in shape for it. Leaves the cuts and the rules
+/// on: the caller heals.
 pub fn answer_from_a_later_term(
     sim: &mut MultiSim,
     gid: GroupId,
     rng: &mut ChaCha8Rng,
 ) -> Option<(u64, String)> {
-    let (r, s, x) = three_in_shape(sim, gid)?;
-    let c = sim.config();
-    if !c.pre_vote || c.no_pre_vote_nodes.contains(&s) {
-        return None;
-    }
+    let (r, s, x) = split_for_a_later_term(sim, gid)?;
     let p_ms = sim.max_promise_ms();
+    if !sim.run_until(5 * p_ms, |sim| {
+        sim.node(r).is_some_and(|m| m.is_quiescent(gid))
+    }) {
+        return None; // awake, check-quorum would step it down while cut off
+    }
     let until_ns = sim.now_ns() + 30 * p_ms * 1_000_000;
-    let rule = |kind, action| MsgRule {
-        from: Some(x),
-        to: Some(s),
-        kind: MsgKind::Raft(kind),
-        action,
-        until_ns,
+    let rules = |kind, action| {
+        let pairs = x
+            .iter()
+            .flat_map(|&from| s.iter().map(move |&to| (from, to)));
+        pairs
+            .map(|(from, to)| MsgRule {
+                from: Some(from),
+                to: Some(to),
+                kind: MsgKind::Raft(kind),
+                action,
+                until_ns,
+            })
+            .collect::<Vec<_>>()
     };
-    let held = MsgAction::Hold {
-        min_extra_us: 2 * p_ms * 1_000,
-        max_extra_us: 6 * p_ms * 1_000,
+    let answers = [
+        MessageType::MsgRequestPreVoteResponse,
+        MessageType::MsgRequestVoteResponse,
+    ];
+    let set = |sim: &mut MultiSim, answered: MsgAction| {
+        sim.net_mut().clear_rules();
+        let votes = rules(MessageType::MsgRequestVote, MsgAction::Drop);
+        let held = answers.iter().flat_map(|&a| rules(a, answered));
+        votes
+            .into_iter()
+            .chain(held)
+            .for_each(|rule| sim.net_mut().add_rule(rule));
     };
-    let net = sim.net_mut();
-    net.add_rule(rule(MessageType::MsgRequestVote, MsgAction::Drop));
-    net.add_rule(rule(MessageType::MsgRequestPreVoteResponse, held));
-    net.add_rule(rule(MessageType::MsgRequestVoteResponse, held));
+    set(sim, MsgAction::Drop);
     let others: Vec<u64> = (1..=sim.config().nodes).filter(|&n| n != r).collect();
     sim.partition(&[r], &others);
     let term = |sim: &MultiSim, n: u64| {
@@ -184,16 +201,46 @@ pub fn answer_from_a_later_term(
             .map(|g| g.raw().raft.term)
     };
     let t = term(sim, r)?;
-    let ahead = |sim: &MultiSim| term(sim, x) > Some(t + 1) && term(sim, s) == Some(t);
-    if !sim.run_until(10 * p_ms, ahead) {
+    let ahead = |sim: &MultiSim| {
+        x.iter().any(|&n| term(sim, n) > Some(t + 1)) && s.iter().all(|&n| term(sim, n) == Some(t))
+    };
+    if !sim.run_until(6 * p_ms, ahead) {
         return None;
     }
-    sim.run_for_ms(rng.gen_range(0..=p_ms / 2));
-    sim.reconnect(r, s);
-    sim.run_until(3 * p_ms, |sim| fortified_to(sim, s, gid) == Some(r));
+    let held = MsgAction::Hold {
+        min_extra_us: 2 * p_ms * 1_000,
+        max_extra_us: 6 * p_ms * 1_000,
+    };
+    set(sim, held);
+    sim.run_for_ms(rng.gen_range(p_ms..=2 * p_ms)); // the Ss campaign again: the Xs reject them
+    s.iter().for_each(|&n| sim.reconnect(r, n));
+    let fortified = |sim: &MultiSim| s.iter().all(|&n| fortified_to(sim, n, gid) == Some(r));
+    sim.run_until(3 * p_ms, fortified);
     sim.run_for_ms(6 * p_ms);
-    let what = format!("group {gid}: {x} falls ahead while {r} is cut off; {s}, fortified again, gets {x}'s held answers");
+    let what = format!(
+        "group {gid}: {x:?} fall ahead while {r} is cut off; {s:?}, fortified again, get \
+         their held answers"
+    );
     Some((r, what))
+}
+
+/// After [`quiet`]: group `gid`'s leader `R`, the `S`s (a quorum with `R`, the first of its
+/// followers) and the `X`s (the rest), when the configuration is not joint, every voter is up,
+/// there is an `X`, and every `S` runs with pre-vote; else `None`.
+fn split_for_a_later_term(sim: &mut MultiSim, gid: GroupId) -> Option<(u64, Vec<u64>, Vec<u64>)> {
+    quiet(sim, gid);
+    let r = sim.leader(gid)?;
+    let cs = voters_of(sim, r, gid)?;
+    let others: Vec<u64> = cs.voters.iter().copied().filter(|&v| v != r).collect();
+    let quorum = cs.voters.len() / 2 + 1;
+    let (s, x) = others.split_at(quorum - 1);
+    let c = sim.config();
+    let pre_votes = |n: &u64| c.pre_vote && !c.no_pre_vote_nodes.contains(n);
+    let up = others.iter().all(|&n| sim.is_up(n));
+    if !cs.voters_outgoing.is_empty() || x.is_empty() || !up || !s.iter().all(pre_votes) {
+        return None;
+    }
+    Some((r, s.to_vec(), x.to_vec()))
 }
 
 /// After [`quiet`]: group `gid`'s leader `R` and its two followers `(S, X)`, when the group has

@@ -1,7 +1,7 @@
 //! Faults of the randomized multi-group run beyond whole links and whole nodes: single messages
 //! held, delayed, duplicated or dropped by type inside node batches, rolling changes of a node's
-//! promise, the loss of the node that leads the most groups, joint membership changes and
-//! transfers of quiescent groups.
+//! promise, the loss or stall of the node that leads the most groups, joint membership changes
+//! and transfers of quiescent groups.
 
 use raft::eraftpb::{ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState};
 use rand::Rng;
@@ -111,8 +111,44 @@ fn led_by(sim: &MultiSim, node: u64) -> Vec<GroupId> {
     groups.filter(|&g| sim.leader(g) == Some(node)).collect()
 }
 
+/// A mass failover: when each group the crashed node led had a leader holding a lease again.
+#[derive(Debug, Clone)]
+pub struct Failover {
+    /// Real time of the crash, ns.
+    pub at_ns: u64,
+    /// The node that crashed.
+    pub node: u64,
+    /// Each group it led, and how long it took to be led again with a lease (ms), if it was.
+    pub groups: Vec<(GroupId, Option<u64>)>,
+    /// The groups among them whose other voters are no quorum: led again only once it is back.
+    pub needed: Vec<GroupId>,
+}
+
+impl Failover {
+    /// Read from the simulation how long each group took.
+    pub(super) fn measure(&mut self, sim: &MultiSim) {
+        for (gid, took) in self.groups.iter_mut() {
+            let again = sim.leased_again_ns(*gid, self.at_ns);
+            *took = again.map(|t| (t - self.at_ns) / 1_000_000);
+        }
+    }
+
+    /// The slowest group whose other voters are a quorum, or one never led again: `(group,
+    /// ms)`, `None` ms for never.
+    pub fn slowest(&self) -> Option<(GroupId, Option<u64>)> {
+        let others = self.groups.iter().filter(|(g, _)| !self.needed.contains(g));
+        let never = others.clone().find(|(_, t)| t.is_none());
+        never.or_else(|| others.max_by_key(|(_, t)| *t)).copied()
+    }
+}
+
 /// Mass failover: the node that leads the most groups crashes, and comes back after up to `10P`.
-pub(super) fn mass_failover(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later) -> String {
+pub(super) fn mass_failover(
+    sim: &mut MultiSim,
+    rng: &mut ChaCha8Rng,
+    later: &mut Later,
+    watched: &mut Vec<Failover>,
+) -> String {
     let up = (1..=sim.config().nodes).filter(|&n| sim.is_up(n) && !sim.is_paused(n));
     let most = up
         .map(|n| (led_by(sim, n), n))
@@ -120,11 +156,51 @@ pub(super) fn mass_failover(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mu
     let Some((groups, node)) = most.filter(|(g, _)| !g.is_empty()) else {
         return String::new();
     };
+    let needed: Vec<GroupId> = groups
+        .iter()
+        .copied()
+        .filter(|&g| leader_conf(sim, g).is_some_and(|(_, cs)| !quorum_without(&cs, node)))
+        .collect();
+    watched.push(Failover {
+        at_ns: sim.now_ns(),
+        node,
+        groups: groups.iter().map(|&g| (g, None)).collect(),
+        needed: needed.clone(),
+    });
     sim.crash(node);
     let p_ms = sim.max_promise_ms();
     let at = now_ms(sim) + rng.gen_range(p_ms..=10 * p_ms);
     later.push((at, node, Undo::Restart));
-    format!("mass failover: {node}, leader of groups {groups:?}, crashes; restarts at {at}ms")
+    format!(
+        "mass failover: {node}, leader of groups {groups:?} ({needed:?} need it for a quorum), \
+         crashes; restarts at {at}ms"
+    )
+}
+
+/// The node that leads the most groups stalls (a GC pause, a stopped VM) for `P` to `5P`: its
+/// clock runs on, and every lease it holds must end before another leader's begins, in every
+/// group at once, each lease resting on promises its followers made with their own settings.
+pub(super) fn mass_stall(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later) -> String {
+    let up = (1..=sim.config().nodes).filter(|&n| sim.is_up(n) && !sim.is_paused(n));
+    let most = up
+        .map(|n| (led_by(sim, n), n))
+        .max_by_key(|(g, n)| (g.len(), *n));
+    let Some((groups, node)) = most.filter(|(g, _)| !g.is_empty()) else {
+        return String::new();
+    };
+    sim.pause(node);
+    let p_ms = sim.max_promise_ms();
+    let until = now_ms(sim) + rng.gen_range(p_ms..=5 * p_ms);
+    later.push((until, node, Undo::Resume));
+    format!("mass stall: {node}, leader of groups {groups:?}, paused until {until}ms")
+}
+
+/// Whether the voters of `cs` but `node` are a quorum (of both halves when joint).
+fn quorum_without(cs: &ConfState, node: u64) -> bool {
+    let majority = |voters: &[u64]| {
+        voters.is_empty() || 2 * voters.iter().filter(|&&v| v != node).count() > voters.len()
+    };
+    majority(&cs.voters) && majority(&cs.voters_outgoing)
 }
 
 /// Group `gid`'s configuration at its leader, and the leader.

@@ -38,8 +38,13 @@ type Node = MultiNode<SimStorage, SimClock>;
 pub struct MultiSimConfig {
     /// Nodes, with ids `1..=nodes`; every one hosts every group.
     pub nodes: u64,
-    /// Groups, with ids `1..=groups`; every node is a voter of every group at first.
+    /// Groups, with ids `1..=groups`; every node hosts a replica of every group.
     pub groups: u64,
+    /// Voters of each group at first (0: every node). Group `g`'s are the `replicas` nodes from
+    /// node `g` on, round the ring: with more nodes than replicas, each pair of nodes shares
+    /// only some groups, and the other nodes' replicas are not members until a membership
+    /// change adds them.
+    pub replicas: u64,
     /// Seeds every random choice.
     pub seed: u64,
     /// Real-time interval between ticks, on each node's own clock.
@@ -92,6 +97,7 @@ impl Default for MultiSimConfig {
         MultiSimConfig {
             nodes: 3,
             groups: 6,
+            replicas: 0,
             seed: 0,
             tick_ms: single.tick_ms,
             election_tick: single.election_tick,
@@ -144,6 +150,9 @@ pub struct MultiSim {
     /// `(group, node)`: that group's raft messages to and from that node are dropped, while
     /// the node's support and fortification messages flow (a group stuck on a live node).
     muted: BTreeSet<(GroupId, u64)>,
+    /// Per group: whether a live leader held a lease at the last step, and every instant one
+    /// came to hold it after none did.
+    leased: BTreeMap<GroupId, (bool, Vec<u64>)>,
     logger: Logger,
 }
 
@@ -160,7 +169,7 @@ impl MultiSim {
                 node: None,
                 storages: groups
                     .iter()
-                    .map(|&g| (g, SimStorage::new(voters.clone())))
+                    .map(|&g| (g, SimStorage::new(initial_voters(&config, g))))
                     .collect(),
                 kv: BTreeMap::new(),
                 clock: SimClock::new(
@@ -188,6 +197,7 @@ impl MultiSim {
             now_ns: 0,
             nodes,
             muted: BTreeSet::new(),
+            leased: BTreeMap::new(),
             logger: Logger::root(slog::Discard, slog::o!()),
         };
         for idx in 0..sim.nodes.len() {
@@ -645,7 +655,29 @@ impl MultiSim {
                 .get_mut(&gid)
                 .expect("known")
                 .observe(self.now_ns, &views);
+            let now = self.leader_holds_lease(gid);
+            let (was, since) = self.leased.entry(gid).or_default();
+            if now && !*was {
+                since.push(self.now_ns);
+            }
+            *was = now;
         }
+    }
+
+    /// Whether group `gid`'s live, unpaused leader (of the highest term) holds a lease now.
+    pub fn leader_holds_lease(&self, gid: GroupId) -> bool {
+        let Some(leader) = self.leader(gid) else {
+            return false;
+        };
+        let g = self.node(leader).and_then(|m| m.group(gid));
+        g.is_some_and(|g| g.lease_status().state.is_held())
+    }
+
+    /// The first instant at or after `since_ns` at which group `gid` came to have a live leader
+    /// holding a lease (after a step without one), if it did.
+    pub fn leased_again_ns(&self, gid: GroupId, since_ns: u64) -> Option<u64> {
+        let (_, since) = self.leased.get(&gid)?;
+        since.iter().copied().find(|&t| t >= since_ns)
     }
 }
 
@@ -687,6 +719,19 @@ fn view(n: &SimNode, gid: GroupId, ids: &[u64]) -> NodeView {
             .collect(),
         voters: (cs.voters, cs.voters_outgoing),
     }
+}
+
+/// Group `gid`'s voters at first: see [`MultiSimConfig::replicas`].
+fn initial_voters(c: &MultiSimConfig, gid: GroupId) -> Vec<u64> {
+    let n = c.nodes;
+    let replicas = if c.replicas == 0 {
+        n
+    } else {
+        c.replicas.min(n)
+    };
+    let mut voters: Vec<u64> = (0..replicas).map(|i| (gid - 1 + i) % n + 1).collect();
+    voters.sort_unstable();
+    voters
 }
 
 /// Node `idx`'s promise and election timeout in ticks: its own setting if it has one (the

@@ -373,6 +373,11 @@ impl BatchNet {
         self.rules.push(rule);
     }
 
+    /// Remove every per-type rule (messages they hold stay in flight).
+    pub fn clear_rules(&mut self) {
+        self.rules.clear();
+    }
+
     /// Restore every link: no cuts, no slow links, no per-type rules. Messages in flight (held
     /// ones too) stay in flight.
     pub fn heal(&mut self) {

@@ -7,6 +7,7 @@ use raft::eraftpb::ConfChangeType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+pub use super::faults::Failover;
 use super::faults::{self, Later, Undo, PROMISES_MS};
 use super::{episodes, MultiSim, MultiSimConfig};
 use crate::config::Safeties;
@@ -52,12 +53,16 @@ pub struct MultiOutcome {
     pub faults: Vec<String>,
     /// Whether every group served again after healing, or what did not.
     pub liveness: Result<(), String>,
+    /// Each mass failover, and how long its groups took to be led again with a lease (other
+    /// faults may have been active meanwhile: nothing is asserted on it).
+    pub failovers: Vec<Failover>,
 }
 
-/// The config for `seed`: 3 to 5 nodes, 4 to 8 groups, shared liveness, pre-vote and
-/// check-quorum on or off; in half the seeds with pre-vote every node with a promise of its own
-/// (a rolling change of the promise under way), in a quarter some nodes without pre-vote (a
-/// rolling change of that setting); the control applied.
+/// The config for `seed`: 3 to 5 nodes, 4 to 8 groups (every node a voter of every group, or
+/// half the time each group on three nodes), shared liveness, pre-vote and
+/// check-quorum on or off; in three fifths of the seeds with pre-vote every node with a promise
+/// of its own (a rolling change of the promise under way), in a fifth some nodes without
+/// pre-vote (a rolling change of that setting); the control applied.
 pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x006d_756c_7469);
     let nodes = rng.gen_range(3..=5);
@@ -83,9 +88,9 @@ pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
     // with a short timeout and a stale log campaigns first every time, moves every term and
     // never wins (seen as terms in the hundreds and no leader). Mixed promises (a rolling
     // change of the election timeout) need pre-vote on every node, as the example KV runs.
-    match rng.gen_range(0..4) {
-        0 | 1 if c.pre_vote => c.promise_ms_per_node = per_node,
-        2 if c.pre_vote && (1..nodes as usize).contains(&without.len()) => {
+    match rng.gen_range(0..5) {
+        0..=2 if c.pre_vote => c.promise_ms_per_node = per_node,
+        3 if c.pre_vote && (1..nodes as usize).contains(&without.len()) => {
             c.no_pre_vote_nodes = without;
         }
         _ => {}
@@ -95,6 +100,11 @@ pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
     // it refuses the later candidates' votes while it keeps promising itself with every
     // heartbeat round it sends. With neither, its group never elects again (seen).
     c.check_quorum = !(no_check_quorum && c.pre_vote && c.no_pre_vote_nodes.is_empty());
+    // Half the clusters of more than three nodes place each group on three of them, as stores
+    // of many groups do: each pair of nodes shares only some groups.
+    if rng.gen_bool(0.5) {
+        c.replicas = 3;
+    }
     let knobs = &mut c.lease.safeties.testing;
     knobs.forget_withdrawals = control == Some(MultiControl::ForgetWithdrawals);
     knobs.no_boot_promise = control == Some(MultiControl::NoBootPromise);
@@ -122,12 +132,13 @@ pub fn run_keeping_sim(
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
     let mut faults = Vec::new();
     let mut later = Later::new();
+    let mut failovers = Vec::new();
     faults.push(format!("0ms {}", stale_copies(&mut sim, &mut rng)));
     while sim.now_ns() / 1_000_000 < safety_ms {
         let now_ms = sim.now_ns() / 1_000_000;
         undo_due(&mut sim, &mut later, now_ms);
         if rng.gen_bool(0.4) {
-            let fault = inject(&mut sim, &mut rng, &mut later);
+            let fault = inject(&mut sim, &mut rng, &mut later, &mut failovers);
             if !fault.is_empty() {
                 faults.push(format!("{now_ms}ms {fault}"));
             }
@@ -145,10 +156,12 @@ pub fn run_keeping_sim(
         faults.push(stuck);
     }
     let liveness = liveness_phase(&mut sim);
+    failovers.iter_mut().for_each(|f| f.measure(&sim));
     let outcome = MultiOutcome {
         report: sim.check(),
         faults,
         liveness,
+        failovers,
     };
     (outcome, sim)
 }
@@ -169,17 +182,23 @@ fn undo_due(sim: &mut MultiSim, later: &mut Later, now_ms: u64) {
 }
 
 /// One fault, drawn from every kind the run knows.
-fn inject(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later) -> String {
+fn inject(
+    sim: &mut MultiSim,
+    rng: &mut ChaCha8Rng,
+    later: &mut Later,
+    failovers: &mut Vec<Failover>,
+) -> String {
     let node = rng.gen_range(1..=sim.config().nodes);
     let gid = rng.gen_range(1..=sim.config().groups);
-    match rng.gen_range(0..28) {
-        k @ 0..=8 => node_fault(sim, rng, later, k, node),
-        k @ 9..=13 => group_fault(sim, rng, later, k, gid),
-        14..=16 => faults::message_rule(sim, rng),
-        17 => faults::rolling_change(sim, rng, node, later),
-        18 => faults::mass_failover(sim, rng, later),
-        19 | 20 => faults::joint_change(sim, rng, gid),
-        21 => faults::quiescent_transfer(sim, rng),
+    match rng.gen_range(0..32) {
+        k @ 0..=9 => node_fault(sim, rng, later, k, node),
+        k @ 10..=16 => group_fault(sim, rng, later, k, gid),
+        17 | 18 => faults::message_rule(sim, rng),
+        19 => faults::rolling_change(sim, rng, node, later),
+        20 => faults::mass_failover(sim, rng, later, failovers),
+        21 => faults::mass_stall(sim, rng, later),
+        22 => faults::joint_change(sim, rng, gid),
+        23 => faults::quiescent_transfer(sim, rng),
         // Reserved: a group removed from its nodes and added back (`MultiNode::remove_group`).
         _ => episode(sim, rng, later, gid),
     }
@@ -234,7 +253,7 @@ fn node_fault(
             format!("net changed, {}", stale_copies(sim, rng))
         }
         7 => straggler(sim, rng, node, later),
-        8 if sim.is_up(node) => {
+        8 | 9 if sim.is_up(node) => {
             sim.crash(node);
             sim.restart(node);
             format!("restart {node} at once")
@@ -284,8 +303,8 @@ fn group_fault(
             _ => String::new(),
         },
         11 => membership(sim, gid, node),
-        12 => restart_during_partial_partition(sim, rng, gid, later),
-        13 => match sim.leader(gid) {
+        12..=14 => restart_during_partial_partition(sim, rng, gid, later),
+        15 => match sim.leader(gid) {
             Some(leader) => {
                 sim.mute_group(gid, leader);
                 let until = now_ms + rng.gen_range(100..1_500);
@@ -298,21 +317,58 @@ fn group_fault(
     }
 }
 
-/// One of the scripted episodes on group `gid`.
+/// One of the scripted episodes on group `gid`. Each starts from a healed network; one that
+/// does not line up (the group not in shape, or the world moved otherwise) is healed again
+/// at once, so that the cuts and rules it set up do not linger unannounced.
 fn episode(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later, gid: u64) -> String {
-    let run = match rng.gen_range(0..4) {
-        0 => episodes::late_withdrawal(sim, gid, rng),
-        1 => episodes::resumed_support(sim, gid, rng),
-        2 => episodes::answer_from_a_later_term(sim, gid, rng),
-        _ => episodes::transfer_round_trip(sim, gid, rng),
+    let mut pick = rng.gen_range(0..4);
+    if pick == 2 && !sim.config().pre_vote {
+        pick = 3; // a follower's campaign moves its term without pre-vote
+    }
+    let gid = match pick {
+        2 => gid, // any number of voters
+        _ => three_voter_group(sim, gid),
+    };
+    let (name, run) = match pick {
+        0 => ("late withdrawal", episodes::late_withdrawal(sim, gid, rng)),
+        1 => ("resumed support", episodes::resumed_support(sim, gid, rng)),
+        2 => (
+            "later term",
+            episodes::answer_from_a_later_term(sim, gid, rng),
+        ),
+        _ => ("round trip", episodes::transfer_round_trip(sim, gid, rng)),
     };
     match run {
         Some((leader, what)) => {
             later.push((sim.now_ns() / 1_000_000, leader, Undo::Unmute(gid)));
             what
         }
-        None => String::new(),
+        None => {
+            sim.heal();
+            format!("group {gid}: episode '{name}' did not line up; healed")
+        }
     }
+}
+
+/// The first group from `gid` on (round the ids) whose leader has a configuration of three
+/// voters, not joint, as the episodes need; `gid` if none has.
+fn three_voter_group(sim: &MultiSim, gid: u64) -> u64 {
+    let groups = sim.config().groups;
+    let three = |g: u64| {
+        let Some(l) = sim.leader(g) else { return false };
+        let Some(cs) = sim
+            .node(l)
+            .and_then(|m| m.group(g))
+            .map(|x| x.raw().raft.prs().conf().to_conf_state())
+        else {
+            return false;
+        };
+        cs.voters.len() == 3 && cs.voters_outgoing.is_empty()
+    };
+    (0..groups)
+        .map(|i| (gid - 1 + i) % groups + 1)
+        .find(|&g| three(g))
+        .unwrap_or(gid)
 }
 
 /// One link turns slow for a while (up to `3P` one way): batches sent on it meanwhile arrive
