@@ -224,6 +224,54 @@ pub fn answer_from_a_later_term(
     Some((r, what))
 }
 
+/// Replicas moved away and back: every follower of group `gid`'s leader `R`, fortified to it,
+/// has the group removed and hosted again from its storage (at once, or up to `P` later),
+/// while `R`, quiescent, keeps its lease on the node stream; then the group's raft messages at
+/// `R` stop for `2P`–`6P`. The followers' nodes still support `R` at the same epoch, so `R`
+/// counts the fortifications their removed replicas made: the replicas hosted again must refuse
+/// each other's votes until that support ends, or `R`'s lease overlaps the next leader's.
+///
+/// Returns the leader and what it did, or `None` when the group is not in shape for it (no
+/// leader, joint, a follower down or unfortified, `R` awake). Leaves the mute on: the caller
+/// unmutes.
+pub fn moved_away_and_back(
+    sim: &mut MultiSim,
+    gid: GroupId,
+    rng: &mut ChaCha8Rng,
+) -> Option<(u64, String)> {
+    quiet(sim, gid);
+    let r = sim.leader(gid)?;
+    let cs = voters_of(sim, r, gid)?;
+    let followers: Vec<u64> = cs.voters.iter().copied().filter(|&v| v != r).collect();
+    let fortified = followers
+        .iter()
+        .all(|&f| fortified_to(sim, f, gid) == Some(r));
+    if !cs.voters_outgoing.is_empty() || followers.is_empty() || !fortified {
+        return None;
+    }
+    let p_ms = sim.max_promise_ms();
+    if !sim.run_until(5 * p_ms, |sim| {
+        sim.node(r).is_some_and(|m| m.is_quiescent(gid))
+    }) {
+        return None;
+    }
+    for &f in &followers {
+        assert!(sim.remove_group(f, gid), "{f} hosts group {gid}");
+    }
+    let away_ms = rng.gen_range(0..=p_ms);
+    sim.run_for_ms(away_ms);
+    for &f in &followers {
+        sim.add_group(f, gid);
+    }
+    sim.mute_group(gid, r);
+    sim.run_for_ms(rng.gen_range(2 * p_ms..=6 * p_ms));
+    let what = format!(
+        "group {gid}: {followers:?} moved away for {away_ms}ms and back while {r} leads; \
+         then {r}'s raft messages stop"
+    );
+    Some((r, what))
+}
+
 /// After [`quiet`]: group `gid`'s leader `R`, the `S`s (a quorum with `R`, the first of its
 /// followers) and the `X`s (the rest), when the configuration is not joint, every voter is up,
 /// there is an `X`, and every `S` runs with pre-vote; else `None`.

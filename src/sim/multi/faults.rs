@@ -1,7 +1,7 @@
 //! Faults of the randomized multi-group run beyond whole links and whole nodes: single messages
 //! held, delayed, duplicated or dropped by type inside node batches, rolling changes of a node's
-//! promise, the loss or stall of the node that leads the most groups, joint membership changes
-//! and transfers of quiescent groups.
+//! promise, the loss or stall of the node that leads the most groups, joint membership changes,
+//! transfers of quiescent groups, and groups removed from a node and hosted there again.
 
 use raft::eraftpb::{ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState};
 use rand::Rng;
@@ -25,6 +25,8 @@ pub(super) enum Undo {
     Unmute(u64),
     /// The node's link to this peer is fast again.
     Fast(u64),
+    /// The node hosts this group again.
+    AddGroup(u64),
 }
 
 /// Faults to undo: `(ms, node, what)`.
@@ -118,27 +120,38 @@ pub struct Failover {
     pub at_ns: u64,
     /// The node that crashed.
     pub node: u64,
-    /// Each group it led, and how long it took to be led again with a lease (ms), if it was.
-    pub groups: Vec<(GroupId, Option<u64>)>,
-    /// The groups among them whose other voters are no quorum: led again only once it is back.
-    pub needed: Vec<GroupId>,
+    /// Each group it led.
+    pub groups: Vec<FailedGroup>,
+}
+
+/// One group of a [`Failover`]. Other faults may go on meanwhile: a second crash can leave the
+/// group without a quorum of live voters for a while, so the time to a leased leader is counted
+/// from the first instant a majority of its voters (both halves of a joint configuration) were
+/// up again.
+#[derive(Debug, Clone)]
+pub struct FailedGroup {
+    /// The group.
+    pub gid: GroupId,
+    /// Its voters at the crash, incoming and outgoing.
+    pub voters: (Vec<u64>, Vec<u64>),
+    /// How long after the crash a majority of its voters were up again (0 if the crash left
+    /// one), ms; `None` if never.
+    pub quorum_back_ms: Option<u64>,
+    /// How long after that a live leader held a lease, ms; `None` if never.
+    pub leased_after_ms: Option<u64>,
 }
 
 impl Failover {
     /// Read from the simulation how long each group took.
     pub(super) fn measure(&mut self, sim: &MultiSim) {
-        for (gid, took) in self.groups.iter_mut() {
-            let again = sim.leased_again_ns(*gid, self.at_ns);
-            *took = again.map(|t| (t - self.at_ns) / 1_000_000);
+        for g in self.groups.iter_mut() {
+            let (incoming, outgoing) = &g.voters;
+            let both = sim.majority_up_ns([incoming, outgoing], self.at_ns);
+            g.quorum_back_ms = both.map(|t| (t - self.at_ns) / 1_000_000);
+            let again =
+                both.and_then(|t| sim.leased_again_ns(g.gid, t).map(|l| (l - t) / 1_000_000));
+            g.leased_after_ms = again;
         }
-    }
-
-    /// The slowest group whose other voters are a quorum, or one never led again: `(group,
-    /// ms)`, `None` ms for never.
-    pub fn slowest(&self) -> Option<(GroupId, Option<u64>)> {
-        let others = self.groups.iter().filter(|(g, _)| !self.needed.contains(g));
-        let never = others.clone().find(|(_, t)| t.is_none());
-        never.or_else(|| others.max_by_key(|(_, t)| *t)).copied()
     }
 }
 
@@ -156,25 +169,25 @@ pub(super) fn mass_failover(
     let Some((groups, node)) = most.filter(|(g, _)| !g.is_empty()) else {
         return String::new();
     };
-    let needed: Vec<GroupId> = groups
-        .iter()
-        .copied()
-        .filter(|&g| leader_conf(sim, g).is_some_and(|(_, cs)| !quorum_without(&cs, node)))
-        .collect();
+    let failed = groups.iter().filter_map(|&gid| {
+        let (_, cs) = leader_conf(sim, gid)?;
+        Some(FailedGroup {
+            gid,
+            voters: (cs.voters, cs.voters_outgoing),
+            quorum_back_ms: None,
+            leased_after_ms: None,
+        })
+    });
     watched.push(Failover {
         at_ns: sim.now_ns(),
         node,
-        groups: groups.iter().map(|&g| (g, None)).collect(),
-        needed: needed.clone(),
+        groups: failed.collect(),
     });
     sim.crash(node);
     let p_ms = sim.max_promise_ms();
     let at = now_ms(sim) + rng.gen_range(p_ms..=10 * p_ms);
     later.push((at, node, Undo::Restart));
-    format!(
-        "mass failover: {node}, leader of groups {groups:?} ({needed:?} need it for a quorum), \
-         crashes; restarts at {at}ms"
-    )
+    format!("mass failover: {node}, leader of groups {groups:?}, crashes; restarts at {at}ms")
 }
 
 /// The node that leads the most groups stalls (a GC pause, a stopped VM) for `P` to `5P`: its
@@ -193,14 +206,6 @@ pub(super) fn mass_stall(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut L
     let until = now_ms(sim) + rng.gen_range(p_ms..=5 * p_ms);
     later.push((until, node, Undo::Resume));
     format!("mass stall: {node}, leader of groups {groups:?}, paused until {until}ms")
-}
-
-/// Whether the voters of `cs` but `node` are a quorum (of both halves when joint).
-fn quorum_without(cs: &ConfState, node: u64) -> bool {
-    let majority = |voters: &[u64]| {
-        voters.is_empty() || 2 * voters.iter().filter(|&&v| v != node).count() > voters.len()
-    };
-    majority(&cs.voters) && majority(&cs.voters_outgoing)
 }
 
 /// Group `gid`'s configuration at its leader, and the leader.
@@ -291,4 +296,47 @@ pub(super) fn quiescent_transfer(sim: &mut MultiSim, rng: &mut ChaCha8Rng) -> St
     let to = rng.gen_range(1..=sim.config().nodes);
     sim.transfer_leader(gid, leader, to);
     format!("group {gid} (quiescent): transfer {leader}->{to}")
+}
+
+/// Group `gid` is removed from a node (its replica destroyed, or moved away and back): its
+/// leader's, a follower fortified to it, or any other. The node hosts it again from its storage
+/// at once, within `2P`, or up to `10P` later. While away the replica cannot vote; hosted again
+/// while its node still supports the leader it had fortified, it must refuse every other
+/// candidate (the fortification outlives the replica), and whatever it led is given up.
+pub(super) fn remove_and_readd(
+    sim: &mut MultiSim,
+    rng: &mut ChaCha8Rng,
+    later: &mut Later,
+    gid: GroupId,
+) -> String {
+    let hosts: Vec<u64> = (1..=sim.config().nodes)
+        .filter(|&n| sim.hosts(n, gid) && !sim.is_paused(n))
+        .collect();
+    let leader = sim.leader(gid).filter(|l| hosts.contains(l));
+    let node = match (rng.gen_range(0..3), leader) {
+        (0, Some(l)) => l,
+        (1, Some(l)) => match hosts.iter().copied().find(|&n| n != l) {
+            Some(f) => f,
+            None => return String::new(),
+        },
+        _ if !hosts.is_empty() => hosts[rng.gen_range(0..hosts.len())],
+        _ => return String::new(),
+    };
+    assert!(sim.remove_group(node, gid), "node {node} hosts group {gid}");
+    let p_ms = sim.max_promise_ms();
+    let back_ms = match rng.gen_range(0..3) {
+        0 => 0,
+        1 => rng.gen_range(1..=2 * p_ms),
+        _ => rng.gen_range(2 * p_ms..=10 * p_ms),
+    };
+    if back_ms == 0 {
+        assert!(
+            sim.add_group(node, gid),
+            "node {node} took group {gid} back"
+        );
+        return format!("group {gid} removed from {node} and hosted again at once");
+    }
+    let at = now_ms(sim) + back_ms;
+    later.push((at, node, Undo::AddGroup(gid)));
+    format!("group {gid} removed from {node}; hosted again at {at}ms")
 }

@@ -153,6 +153,8 @@ pub struct MultiSim {
     /// Per group: whether a live leader held a lease at the last step, and every instant one
     /// came to hold it after none did.
     leased: BTreeMap<GroupId, (bool, Vec<u64>)>,
+    /// Every crash and boot: `(ns, node, up)`.
+    up_log: Vec<(u64, u64, bool)>,
     logger: Logger,
 }
 
@@ -198,6 +200,7 @@ impl MultiSim {
             nodes,
             muted: BTreeSet::new(),
             leased: BTreeMap::new(),
+            up_log: Vec::new(),
             logger: Logger::root(slog::Discard, slog::o!()),
         };
         for idx in 0..sim.nodes.len() {
@@ -250,6 +253,7 @@ impl MultiSim {
             .collect();
         n.next_tick_ns = n.clock.now_ns() + c.tick_ms * 1_000_000;
         n.node = Some(node);
+        self.up_log.push((self.now_ns, n.id, true));
     }
 
     // ----- time ------------------------------------------------------------------------------
@@ -508,6 +512,7 @@ impl MultiSim {
         n.reads.clear();
         n.writes.clear(); // their outcome is unknown to their clients
         self.net.drop_to(node);
+        self.up_log.push((self.now_ns, node, false));
     }
 
     /// Restart a crashed node from its storages, with a new incarnation (unless the control).
@@ -515,6 +520,42 @@ impl MultiSim {
         let idx = node as usize - 1;
         assert!(self.nodes[idx].node.is_none(), "node {node} is running");
         self.boot(idx);
+    }
+
+    /// Stop hosting group `gid` on `node` ([`MultiNode::remove_group`]): its replica is
+    /// destroyed or moves away, while its storage stays for [`MultiSim::add_group`]. Reads and
+    /// writes in flight through it are lost to their clients. `false` if the node is down or
+    /// does not host the group.
+    pub fn remove_group(&mut self, node: u64, gid: GroupId) -> bool {
+        let n = &mut self.nodes[node as usize - 1];
+        let Some(m) = n.node.as_mut() else {
+            return false;
+        };
+        if m.remove_group(gid).is_err() {
+            return false;
+        }
+        n.reads.retain(|(g, _), _| *g != gid);
+        n.writes.remove(&gid);
+        true
+    }
+
+    /// Host group `gid` on `node` again from its storage, as a restart would: the replica
+    /// replays its log from its snapshot. `false` if the node is down or hosts it already.
+    pub fn add_group(&mut self, node: u64, gid: GroupId) -> bool {
+        let n = &mut self.nodes[node as usize - 1];
+        let (Some(m), Some(storage)) = (n.node.as_mut(), n.storages.get(&gid)) else {
+            return false;
+        };
+        if m.add_group(gid, storage.clone()).is_err() {
+            return false;
+        }
+        n.kv.insert(gid, state_from(&storage.latest_snapshot().data));
+        true
+    }
+
+    /// Whether `node` is up and hosts group `gid`.
+    pub fn hosts(&self, node: u64, gid: GroupId) -> bool {
+        self.node(node).is_some_and(|m| m.group(gid).is_some())
     }
 
     /// Give `node` its own promise (and election timeout) of `promise_ms` from its next boot: a
@@ -673,6 +714,30 @@ impl MultiSim {
         g.is_some_and(|g| g.lease_status().state.is_held())
     }
 
+    /// The first instant at or after `since_ns` at which a majority of each of `halves` (the
+    /// voters of a configuration, incoming and outgoing) were up, booted, paused or not.
+    pub fn majority_up_ns(&self, halves: [&[u64]; 2], since_ns: u64) -> Option<u64> {
+        let mut up: BTreeSet<u64> = BTreeSet::new();
+        let majority = |up: &BTreeSet<u64>| {
+            halves.iter().all(|voters| {
+                voters.is_empty()
+                    || 2 * voters.iter().filter(|v| up.contains(v)).count() > voters.len()
+            })
+        };
+        let mut at = since_ns;
+        for &(change_ns, node, is_up) in &self.up_log {
+            if change_ns > since_ns && majority(&up) {
+                return Some(at);
+            }
+            at = change_ns.max(since_ns);
+            match is_up {
+                true => up.insert(node),
+                false => up.remove(&node),
+            };
+        }
+        majority(&up).then_some(at)
+    }
+
     /// The first instant at or after `since_ns` at which group `gid` came to have a live leader
     /// holding a lease (after a step without one), if it did.
     pub fn leased_again_ns(&self, gid: GroupId, since_ns: u64) -> Option<u64> {
@@ -696,7 +761,9 @@ fn view(n: &SimNode, gid: GroupId, ids: &[u64]) -> NodeView {
             lease_term: None,
             campaigning: false,
             vote: hs.vote,
-            backs: ids.to_vec(), // a crashed node cannot vote; its boot promise speaks for it
+            // A crashed node, or one not hosting the group, cannot vote; its boot promise, or the
+            // fortification its node keeps for a group hosted again, speaks for it once it can.
+            backs: ids.to_vec(),
             voters: (Vec::new(), Vec::new()),
         };
     };

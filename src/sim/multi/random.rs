@@ -7,8 +7,8 @@ use raft::eraftpb::ConfChangeType;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-pub use super::faults::Failover;
 use super::faults::{self, Later, Undo, PROMISES_MS};
+pub use super::faults::{FailedGroup, Failover};
 use super::{episodes, MultiSim, MultiSimConfig};
 use crate::config::Safeties;
 use crate::multi::LivenessMode;
@@ -42,6 +42,9 @@ pub enum MultiControl {
     /// with its own promise only: with nodes of different promise settings (a rolling change),
     /// leases outlive the promises they rest on.
     MixedSettingsOwnPromise,
+    /// A node that stops hosting a group forgets the fortification its replica made: hosted
+    /// again while the node still supports that leader, the new replica votes for others.
+    ForgetRemovedFortifications,
 }
 
 /// What one run found.
@@ -113,6 +116,8 @@ pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
     knobs.count_earlier_terms = control == Some(MultiControl::CountEarlierTerms);
     knobs.release_on_term_move = control == Some(MultiControl::ReleaseOnTermMove);
     knobs.count_own_promise = control == Some(MultiControl::MixedSettingsOwnPromise);
+    knobs.forget_removed_fortifications =
+        control == Some(MultiControl::ForgetRemovedFortifications);
     c.same_incarnation_on_restart = control == Some(MultiControl::SameIncarnation);
     c
 }
@@ -176,6 +181,9 @@ fn undo_due(sim: &mut MultiSim, later: &mut Later, now_ms: u64) {
             Undo::Reconnect(peer) => sim.reconnect(node, peer),
             Undo::Unmute(gid) => sim.unmute_group(gid, node),
             Undo::Fast(peer) => sim.slow_link(node, peer, 0),
+            Undo::AddGroup(gid) => {
+                sim.add_group(node, gid);
+            }
             _ => {}
         }
     }
@@ -199,7 +207,7 @@ fn inject(
         21 => faults::mass_stall(sim, rng, later),
         22 => faults::joint_change(sim, rng, gid),
         23 => faults::quiescent_transfer(sim, rng),
-        // Reserved: a group removed from its nodes and added back (`MultiNode::remove_group`).
+        24 => faults::remove_and_readd(sim, rng, later, gid),
         _ => episode(sim, rng, later, gid),
     }
 }
@@ -321,12 +329,12 @@ fn group_fault(
 /// does not line up (the group not in shape, or the world moved otherwise) is healed again
 /// at once, so that the cuts and rules it set up do not linger unannounced.
 fn episode(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later, gid: u64) -> String {
-    let mut pick = rng.gen_range(0..4);
+    let mut pick = rng.gen_range(0..5);
     if pick == 2 && !sim.config().pre_vote {
         pick = 3; // a follower's campaign moves its term without pre-vote
     }
     let gid = match pick {
-        2 => gid, // any number of voters
+        2 | 4 => gid, // any number of voters
         _ => three_voter_group(sim, gid),
     };
     let (name, run) = match pick {
@@ -336,7 +344,11 @@ fn episode(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later, gid: u64
             "later term",
             episodes::answer_from_a_later_term(sim, gid, rng),
         ),
-        _ => ("round trip", episodes::transfer_round_trip(sim, gid, rng)),
+        3 => ("round trip", episodes::transfer_round_trip(sim, gid, rng)),
+        _ => (
+            "moved away and back",
+            episodes::moved_away_and_back(sim, gid, rng),
+        ),
     };
     match run {
         Some((leader, what)) => {
@@ -477,8 +489,12 @@ fn membership(sim: &mut MultiSim, gid: u64, node: u64) -> String {
 fn heal(sim: &mut MultiSim, later: &[(u64, u64, Undo)]) {
     sim.heal();
     for &(_, node, undo) in later {
-        if let Undo::Unmute(gid) = undo {
-            sim.unmute_group(gid, node);
+        match undo {
+            Undo::Unmute(gid) => sim.unmute_group(gid, node),
+            Undo::AddGroup(gid) => {
+                sim.add_group(node, gid);
+            }
+            _ => {}
         }
     }
     sim.net_mut().config = NetConfig::default();
