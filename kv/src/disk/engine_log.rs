@@ -92,7 +92,7 @@ impl EngineLog {
     }
 
     /// Open the existing engine in `dir/raft-engine`: never creates one; refuses a folder
-    /// without log files, or one the engine cannot read.
+    /// without log files (missing), or one the engine cannot read.
     pub fn open_existing(dir: &Path) -> Result<Self, StoreError> {
         let path = dir.join(ENGINE_DIR);
         let files = match std::fs::read_dir(&path) {
@@ -101,7 +101,7 @@ impl EngineLog {
             Ok(rd) => rd.filter_map(Result::ok).map(|e| e.path()),
         };
         if !files.into_iter().any(|p| is_log_file(&p)) {
-            return Err(StoreError::Empty);
+            return Err(StoreError::Missing); // no log file in the engine's folder
         }
         let log = open(dir)?;
         if log.engine.get(META, NODE_ID).is_none() {
@@ -316,7 +316,7 @@ mod tests {
         std::fs::create_dir(dir.path().join(ENGINE_DIR)).unwrap();
         assert!(matches!(
             EngineLog::open_existing(dir.path()).map(|_| ()),
-            Err(StoreError::Empty)
+            Err(StoreError::Missing)
         ));
     }
 }
