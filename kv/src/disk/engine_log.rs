@@ -4,14 +4,15 @@
 //! as key-values, so that a compaction or an installed snapshot and the log cut that goes with
 //! it are one atomic batch.
 //!
-//! On open the engine replays its files, checking every batch's checksum, and any damage is
-//! refused with [`StoreError::Corrupt`]: a file cut short, a byte changed, a torn batch. The
-//! engine could instead drop everything from the first broken batch of the newest file on, but
-//! it cannot tell a batch torn by a power loss (never acknowledged) from a damaged one followed
-//! by acknowledged ones, and dropping those could forget this node's vote. A kill -9 tears
-//! nothing (a `write` that returned is in the page cache), so only a power loss in the middle of
-//! a write, or damage, stops a node; it is then removed and added back on a new dir, as for a
-//! damaged redb file. Log files are not recycled: a new file holds nothing old to mistake.
+//! On open the engine replays its files, checking every batch's checksum. The newest file ends,
+//! after a crash, in the zeros the engine allocated ahead of its writes; those are dropped. Any
+//! other damage is refused with [`StoreError::Corrupt`], and the files are left as found: a file
+//! cut short inside a batch, a byte changed, a batch torn by a crash in the middle of its write.
+//! The engine cannot tell a torn batch (never acknowledged) from a damaged one followed by
+//! acknowledged ones, and dropping those could forget this node's vote; a node refused so is
+//! removed and added back on a new dir, as for a damaged redb file. (A file cut exactly at a
+//! batch's end cannot be told from one that ended there.) Log files are not recycled: a new
+//! file holds nothing old to mistake for a batch.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -60,7 +61,6 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
 fn config(dir: &Path) -> Config {
     Config {
         dir: dir.join(ENGINE_DIR).to_string_lossy().into_owned(),
-        recovery_mode: RecoveryMode::AbsoluteConsistency,
         enable_log_recycle: false,
         // Values are small and the CPU is the scarce part: no compression.
         batch_compression_threshold: ReadableSize(0),
@@ -70,9 +70,20 @@ fn config(dir: &Path) -> Config {
     }
 }
 
-/// Open the engine in `dir`, mapping its failures to a [`StoreError`].
+/// Open the engine in `dir`, mapping its failures to a [`StoreError`]: strictly, or, if that
+/// fails, dropping only zeros at the end of the newest file (see the module docs).
 fn open(dir: &Path) -> Result<EngineLog, StoreError> {
-    let cfg = config(dir);
+    match open_in(dir, RecoveryMode::AbsoluteConsistency) {
+        Err(StoreError::Corrupt(why)) => open_dropping_zeros(dir, why),
+        opened => opened,
+    }
+}
+
+fn open_in(dir: &Path, mode: RecoveryMode) -> Result<EngineLog, StoreError> {
+    let cfg = Config {
+        recovery_mode: mode,
+        ..config(dir)
+    };
     // A panic while replaying damaged files must not take the process down unexplained.
     let opened = std::panic::catch_unwind(|| Engine::open(cfg))
         .map_err(|_| corrupt("the log engine panicked reading it"))?;
@@ -83,6 +94,42 @@ fn open(dir: &Path) -> Result<EngineLog, StoreError> {
         Err(e) if e.to_string().contains("lock") => Err(StoreError::InUse),
         Err(e) => Err(corrupt(e)),
     }
+}
+
+/// Open letting the engine cut the newest file at its first broken batch, and keep that only if
+/// everything cut was zeros; else put the file back as it was and refuse.
+fn open_dropping_zeros(dir: &Path, why: String) -> Result<EngineLog, StoreError> {
+    let Some(file) = newest_log_file(dir) else {
+        return Err(StoreError::Corrupt(why));
+    };
+    let before = std::fs::read(&file).map_err(corrupt)?;
+    let log = open_in(dir, RecoveryMode::TolerateTailCorruption)?;
+    let after = std::fs::read(&file).map_err(corrupt)?;
+    let kept = before
+        .iter()
+        .zip(&after)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if before[kept..].iter().all(|&b| b == 0) {
+        return Ok(log);
+    }
+    drop(log);
+    std::fs::write(&file, &before).map_err(corrupt)?;
+    let dropped = before.len() - kept;
+    Err(StoreError::Corrupt(format!(
+        "{why}; {} holds {dropped} bytes past its last intact batch that are not the zeros a \
+         crash leaves (a torn or damaged batch)",
+        file.display()
+    )))
+}
+
+/// The engine's newest log file in `dir`, if any.
+fn newest_log_file(dir: &Path) -> Option<PathBuf> {
+    let rd = std::fs::read_dir(dir.join(ENGINE_DIR)).ok()?;
+    let mut files: Vec<PathBuf> = rd.filter_map(Result::ok).map(|e| e.path()).collect();
+    files.retain(|p| is_log_file(p));
+    files.sort();
+    files.pop()
 }
 
 impl EngineLog {
@@ -116,7 +163,7 @@ impl EngineLog {
 }
 
 /// Whether `p` is one of the engine's log files (`*.raftlog`).
-fn is_log_file(p: &PathBuf) -> bool {
+fn is_log_file(p: &Path) -> bool {
     p.extension().is_some_and(|e| e == "raftlog")
 }
 
@@ -242,7 +289,7 @@ mod tests {
         let files: Vec<PathBuf> = std::fs::read_dir(dir.path().join(ENGINE_DIR))
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(is_log_file)
+            .filter(|p| is_log_file(p))
             .collect();
         assert_eq!(files.len(), 1, "{files:?}");
         let file = files[0].clone();
@@ -271,7 +318,7 @@ mod tests {
             f.set_len(cut).unwrap();
             drop(f);
             match reopened(dir.path()) {
-                Err(StoreError::Corrupt(why)) => assert!(!why.is_empty()),
+                Err(StoreError::Corrupt(why)) => assert!(why.contains("torn or damaged"), "{why}"),
                 other => panic!("a file cut to {cut} of {len} bytes opened: {other:?}"),
             }
             assert_eq!(
@@ -283,16 +330,27 @@ mod tests {
     }
 
     #[test]
+    fn the_zeros_a_crash_leaves_at_the_end_are_dropped() {
+        let (dir, file) = written();
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes.extend(std::iter::repeat_n(0u8, 1 << 20));
+        std::fs::write(&file, &bytes).unwrap();
+        assert_eq!(reopened(dir.path()).unwrap(), 300);
+    }
+
+    #[test]
     fn a_changed_byte_is_refused() {
         let (dir, file) = written();
         let mut bytes = std::fs::read(&file).unwrap();
         let middle = bytes.len() / 2;
         bytes[middle] ^= 0x40;
+        bytes.extend(std::iter::repeat_n(0u8, 4096)); // as after a crash
         std::fs::write(&file, &bytes).unwrap();
         match reopened(dir.path()) {
             Err(StoreError::Corrupt(_)) => {}
             other => panic!("a changed byte went unnoticed: {other:?}"),
         }
+        assert_eq!(std::fs::read(&file).unwrap(), bytes, "left as found");
     }
 
     #[test]
