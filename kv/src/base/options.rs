@@ -52,6 +52,9 @@ pub struct NodeOptions {
     pub unsafe_count_own_promise: bool,
     /// Snapshot and compact every this many applied entries.
     pub snapshot_every: u64,
+    /// The engine for a new data dir's raft log; `None`: the dir's own (the default for a new
+    /// one). A dir on another engine is refused.
+    pub log_engine: Option<crate::base::log_engine::LogEngine>,
     /// Join a running cluster through this member's HTTP address.
     pub join: Option<String>,
     /// Keys and values held at most (507 beyond).

@@ -1,8 +1,9 @@
 //! `kv bench`: HTTP load on a local 3-node cluster, writes next to reads: for each number of
 //! keep-alive clients (1, 16 and 64 by default), PUTs, then `GET ?read=lease`, then
-//! `GET ?read=index`, each for `--seconds`, all on the leader, in one run. `--json PATH` writes one
-//! cell per line: `{"op": "put" | "get_lease" | "get_index", "clients": N, "ops_per_s": X,
-//! "p50_us": Y, "p99_us": Z}`, as a JSON array.
+//! `GET ?read=index`, each for `--seconds`, all on the leader; on a cluster whose raft logs are on
+//! raft-engine, then on one on redb (`--log-engine` picks one), in one run. First it measures
+//! the data dir's disk: a 4 KiB append and `fdatasync`. `--json PATH` writes the cells and that
+//! probe as a JSON array (see `report::to_json`).
 //!
 //! Each cell also prints the CPU it cost per operation, the three nodes' and the bench's own (its
 //! clients), and how busy the machine was (see `cpu`): where clients and nodes share a few
@@ -16,9 +17,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use serde_json::json;
 
+use crate::base::log_engine::LogEngine;
 use crate::bench::cpu::CpuSample;
+use crate::bench::report::{self, Cell};
 use crate::cli::cluster::args::ClusterArgs;
 use crate::cli::cluster::layout::Layout;
 use crate::cli::cluster::plan::{shutdown, Plan};
@@ -61,19 +63,10 @@ pub struct BenchArgs {
     /// The nodes' `--http-spin-us`: how long a connection polls for its next request.
     #[arg(long, default_value_t = 50)]
     http_spin_us: u64,
-}
-
-/// One measured cell.
-#[derive(Debug, Clone)]
-pub struct Cell {
-    op: &'static str,
-    clients: usize,
-    ops_per_s: f64,
-    p50_us: f64,
-    p99_us: f64,
-    errors: u64,
-    /// How long the cell ran.
-    seconds: f64,
+    /// The log engine to bench; both by default, raft-engine then redb (`--sessions`: the
+    /// default engine).
+    #[arg(long)]
+    log_engine: Option<LogEngine>,
 }
 
 /// `kv bench`.
@@ -95,57 +88,95 @@ pub fn run(args: BenchArgs) -> i32 {
             return 1;
         }
     };
+    match all(&args, dir.path()) {
+        Ok(()) => 0,
+        Err((code, e)) => {
+            eprintln!("error: {e}");
+            code
+        }
+    }
+}
+
+/// The fsync probe, then each engine's cluster in turn, then the report.
+fn all(args: &BenchArgs, dir: &std::path::Path) -> Result<(), (i32, String)> {
+    let fdatasync = crate::bench::fsync::fdatasync_us(dir, 200).map_err(|e| (1, e.to_string()))?;
+    let engines = match (args.log_engine, args.sessions) {
+        (Some(e), _) => vec![e],
+        (None, Some(_)) => vec![LogEngine::default()],
+        (None, None) => LogEngine::ALL.to_vec(),
+    };
+    println!(
+        "kv bench: 3 nodes (fsync on), peer delay {} ms one way, {} s per cell, {}-byte values, keep-alive clients on the leader; fdatasync of 4 KiB on this disk: p50 {:.0} µs, p99 {:.0} µs",
+        args.peer_delay_ms, args.seconds, args.value_bytes, fdatasync.0, fdatasync.1
+    );
+    let mut cells = Vec::new();
+    for engine in engines {
+        let sub = dir.join(engine.name());
+        cells.extend(on_cluster(args, engine, &sub)?);
+    }
+    if args.sessions.is_some() {
+        return Ok(());
+    }
+    for line in report::summary(&cells, fdatasync) {
+        println!("{line}");
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, report::to_json(&cells, fdatasync))
+            .map_err(|e| (1, format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+/// Start a 3-node cluster on `engine` in `dir`, run the cells (or the sessions) on it, stop it.
+fn on_cluster(
+    args: &BenchArgs,
+    engine: LogEngine,
+    dir: &std::path::Path,
+) -> Result<Vec<Cell>, (i32, String)> {
+    std::fs::create_dir_all(dir).map_err(|e| (1, e.to_string()))?;
     let cluster = ClusterArgs {
         nodes: Some(3),
-        data_dir: dir.path().to_path_buf(),
+        data_dir: dir.to_path_buf(),
         temp: false,
         base_port: Some(args.base_port),
         peer_delay_ms: args.peer_delay_ms,
         fault_injection: false,
         unsafe_lease_based: false,
         insecure_peers: false,
-        node_args: vec!["--http-spin-us".into(), args.http_spin_us.to_string()],
+        node_args: vec![
+            "--http-spin-us".into(),
+            args.http_spin_us.to_string(),
+            "--log-engine".into(),
+            engine.name().into(),
+        ],
     };
     let layout = Layout {
         nodes: 3,
         base_port: args.base_port,
     };
-    let plan = match layout
+    let plan = layout
         .check()
-        .and_then(|_| Plan::new(&cluster, dir.path(), layout))
-    {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return 2;
-        }
-    };
-    let children: Result<Vec<_>, _> = (1..=3).map(|id| plan.spawn(id)).collect();
-    let code = match children {
-        Ok(c) => {
-            let pids: Vec<u32> = c.iter().map(|child| child.id()).collect();
-            let code = match pick(&args, layout, &pids) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    1
-                }
-            };
-            shutdown(c);
-            code
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            1
-        }
-    };
-    code
+        .and_then(|_| Plan::new(&cluster, dir, layout))
+        .map_err(|e| (2, e.to_string()))?;
+    let children: Vec<_> = (1..=3)
+        .map(|id| plan.spawn(id))
+        .collect::<Result<_, _>>()
+        .map_err(|e| (1, e.to_string()))?;
+    let pids: Vec<u32> = children.iter().map(|child| child.id()).collect();
+    let result = pick(args, engine, layout, &pids);
+    shutdown(children);
+    result.map_err(|e| (1, e))
 }
 
 /// The sessions bench with `--sessions`, else the cells.
-fn pick(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
+fn pick(
+    args: &BenchArgs,
+    engine: LogEngine,
+    layout: Layout,
+    pids: &[u32],
+) -> Result<Vec<Cell>, String> {
     let Some(sessions) = args.sessions else {
-        return bench(args, layout, pids);
+        return bench(args, engine, layout, pids);
     };
     let load = crate::bench::sessions::SessionLoad {
         sessions,
@@ -159,7 +190,7 @@ fn pick(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
         std::fs::write(path, format!("{report}\n"))
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    Ok(())
+    Ok(Vec::new())
 }
 
 fn leader_addr(layout: Layout) -> Result<String, String> {
@@ -180,7 +211,12 @@ fn leader_addr(layout: Layout) -> Result<String, String> {
     Err("no leader with a lease within 30 s".into())
 }
 
-fn bench(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
+fn bench(
+    args: &BenchArgs,
+    engine: LogEngine,
+    layout: Layout,
+    pids: &[u32],
+) -> Result<Vec<Cell>, String> {
     let addr = leader_addr(layout)?;
     let mut c = Client::connect(&addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
     for k in 0..100 {
@@ -193,37 +229,23 @@ fn bench(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     }
     println!(
-        "kv bench: 3 nodes (fsync on), peer delay {} ms one way, {} s per cell, {}-byte values, keep-alive clients on the leader",
-        args.peer_delay_ms, args.seconds, args.value_bytes
-    );
-    println!(
-        "clients poll for each answer for {} µs before blocking (--spin-us; in cells with fewer clients than the {} CPUs); nodes poll for the next request for {} µs (--http-spin-us)",
+        "{}: clients poll for each answer for {} µs before blocking (--spin-us; in cells with fewer clients than the {} CPUs); nodes poll for the next request for {} µs (--http-spin-us)",
+        engine,
         args.spin_us,
-        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        report::cores(),
         args.http_spin_us
     );
-    println!(
-        "{:<10} {:>8} {:>12} {:>10} {:>10} {:>8} {:>22} {:>26}",
-        "op",
-        "clients",
-        "ops/s",
-        "p50 µs",
-        "p99 µs",
-        "errors",
-        "writes/fsync (fsync)",
-        "CPU µs/op nodes+bench (busy)"
-    );
+    println!("{}", report::header());
     let mut cells = Vec::new();
     for &clients in &args.clients {
         for op in ["put", "get_lease", "get_index"] {
             let before = batches(&addr);
             let cpu_before = CpuSample::now(pids);
-            let cell = load(&addr, op, clients, args)?;
-            let cpu = cpu_before.zip(CpuSample::now(pids)).map(|(b, a)| {
-                let c = b.cost(&a, cell.ops_per_s * cell.seconds);
-                let (nodes, bench) = (c.nodes_us_per_op, c.bench_us_per_op);
-                format!("{nodes:.1}+{bench:.1} ({:.0}%)", c.machine_busy_pct)
-            });
+            let mut cell = load(&addr, op, clients, args)?;
+            cell.engine = engine.name();
+            cell.cpu = cpu_before
+                .zip(CpuSample::now(pids))
+                .map(|(b, a)| b.cost(&a, cell.ops_per_s * cell.seconds));
             let after = batches(&addr);
             let per_batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
             let persist_us = (after.2 - before.2) / (after.3 - before.3).max(1.0) * 1e6;
@@ -231,25 +253,11 @@ fn bench(args: &BenchArgs, layout: Layout, pids: &[u32]) -> Result<(), String> {
                 "put" => format!("{per_batch:.1} ({persist_us:.0} µs)"),
                 _ => String::new(),
             };
-            println!(
-                "{:<10} {:>8} {:>12.0} {:>10.1} {:>10.1} {:>8} {:>22} {:>26}",
-                cell.op,
-                cell.clients,
-                cell.ops_per_s,
-                cell.p50_us,
-                cell.p99_us,
-                cell.errors,
-                batch,
-                cpu.unwrap_or_default()
-            );
+            println!("{}", cell.row(&batch));
             cells.push(cell);
         }
     }
-    summary(&cells);
-    if let Some(path) = &args.json {
-        std::fs::write(path, to_json(&cells)).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    Ok(())
+    Ok(cells)
 }
 
 /// The leader's (proposals, passes that proposed, seconds persisting, persists): the writes per
@@ -269,43 +277,6 @@ fn batches(addr: &str) -> (f64, f64, f64, f64) {
         value("kv_log_persist_duration_seconds_sum"),
         value("kv_log_persist_duration_seconds_count"),
     )
-}
-
-/// Group commit at a glance: the write cells against the 1-client one.
-fn summary(cells: &[Cell]) {
-    let puts: Vec<&Cell> = cells.iter().filter(|c| c.op == "put").collect();
-    let Some(one) = puts.iter().find(|c| c.clients == 1) else {
-        return;
-    };
-    for c in puts.iter().filter(|c| c.clients > 1) {
-        println!(
-            "writes at {} clients: {:.1}x the 1-client throughput, p50 {:.1}x the 1-client p50",
-            c.clients,
-            c.ops_per_s / one.ops_per_s,
-            c.p50_us / one.p50_us
-        );
-    }
-}
-
-/// The cells as a JSON array, one cell per line, each `{"op", "clients", "ops_per_s", "p50_us",
-/// "p99_us"}` in that order.
-pub fn to_json(cells: &[Cell]) -> String {
-    let lines: Vec<String> = cells
-        .iter()
-        .map(|c| {
-            // In this order: op, clients, ops_per_s, p50_us, p99_us.
-            let num = |v: f64| json!((v * 10.0).round() / 10.0);
-            format!(
-                "{{\"op\": {}, \"clients\": {}, \"ops_per_s\": {}, \"p50_us\": {}, \"p99_us\": {}}}",
-                json!(c.op),
-                c.clients,
-                json!(c.ops_per_s.round()),
-                num(c.p50_us),
-                num(c.p99_us)
-            )
-        })
-        .collect();
-    format!("[\n{}\n]\n", lines.join(",\n"))
 }
 
 /// Run `clients` clients doing `op` for the cell's time.
@@ -340,14 +311,18 @@ fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Resul
             .unwrap_or(0) as f64
             / 1e3
     };
+    let mean_us = lat.iter().sum::<u64>() as f64 / lat.len().max(1) as f64 / 1e3;
     Ok(Cell {
+        engine: "",
         op,
         clients,
         ops_per_s: lat.len() as f64 / secs,
         p50_us: at(0.5),
         p99_us: at(0.99),
+        mean_us,
         errors,
         seconds: secs,
+        cpu: None,
     })
 }
 
@@ -399,35 +374,4 @@ fn client(
         }
     }
     Ok((lat, errors))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cells_are_written_one_per_line_in_the_issues_form() {
-        let cell = |op, clients| Cell {
-            op,
-            clients,
-            ops_per_s: 1234.4,
-            p50_us: 812.345,
-            p99_us: 2000.0,
-            errors: 0,
-            seconds: 3.0,
-        };
-        let text = to_json(&[cell("put", 1), cell("get_lease", 64)]);
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(
-            lines,
-            [
-                "[",
-                r#"{"op": "put", "clients": 1, "ops_per_s": 1234.0, "p50_us": 812.3, "p99_us": 2000.0},"#,
-                r#"{"op": "get_lease", "clients": 64, "ops_per_s": 1234.0, "p50_us": 812.3, "p99_us": 2000.0}"#,
-                "]"
-            ]
-        );
-        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
-        assert_eq!(parsed[1]["clients"], 64);
-    }
 }

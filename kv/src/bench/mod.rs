@@ -1,6 +1,8 @@
-//! `kv bench`: HTTP load on a local cluster (writes, lease reads, index reads, sessions), and the
-//! CPU each operation costs.
+//! `kv bench`: HTTP load on a local cluster (writes, lease reads, index reads, sessions) on each
+//! log engine, the CPU each operation costs, and the disk's own fsync latency.
 
 pub mod cpu;
+pub mod fsync;
 pub mod load;
+pub mod report;
 pub mod sessions;

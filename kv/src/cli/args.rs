@@ -8,6 +8,7 @@ use clap::Args;
 
 use crate::base::admin_token::AdminToken;
 use crate::base::limits::HttpLimits;
+use crate::base::log_engine::LogEngine;
 use crate::base::options::{NodeOptions, MAX_ELECTION_MS};
 use crate::peer::members::check_addr;
 
@@ -101,6 +102,10 @@ pub struct NodeArgs {
     /// Snapshot and compact the raft log every this many applied entries.
     #[arg(long, default_value_t = 10_000)]
     pub snapshot_every: u64,
+    /// The engine for the raft log: raft-engine (the default for a new data dir) or redb. A dir
+    /// keeps the engine it was made with; naming another is refused.
+    #[arg(long)]
+    pub log_engine: Option<LogEngine>,
     /// Worker threads for HTTP and peer I/O (async: a slow client holds none of them).
     #[arg(long, default_value_t = 2)]
     pub http_threads: usize,
@@ -227,6 +232,7 @@ impl NodeArgs {
             unsafe_keepalive_without_lease: self.unsafe_keepalive_without_lease,
             unsafe_count_own_promise: self.unsafe_count_own_promise,
             snapshot_every: self.snapshot_every,
+            log_engine: self.log_engine,
             join: join.map(str::to_string),
             max_state_bytes: self.max_state_bytes,
             max_inflight_bytes: self.max_inflight_bytes,

@@ -227,6 +227,7 @@ fn boot(opts: &NodeOptions, log: &Logger) -> Result<Boot, Exit> {
         &opts.cluster_id,
         opts.id,
         bootstrap(opts).as_ref(),
+        opts.log_engine,
     )?;
     let clock = Arc::new(ScaledClock::new());
     let promise = PromiseRecord::open(
@@ -330,7 +331,7 @@ fn start(
 
 /// Run a node until it is stopped.
 pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
-    let opts = args.options().map_err(config)?;
+    let mut opts = args.options().map_err(config)?;
     let log = root.new(o!("node" => opts.id));
     if opts.unsafe_lease_based {
         warn!(log, "!!! --unsafe-lease-based: raft-rs LeaseBased reads can be STALE. For demonstrations only. !!!");
@@ -348,8 +349,9 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
     let fds = args.http_limits.max_connections + crate::base::limits::peer::MAX_PENDING + 256;
     crate::base::limits::ensure_open_files(fds as u64).map_err(config)?;
     let boot = boot(&opts, &log)?;
-    // A file-size limit (or a full disk) must be a storage error, not a silent kill.
-    // SAFETY: ignoring a signal has no preconditions.
+    opts.log_engine = Some(boot.storage.engine()); // the dir's, shown by /status
+                                                   // A file-size limit (or a full disk) must be a storage error, not a silent kill.
+                                                   // SAFETY: ignoring a signal has no preconditions.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.http_threads.max(1))
@@ -363,7 +365,8 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
         std::thread::spawn(move || crate::cli::join::run(app, join, stop, log));
     }
     info!(log, "node up"; "http" => %opts.http, "peer" => &opts.peers[&opts.id], "data_dir" => %opts.data_dir.display(),
-          "peer_tls" => !opts.insecure_peers, "join" => ?opts.join);
+          "peer_tls" => !opts.insecure_peers, "join" => ?opts.join,
+          "log_engine" => ?opts.log_engine.map(|e| e.name()));
     let result = raft_loop.run(); // returns on SIGTERM/SIGINT or a fatal storage error
     stop(rt, running);
     match result {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::disk::storage::{DiskStorage, StoreError};
+use crate::disk::storage::{DiskStorage, LogEngine, StoreError};
 
 /// The marker's file name in a data dir.
 pub const MARKER_FILE: &str = "kv-node.json";
@@ -30,6 +30,13 @@ pub struct Marker {
     pub cluster_id: String,
     /// The node's raft id.
     pub node_id: u64,
+    /// The engine its raft log is on (`redb` in dirs made before there was a choice).
+    #[serde(default = "redb_name")]
+    pub log_engine: String,
+}
+
+fn redb_name() -> String {
+    LogEngine::Redb.name().to_string()
 }
 
 /// Why a data dir was refused. The node exits with code 3.
@@ -61,7 +68,7 @@ pub enum DirError {
     },
     #[error(
         "{dir}: initialized (it has {MARKER_FILE}) but its raft store is {what}; refusing to start \
-         empty, which would forget this node's term and vote. Restore raft.redb from a backup, or \
+         empty, which would forget this node's term and vote. Restore the dir from a backup, or \
          remove the node from the cluster and start it on a new, empty dir"
     )]
     /// A marked dir whose store is missing, empty, corrupt or another node's.
@@ -89,6 +96,20 @@ pub enum DirError {
         dir: String,
         /// What is wrong with the store.
         what: String,
+    },
+    #[error(
+        "{dir}: its raft log is on {found}, not {asked}; refusing to start. Start it without \
+         --log-engine (or with --log-engine {found}); to move a node to another engine, remove \
+         it from the cluster and add it back on a new, empty dir"
+    )]
+    /// `--log-engine` names another engine than the dir's.
+    OtherEngine {
+        /// The dir.
+        dir: String,
+        /// The dir's engine.
+        found: String,
+        /// The engine asked for.
+        asked: LogEngine,
     },
     #[error("{path}: unreadable marker: {why}")]
     /// A marker that cannot be read.
@@ -180,13 +201,15 @@ pub struct Opened {
 }
 
 /// Open the raft store in `dir` for node `node_id` of `cluster_id`, initializing a fresh dir
-/// from `bootstrap` (see `DiskStorage::create`), and refusing a dir that is not this node's,
-/// whose store is not intact, or that another process uses.
+/// from `bootstrap` (see `DiskStorage::create`) on `engine` (the default if `None`), and
+/// refusing a dir that is not this node's, whose store is not intact, that another process
+/// uses, or whose log is on another engine than the one asked for.
 pub fn open_data_dir(
     dir: &Path,
     cluster_id: &str,
     node_id: u64,
     bootstrap: Option<&raft::eraftpb::Snapshot>,
+    engine: Option<LogEngine>,
 ) -> Result<Opened, DirError> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let d = dir.display().to_string();
@@ -198,7 +221,8 @@ pub fn open_data_dir(
                 what: e.to_string(),
             },
         };
-        let store = DiskStorage::create(dir, bootstrap, node_id).map_err(unusable)?;
+        let engine = engine.unwrap_or_default();
+        let store = DiskStorage::create(dir, bootstrap, node_id, engine).map_err(unusable)?;
         if !store.is_pristine().map_err(unusable)? {
             return Err(DirError::NoMarker { dir: d });
         }
@@ -208,6 +232,7 @@ pub fn open_data_dir(
                 format: FORMAT,
                 cluster_id: cluster_id.to_string(),
                 node_id,
+                log_engine: engine.name().to_string(),
             },
         )?;
         return Ok(Opened {
@@ -229,7 +254,18 @@ pub fn open_data_dir(
             expected: cluster_id.to_string(),
         });
     }
-    let storage = DiskStorage::open_existing(dir, node_id).map_err(|e| store_err(&d, e))?;
+    let found: LogEngine = m.log_engine.parse().map_err(|why| DirError::BadMarker {
+        path: dir.join(MARKER_FILE).display().to_string(),
+        why,
+    })?;
+    if let Some(asked) = engine.filter(|&e| e != found) {
+        return Err(DirError::OtherEngine {
+            dir: d,
+            found: m.log_engine,
+            asked,
+        });
+    }
+    let storage = DiskStorage::open_existing(dir, node_id, found).map_err(|e| store_err(&d, e))?;
     Ok(Opened {
         storage,
         initialized: true,
@@ -265,8 +301,9 @@ mod tests {
     #[test]
     fn a_dir_in_use_by_another_process_is_refused_as_in_use_not_corrupt() {
         let dir = tempfile::tempdir().unwrap();
-        let open = open_data_dir(dir.path(), "c", 1, Some(&boot())).expect("fresh dir");
-        let e = open_data_dir(dir.path(), "c", 1, Some(&boot()))
+        let open = open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb))
+            .expect("fresh dir");
+        let e = open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb))
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::InUse { .. }), "{e}");
@@ -275,16 +312,22 @@ mod tests {
             "{e}"
         );
         drop(open);
-        drop(open_data_dir(dir.path(), "c", 1, Some(&boot())).expect("free again"));
+        drop(
+            open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb))
+                .expect("free again"),
+        );
     }
 
     #[test]
     fn a_marked_dir_refuses_another_node_a_missing_or_empty_store_and_an_unmarked_store() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        drop(open_data_dir(p, "c", 1, Some(&boot())).expect("fresh dir"));
-        drop(open_data_dir(p, "c", 1, Some(&boot())).expect("same node again"));
-        let e = open_data_dir(p, "c", 2, Some(&boot()))
+        drop(open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb)).expect("fresh dir"));
+        drop(
+            open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb))
+                .expect("same node again"),
+        );
+        let e = open_data_dir(p, "c", 2, Some(&boot()), Some(LogEngine::Redb))
             .map(|_| ())
             .unwrap_err();
         assert!(
@@ -298,25 +341,25 @@ mod tests {
             ),
             "{e}"
         );
-        let e = open_data_dir(p, "d", 1, Some(&boot()))
+        let e = open_data_dir(p, "d", 1, Some(&boot()), Some(LogEngine::Redb))
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::OtherCluster { .. }), "{e}");
         let store = p.join("raft.redb");
         std::fs::File::create(&store).unwrap(); // truncated to 0 bytes
-        let e = open_data_dir(p, "c", 1, Some(&boot()))
+        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb))
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::Store { .. }), "{e}");
         std::fs::remove_file(&store).unwrap();
-        let e = open_data_dir(p, "c", 1, Some(&boot()))
+        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb))
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::Store { .. }), "{e}");
         assert!(!store.exists(), "never re-created");
         // A store with state but no marker is refused; a pristine one is adopted.
         let other = tempfile::tempdir().unwrap();
-        let s = DiskStorage::create(other.path(), None, 1).unwrap();
+        let s = DiskStorage::create(other.path(), None, 1, LogEngine::Redb).unwrap();
         let hs = raft::eraftpb::HardState {
             term: 3,
             vote: 1,
@@ -324,9 +367,37 @@ mod tests {
         };
         s.persist(&[], Some(&hs)).unwrap();
         drop(s);
-        let e = open_data_dir(other.path(), "c", 1, None)
+        let e = open_data_dir(other.path(), "c", 1, None, Some(LogEngine::Redb))
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::NoMarker { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_dir_keeps_its_engine_and_refuses_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        drop(open_data_dir(p, "c", 1, Some(&boot()), None).expect("fresh dir"));
+        let m = read_marker(p).unwrap().unwrap();
+        assert_eq!(m.log_engine, "raft-engine", "the default engine");
+        let opened = open_data_dir(p, "c", 1, Some(&boot()), None).expect("its own engine");
+        assert_eq!(opened.storage.engine(), LogEngine::RaftEngine);
+        drop(opened);
+        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, DirError::OtherEngine { .. }), "{e}");
+        assert!(e.to_string().contains("on raft-engine, not redb"), "{e}");
+    }
+
+    #[test]
+    fn a_marker_from_before_the_engine_choice_means_redb() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        drop(open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb)).expect("fresh"));
+        let old = r#"{"format": 2, "cluster_id": "c", "node_id": 1}"#;
+        std::fs::write(p.join(MARKER_FILE), old).unwrap();
+        let opened = open_data_dir(p, "c", 1, Some(&boot()), None).expect("an older dir");
+        assert_eq!(opened.storage.engine(), LogEngine::Redb);
     }
 }

@@ -1,7 +1,10 @@
-//! What a node keeps on disk: the raft store (on redb, with its in-memory tail), the data dir's
-//! marker, and the record of the longest lease promise the dir ran with.
+//! What a node keeps on disk: the raft store (on raft-engine or redb, with its in-memory tail),
+//! the data dir's marker, and the record of the longest lease promise the dir ran with.
 
+pub mod engine_log;
+pub mod log_store;
 pub mod marker;
 pub mod mem_log;
 pub mod promise_file;
+pub mod redb_log;
 pub mod storage;

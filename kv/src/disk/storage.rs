@@ -1,30 +1,23 @@
-//! Durable raft storage on redb: the log, the hard state, the conf state and the latest snapshot.
+//! Durable raft storage: the log, the hard state, the conf state and the latest snapshot, on a
+//! [`LogEngine`] (raft-engine or redb), with the log's indexes, terms and newest entries
+//! mirrored in memory.
 //!
-//! Every `Ready`'s entries and hard state are written in one transaction that is fsynced
-//! (`Durability::Immediate`) before the node sends anything that depends on them.
+//! Every `Ready`'s entries and hard state are written in one batch that is fsynced before the
+//! node sends anything that depends on them.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use thiserror::Error;
 
+use crate::disk::engine_log::EngineLog;
+use crate::disk::log_store::{Cut, LogStore, Write};
+pub use crate::disk::log_store::{DiskError, LogEngine};
 use crate::disk::mem_log::{MemLog, TAIL_BYTES};
-
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
-const HARD_STATE: &str = "hard_state";
-const CONF_STATE: &str = "conf_state";
-const SNAPSHOT: &str = "snapshot";
-/// The raft id of the node the store belongs to (u64, big-endian).
-const NODE_ID: &str = "node_id";
-
-/// Any failure of the disk store. The node treats it as fatal: raft cannot continue safely.
-pub type DiskError = Box<dyn std::error::Error + Send + Sync>;
+use crate::disk::redb_log::RedbLog;
 
 /// What is cached in memory; the disk is the truth.
 #[derive(Debug, Clone)]
@@ -36,17 +29,18 @@ struct Cache {
     log: MemLog,
 }
 
-/// raft storage on a redb file. Clones share the database.
+/// raft storage on a log engine. Clones share the engine.
 #[derive(Clone)]
 pub struct DiskStorage {
-    db: Arc<Database>,
+    log: Arc<dyn LogStore>,
+    engine: LogEngine,
     cache: Arc<RwLock<Cache>>,
     /// Bytes of the newest entries kept in memory (`TAIL_BYTES`; smaller in tests).
     tail_bytes: usize,
 }
 
-fn other(e: impl std::error::Error + Send + Sync + 'static) -> raft::Error {
-    raft::Error::Store(StorageError::Other(Box::new(e)))
+fn other(e: DiskError) -> raft::Error {
+    raft::Error::Store(StorageError::Other(e))
 }
 
 /// Why an existing store could not be opened as this node's.
@@ -76,101 +70,74 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
-/// A store that could not be opened: in use by another process, or unreadable.
-fn open_failed(e: redb::DatabaseError) -> StoreError {
-    match e {
-        redb::DatabaseError::DatabaseAlreadyOpen => StoreError::InUse,
-        e => corrupt(e),
-    }
-}
-
-const STORE_FILE: &str = "raft.redb";
-
 impl DiskStorage {
-    /// Create (or open) `dir/raft.redb` for node `node_id`. A new store starts from `bootstrap`
-    /// (the cluster's first snapshot, the same on every founding node: its configuration and
-    /// index 1), or empty with no configuration (a node that joins a running cluster and learns
-    /// everything from a snapshot). For a dir without a marker only: see `marker::open_data_dir`.
+    /// Create (or open) the store of `engine` in `dir` for node `node_id`. A new store starts
+    /// from `bootstrap` (the cluster's first snapshot, the same on every founding node: its
+    /// configuration and index 1), or empty with no configuration (a node that joins a running
+    /// cluster and learns everything from a snapshot). For a dir without a marker only: see
+    /// `marker::open_data_dir`.
     pub fn create(
         dir: &Path,
         bootstrap: Option<&Snapshot>,
         node_id: u64,
+        engine: LogEngine,
     ) -> Result<Self, StoreError> {
-        let db = Database::create(dir.join(STORE_FILE)).map_err(open_failed)?;
-        let init = || -> Result<(), DiskError> {
-            let txn = db.begin_write()?;
-            {
-                txn.open_table(LOG)?;
-                let mut meta = txn.open_table(META)?;
-                if meta.get(CONF_STATE)?.is_none() {
-                    let cs = bootstrap.map(|b| b.get_metadata().get_conf_state().clone());
-                    meta.insert(
-                        CONF_STATE,
-                        cs.unwrap_or_default().write_to_bytes()?.as_slice(),
-                    )?;
-                    if let Some(snap) = bootstrap {
-                        let m = snap.get_metadata();
-                        let hs = HardState {
-                            term: m.term,
-                            commit: m.index,
-                            ..Default::default()
-                        };
-                        meta.insert(SNAPSHOT, snap.write_to_bytes()?.as_slice())?;
-                        meta.insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
-                    }
-                }
-                if meta.get(NODE_ID)?.is_none() {
-                    meta.insert(NODE_ID, node_id.to_be_bytes().as_slice())?;
-                }
-            }
-            txn.commit()?;
-            Ok(())
+        let log: Arc<dyn LogStore> = match engine {
+            LogEngine::RaftEngine => Arc::new(EngineLog::create(dir)?),
+            LogEngine::Redb => Arc::new(RedbLog::create(dir)?),
         };
-        init().map_err(corrupt)?;
-        Self::checked(db, node_id)
-    }
-
-    /// Open the existing `dir/raft.redb` of node `node_id`: never creates one, and refuses a
-    /// store that is empty, uninitialized, unreadable or another node's.
-    pub fn open_existing(dir: &Path, node_id: u64) -> Result<Self, StoreError> {
-        let path = dir.join(STORE_FILE);
-        match std::fs::metadata(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::Missing),
-            Err(e) => return Err(corrupt(e)),
-            Ok(m) if m.len() == 0 => return Err(StoreError::Empty),
-            Ok(_) => {}
-        }
-        // redb reports corruption as errors; a panic in it must not take the node down either.
-        let opened = std::panic::catch_unwind(|| Database::open(&path))
-            .map_err(|_| corrupt("the store library panicked reading it"))?;
-        Self::checked(opened.map_err(open_failed)?, node_id)
-    }
-
-    fn checked(db: Database, node_id: u64) -> Result<Self, StoreError> {
-        let found = {
-            let txn = db.begin_read().map_err(corrupt)?;
-            let meta = match txn.open_table(META) {
-                Ok(m) => m,
-                Err(redb::TableError::TableDoesNotExist(_)) => {
-                    return Err(StoreError::Uninitialized)
-                }
-                Err(e) => return Err(corrupt(e)),
-            };
-            if meta.get(CONF_STATE).map_err(corrupt)?.is_none() {
-                return Err(StoreError::Uninitialized);
+        let meta = log.meta().map_err(corrupt)?;
+        let mut w = Write::nothing();
+        let (cs, hs);
+        if meta.conf_state.is_none() {
+            cs = bootstrap
+                .map(|b| b.get_metadata().get_conf_state().clone())
+                .unwrap_or_default();
+            w.conf_state = Some(&cs);
+            if let Some(snap) = bootstrap {
+                let m = snap.get_metadata();
+                hs = HardState {
+                    term: m.term,
+                    commit: m.index,
+                    ..Default::default()
+                };
+                w.snapshot = Some(snap);
+                w.hard_state = Some(&hs);
             }
-            let id = meta
-                .get(NODE_ID)
-                .map_err(corrupt)?
-                .map(|v| v.value().to_vec());
-            id.and_then(|b| Some(u64::from_be_bytes(b.try_into().ok()?)))
-                .ok_or(StoreError::Uninitialized)?
+        }
+        if meta.node_id.is_none() {
+            w.node_id = Some(node_id);
+        }
+        log.write(&w).map_err(corrupt)?;
+        Self::checked(log, engine, node_id)
+    }
+
+    /// Open the existing store of `engine` in `dir` of node `node_id`: never creates one, and
+    /// refuses a store that is empty, uninitialized, unreadable or another node's.
+    pub fn open_existing(dir: &Path, node_id: u64, engine: LogEngine) -> Result<Self, StoreError> {
+        let log: Arc<dyn LogStore> = match engine {
+            LogEngine::RaftEngine => Arc::new(EngineLog::open_existing(dir)?),
+            LogEngine::Redb => Arc::new(RedbLog::open_existing(dir)?),
+        };
+        Self::checked(log, engine, node_id)
+    }
+
+    fn checked(
+        log: Arc<dyn LogStore>,
+        engine: LogEngine,
+        node_id: u64,
+    ) -> Result<Self, StoreError> {
+        let meta = log.meta().map_err(corrupt)?;
+        let found = match (&meta.conf_state, meta.node_id) {
+            (Some(_), Some(id)) => id,
+            _ => return Err(StoreError::Uninitialized),
         };
         if found != node_id {
             return Err(StoreError::OtherNode(found));
         }
         let storage = DiskStorage {
-            db: Arc::new(db),
+            log,
+            engine,
             cache: Arc::new(RwLock::new(Cache {
                 hard_state: HardState::default(),
                 conf_state: ConfState::default(),
@@ -181,6 +148,11 @@ impl DiskStorage {
         };
         storage.reload().map_err(corrupt)?;
         Ok(storage)
+    }
+
+    /// The engine the log is on.
+    pub fn engine(&self) -> LogEngine {
+        self.engine
     }
 
     /// Whether nothing was persisted beyond the bootstrap: no vote, no entry, no snapshot past
@@ -194,48 +166,24 @@ impl DiskStorage {
     }
 
     fn reload(&self) -> Result<(), DiskError> {
-        let txn = self.db.begin_read()?;
-        let meta = txn.open_table(META)?;
-        let log = txn.open_table(LOG)?;
-        let get = |k: &str| -> Result<Option<Vec<u8>>, DiskError> {
-            Ok(meta.get(k)?.map(|v| v.value().to_vec()))
-        };
-        let hard_state = get(HARD_STATE)?
-            .map(|b| HardState::parse_from_bytes(&b))
-            .transpose()?
-            .unwrap_or_default();
-        let conf_state = get(CONF_STATE)?
-            .map(|b| ConfState::parse_from_bytes(&b))
-            .transpose()?
-            .unwrap_or_default();
-        let snapshot = get(SNAPSHOT)?
-            .map(|b| Snapshot::parse_from_bytes(&b))
-            .transpose()?
-            .unwrap_or_default();
-        let snapshot_meta = snapshot.get_metadata().clone();
-        let first = log.first()?.map(|(k, _)| k.value());
-        let mut mem = MemLog::new(first.unwrap_or(snapshot_meta.index + 1), self.tail_bytes);
+        let meta = self.log.meta()?;
+        let snapshot_meta = meta.snapshot.get_metadata().clone();
+        let mut mem: Option<MemLog> = None;
         let mut chunk = Vec::new();
-        for (next, row) in (mem.first_index()..).zip(log.iter()?) {
-            let (key, value) = row?;
-            let e = Entry::parse_from_bytes(value.value())?;
-            // A damaged store is an error at open, not a panic in the mirror.
-            if key.value() != next || e.index != next {
-                let found = (key.value(), e.index);
-                return Err(
-                    format!("log: expected entry {next}, found key/index {found:?}").into(),
-                );
-            }
+        let tail_bytes = self.tail_bytes;
+        self.log.scan(&mut |e: Entry| {
+            let m = mem.get_or_insert_with(|| MemLog::new(e.index, tail_bytes));
             chunk.push(e);
             if chunk.len() == 1024 {
-                mem.append(&std::mem::take(&mut chunk));
+                m.append(&std::mem::take(&mut chunk));
             }
-        }
+        })?;
+        let mut mem = mem.unwrap_or_else(|| MemLog::new(snapshot_meta.index + 1, tail_bytes));
         mem.append(&chunk);
         let mut c = self.cache.write();
         *c = Cache {
-            hard_state,
-            conf_state,
+            hard_state: meta.hard_state,
+            conf_state: meta.conf_state.unwrap_or_default(),
             snapshot_meta,
             log: mem,
         };
@@ -252,23 +200,13 @@ impl DiskStorage {
             return Ok(());
         }
         let last_index = self.cache.read().log.last_index();
-        let txn = self.db.begin_write()?;
-        {
-            let mut log = txn.open_table(LOG)?;
-            if let Some(first) = entries.first() {
-                if first.index <= last_index {
-                    log.retain_in(first.index.., |_, _| false)?; // a conflicting suffix
-                }
-                for e in entries {
-                    log.insert(e.index, e.write_to_bytes()?.as_slice())?;
-                }
-            }
-            if let Some(hs) = hard_state {
-                txn.open_table(META)?
-                    .insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
-            }
-        }
-        txn.commit()?;
+        let overwrites = entries.first().is_some_and(|e| e.index <= last_index);
+        self.log.write(&Write {
+            entries,
+            overwrites,
+            hard_state,
+            ..Write::nothing()
+        })?;
         let mut c = self.cache.write();
         c.log.append(entries);
         if let Some(hs) = hard_state {
@@ -280,8 +218,8 @@ impl DiskStorage {
     /// Record a newer commit index (from a `LightReady`), in memory: raft puts it in the next
     /// `Ready`'s hard state, which `persist` writes, and a compaction writes it too, so a restart
     /// never finds a snapshot past the stored commit index. A crash in between loses only a commit
-    /// index that raft learns again from the leader. (A transaction of its own per `Ready`, as
-    /// before, cost every node a second store commit per batch.)
+    /// index that raft learns again from the leader. (A batch of its own per `Ready` would cost
+    /// every node a second fsync per batch.)
     pub fn set_commit(&self, commit: u64) -> Result<(), DiskError> {
         let mut c = self.cache.write();
         c.hard_state.commit = c.hard_state.commit.max(commit);
@@ -290,10 +228,10 @@ impl DiskStorage {
 
     /// Record the configuration applied at some index.
     pub fn set_conf_state(&self, cs: &ConfState) -> Result<(), DiskError> {
-        let txn = self.db.begin_write()?;
-        txn.open_table(META)?
-            .insert(CONF_STATE, cs.write_to_bytes()?.as_slice())?;
-        txn.commit()?;
+        self.log.write(&Write {
+            conf_state: Some(cs),
+            ..Write::nothing()
+        })?;
         self.cache.write().conf_state = cs.clone();
         Ok(())
     }
@@ -304,19 +242,13 @@ impl DiskStorage {
         let mut hs = self.cache.read().hard_state.clone();
         hs.commit = hs.commit.max(meta.index);
         hs.term = hs.term.max(meta.term);
-        let txn = self.db.begin_write()?;
-        {
-            let mut log = txn.open_table(LOG)?;
-            log.retain(|_, _| false)?;
-            let mut m = txn.open_table(META)?;
-            m.insert(SNAPSHOT, snapshot.write_to_bytes()?.as_slice())?;
-            m.insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
-            m.insert(
-                CONF_STATE,
-                meta.get_conf_state().write_to_bytes()?.as_slice(),
-            )?;
-        }
-        txn.commit()?;
+        self.log.write(&Write {
+            cut: Cut::All,
+            hard_state: Some(&hs),
+            conf_state: Some(meta.get_conf_state()),
+            snapshot: Some(snapshot),
+            ..Write::nothing()
+        })?;
         self.reload()
     }
 
@@ -335,24 +267,20 @@ impl DiskStorage {
         let cut = index.saturating_sub(keep_entries);
         let mut hs = self.cache.read().hard_state.clone();
         hs.commit = hs.commit.max(index); // the snapshot's index is committed
-        let txn = self.db.begin_write()?;
-        {
-            let mut log = txn.open_table(LOG)?;
-            log.retain_in(..cut, |_, _| false)?;
-            let mut meta = txn.open_table(META)?;
-            meta.insert(SNAPSHOT, snapshot.write_to_bytes()?.as_slice())?;
-            meta.insert(HARD_STATE, hs.write_to_bytes()?.as_slice())?;
-        }
-        txn.commit()?;
-        self.reload()
+        self.log.write(&Write {
+            cut: Cut::Before(cut),
+            hard_state: Some(&hs),
+            snapshot: Some(&snapshot),
+            ..Write::nothing()
+        })?;
+        self.reload()?;
+        self.log.purge()
     }
 
     /// The latest snapshot saved or installed, if any.
     pub fn latest_snapshot(&self) -> Result<Option<Snapshot>, DiskError> {
-        let txn = self.db.begin_read()?;
-        let meta = txn.open_table(META)?;
-        let bytes = meta.get(SNAPSHOT)?.map(|v| v.value().to_vec());
-        Ok(bytes.map(|b| Snapshot::parse_from_bytes(&b)).transpose()?)
+        let s = self.log.meta()?.snapshot;
+        Ok((s != Snapshot::default()).then_some(s))
     }
 
     /// Entries in the log (for status and tests).
@@ -370,13 +298,7 @@ impl DiskStorage {
 
     /// Entries `[low, high)` read from disk (older than those kept in memory).
     fn read_range(&self, low: u64, high: u64) -> raft::Result<Vec<Entry>> {
-        let txn = self.db.begin_read().map_err(other)?;
-        let log = txn.open_table(LOG).map_err(other)?;
-        let mut entries = Vec::with_capacity((high - low) as usize);
-        for row in log.range(low..high).map_err(other)? {
-            let (_, v) = row.map_err(other)?;
-            entries.push(Entry::parse_from_bytes(v.value()).map_err(raft::Error::CodecError)?);
-        }
+        let entries = self.log.read_range(low, high).map_err(other)?;
         if entries.len() as u64 != high - low {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
@@ -457,6 +379,7 @@ impl raft::Storage for DiskStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use protobuf::Message as _;
     use raft::Storage as _;
 
     /// The first snapshot of a cluster of `voters`.
@@ -479,8 +402,14 @@ mod tests {
 
     #[test]
     fn persists_reopens_truncates_and_compacts() {
+        for engine in LogEngine::ALL {
+            persists_reopens_truncates_and_compacts_on(engine);
+        }
+    }
+
+    fn persists_reopens_truncates_and_compacts_on(engine: LogEngine) {
         let dir = tempfile::tempdir().unwrap();
-        let s = DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1).unwrap();
+        let s = DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1, engine).unwrap();
         assert!(s.is_pristine().unwrap());
         assert_eq!(s.initial_state().unwrap().conf_state.voters, vec![1, 2, 3]);
         assert_eq!(
@@ -504,10 +433,10 @@ mod tests {
         s.persist(&[entry(8, 2)], None).unwrap(); // a conflicting suffix is replaced
         drop(s);
         assert!(matches!(
-            DiskStorage::open_existing(dir.path(), 2).map(|_| ()),
+            DiskStorage::open_existing(dir.path(), 2, engine).map(|_| ()),
             Err(StoreError::OtherNode(1))
         ));
-        let s = DiskStorage::open_existing(dir.path(), 1).unwrap();
+        let s = DiskStorage::open_existing(dir.path(), 1, engine).unwrap();
         assert!(!s.is_pristine().unwrap());
         assert_eq!((s.first_index().unwrap(), s.last_index().unwrap()), (2, 8));
         assert_eq!(s.term(8).unwrap(), 2);
@@ -544,14 +473,13 @@ mod tests {
     #[test]
     fn a_log_with_a_gap_is_refused_at_open_not_a_panic() {
         let dir = tempfile::tempdir().unwrap();
-        let s = DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1).unwrap();
+        let s = DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1, LogEngine::Redb)
+            .unwrap();
         s.persist(&(2..=6).map(|i| entry(i, 1)).collect::<Vec<_>>(), None)
             .unwrap();
-        let txn = s.db.begin_write().unwrap();
-        txn.open_table(LOG).unwrap().remove(4).unwrap();
-        txn.commit().unwrap();
         drop(s);
-        match DiskStorage::open_existing(dir.path(), 1) {
+        RedbLog::open_existing(dir.path()).unwrap().remove_entry(4);
+        match DiskStorage::open_existing(dir.path(), 1, LogEngine::Redb) {
             Err(StoreError::Corrupt(why)) => assert!(why.contains("expected entry 4"), "{why}"),
             other => panic!("opened a log with a gap: {:?}", other.map(|_| ())),
         }
@@ -561,8 +489,15 @@ mod tests {
     /// with and without raft's size limit, and after a conflicting suffix and a reopen.
     #[test]
     fn entries_and_terms_from_memory_equal_the_disks() {
+        for engine in LogEngine::ALL {
+            entries_and_terms_from_memory_equal_the_disks_on(engine);
+        }
+    }
+
+    fn entries_and_terms_from_memory_equal_the_disks_on(engine: LogEngine) {
         let dir = tempfile::tempdir().unwrap();
-        let mut s = DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1).unwrap();
+        let mut s =
+            DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1, engine).unwrap();
         let one = entry(2, 1).compute_size() as usize;
         s.set_tail_bytes(3 * one).unwrap();
         s.persist(&(2..=12).map(|i| entry(i, 1)).collect::<Vec<_>>(), None)
@@ -592,7 +527,7 @@ mod tests {
         };
         check(&s, 9); // the suffix replaced the three in memory
         drop(s);
-        let mut s = DiskStorage::open_existing(dir.path(), 1).unwrap();
+        let mut s = DiskStorage::open_existing(dir.path(), 1, engine).unwrap();
         s.set_tail_bytes(3 * one).unwrap();
         check(&s, 8); // reloaded: the newest three
     }

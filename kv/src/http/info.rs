@@ -21,7 +21,8 @@ pub fn status(app: &App) -> Reply {
                "log_entries": s.log_entries, "insecure_peers": app.opts.insecure_peers,
                "member": is_member(&s.conf, app.opts.id), "last_heard_ms": last_heard_ms(app),
                "lease": {"state": state, "remaining_ms": remaining_ns / 1_000_000},
-               "promise": promise_json(app), "uptime_ms": app.promise.uptime_ms(&app.raft.clock)}),
+               "promise": promise_json(app), "uptime_ms": app.promise.uptime_ms(&app.raft.clock),
+               "log_engine": app.opts.log_engine.map(|e| e.name())}),
     )
 }
 

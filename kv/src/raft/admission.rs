@@ -42,7 +42,13 @@ mod tests {
         let mut boot = raft::eraftpb::Snapshot::default();
         (boot.mut_metadata().index, boot.mut_metadata().term) = (1, 1);
         boot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
-        let storage = DiskStorage::create(dir.path(), Some(&boot), 1).unwrap();
+        let storage = DiskStorage::create(
+            dir.path(),
+            Some(&boot),
+            1,
+            crate::disk::storage::LogEngine::RaftEngine,
+        )
+        .unwrap();
         let rc = raft::Config {
             id: 1,
             election_tick: 10,

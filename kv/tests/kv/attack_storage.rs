@@ -1,9 +1,27 @@
 //! A data dir that is not what it should be refuses to start (exit 3, a clear message, never a
 //! panic, never an empty start), and a fatal storage error exits non-zero.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::cluster::{http, json, put, Cluster};
+
+/// Both log engines, as `--log-engine` names them.
+const ENGINES: [&str; 2] = ["raft-engine", "redb"];
+
+/// The file holding the raft log in node dir `dir` on `engine` (raft-engine's newest log file).
+fn store_file(dir: &Path, engine: &str) -> PathBuf {
+    if engine == "redb" {
+        return dir.join("raft.redb");
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("raft-engine"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "raftlog"))
+        .collect();
+    files.sort();
+    files.pop().expect("a raft-engine log file")
+}
 
 /// Stop node `id` with SIGTERM; it must exit 0.
 fn stop(c: &mut Cluster, id: u64) {
@@ -22,11 +40,17 @@ fn refused_start(c: &mut Cluster, id: u64) -> (Option<i32>, String) {
 
 #[test]
 fn a_truncated_missing_or_corrupt_raft_store_refuses_to_start() {
-    let mut c = Cluster::start(1, &[]);
+    for engine in ENGINES {
+        damaged_store_refuses_to_start(engine);
+    }
+}
+
+fn damaged_store_refuses_to_start(engine: &str) {
+    let mut c = Cluster::start(1, &["--log-engine", engine]);
     c.leader(&[1], 15);
     put(c.port(1), "k", "kept");
     stop(&mut c, 1);
-    let store = c.data.join("node1/raft.redb");
+    let store = store_file(&c.data.join("node1"), engine);
     let intact = std::fs::read(&store).unwrap();
     let mut junk = intact.clone();
     junk[..4096.min(intact.len())].fill(0xa5);
@@ -44,7 +68,7 @@ fn a_truncated_missing_or_corrupt_raft_store_refuses_to_start() {
         }
         let (code, log) = refused_start(&mut c, 1);
         let last = log.lines().last().unwrap_or_default().to_string();
-        eprintln!("raft.redb {what}: exit {code:?}: {last}");
+        eprintln!("{engine} store {what}: exit {code:?}: {last}");
         assert_eq!(code, Some(3), "{what}: {log}");
         assert!(
             log.contains("refusing to start") && !log.contains("panicked"),
@@ -66,7 +90,7 @@ fn a_truncated_missing_or_corrupt_raft_store_refuses_to_start() {
 
 #[test]
 fn another_nodes_or_clusters_data_dir_is_refused() {
-    let mut c = Cluster::start(3, &[]);
+    let mut c = Cluster::start(3, &["--log-engine", "redb"]);
     let l = c.leader(&[1, 2, 3], 15);
     put(c.port(l), "k", "v");
     for id in [1, 2] {
@@ -110,10 +134,16 @@ fn another_nodes_or_clusters_data_dir_is_refused() {
 
 #[test]
 fn a_fatal_storage_error_exits_non_zero() {
-    let mut c = Cluster::start(1, &[]);
+    for engine in ENGINES {
+        a_full_disk_exits_non_zero_and_loses_nothing(engine);
+    }
+}
+
+fn a_full_disk_exits_non_zero_and_loses_nothing(engine: &str) {
+    let mut c = Cluster::start(1, &["--log-engine", engine]);
     c.leader(&[1], 15);
     put(c.port(1), "k", "v");
-    let store = c.data.join("node1/raft.redb");
+    let store = store_file(&c.data.join("node1"), engine);
     let size = std::fs::metadata(&store).unwrap().len();
     // The disk fills up: no file of the node may grow more than 8 MiB past its size now.
     let lim = libc::rlimit {
@@ -147,7 +177,7 @@ fn a_fatal_storage_error_exits_non_zero() {
     }
     let code = c.wait_exit(1, 5).code();
     let log = std::fs::read_to_string(c.log_path(1)).unwrap();
-    eprintln!("disk full after {acked} acknowledged 512 KiB writes: exit {code:?}");
+    eprintln!("{engine}: disk full after {acked} acknowledged 512 KiB writes: exit {code:?}");
     assert_eq!(code, Some(1), "{log}");
     assert!(log.contains("storage failed"), "{log}");
     assert!(acked > 0, "nothing was acknowledged before the disk filled");

@@ -1,0 +1,380 @@
+//! The raft log on TiKV's raft-engine: one append-only stream of checksummed batches, each
+//! written and fsynced once, with an in-memory index of where every entry lies. Entries go to
+//! one raft group of the engine, the hard state, conf state, snapshot and node id to a second
+//! as key-values, so that a compaction or an installed snapshot and the log cut that goes with
+//! it are one atomic batch.
+//!
+//! On open the engine replays its files, checking every batch's checksum. The newest file ends,
+//! after a crash, in the zeros the engine allocated ahead of its writes; those are dropped. Any
+//! other damage is refused with [`StoreError::Corrupt`], and the files are left as found: a file
+//! cut short inside a batch, a byte changed, a batch torn by a crash in the middle of its write.
+//! The engine cannot tell a torn batch (never acknowledged) from a damaged one followed by
+//! acknowledged ones, and dropping those could forget this node's vote; a node refused so is
+//! removed and added back on a new dir, as for a damaged redb file. (A file cut exactly at a
+//! batch's end cannot be told from one that ended there.) Log files are not recycled: a new
+//! file holds nothing old to mistake for a batch.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use raft_engine::{Command, Config, Engine, LogBatch, MessageExt, ReadableSize, RecoveryMode};
+
+use crate::disk::log_store::{Cut, DiskError, LogStore, Meta, Write};
+use crate::disk::storage::StoreError;
+
+/// The engine's folder in a data dir.
+pub const ENGINE_DIR: &str = "raft-engine";
+/// The engine's raft group holding the log.
+const LOG: u64 = 1;
+/// The engine's raft group holding the rest, as key-values.
+const META: u64 = 2;
+const HARD_STATE: &[u8] = b"hard_state";
+const CONF_STATE: &[u8] = b"conf_state";
+const SNAPSHOT: &[u8] = b"snapshot";
+/// The raft id of the node the store belongs to (u64, big-endian).
+const NODE_ID: &[u8] = b"node_id";
+/// Entries read per call while scanning the log at open.
+const SCAN_CHUNK: u64 = 1024;
+
+/// How raft-engine finds an entry's index.
+struct EntryExt;
+
+impl MessageExt for EntryExt {
+    type Entry = Entry;
+
+    fn index(e: &Entry) -> u64 {
+        e.index
+    }
+}
+
+/// A raft-engine log. See the module docs.
+pub struct EngineLog {
+    engine: Arc<Engine>,
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn config(dir: &Path) -> Config {
+    Config {
+        dir: dir.join(ENGINE_DIR).to_string_lossy().into_owned(),
+        enable_log_recycle: false,
+        // Values are small and the CPU is the scarce part: no compression.
+        batch_compression_threshold: ReadableSize(0),
+        target_file_size: ReadableSize::mb(32),
+        purge_threshold: ReadableSize::mb(256),
+        ..Config::default()
+    }
+}
+
+/// Open the engine in `dir`, mapping its failures to a [`StoreError`]: strictly, or, if that
+/// fails, dropping only zeros at the end of the newest file (see the module docs).
+fn open(dir: &Path) -> Result<EngineLog, StoreError> {
+    match open_in(dir, RecoveryMode::AbsoluteConsistency) {
+        Err(StoreError::Corrupt(why)) => open_dropping_zeros(dir, why),
+        opened => opened,
+    }
+}
+
+fn open_in(dir: &Path, mode: RecoveryMode) -> Result<EngineLog, StoreError> {
+    let cfg = Config {
+        recovery_mode: mode,
+        ..config(dir)
+    };
+    // A panic while replaying damaged files must not take the process down unexplained.
+    let opened = std::panic::catch_unwind(|| Engine::open(cfg))
+        .map_err(|_| corrupt("the log engine panicked reading it"))?;
+    match opened {
+        Ok(engine) => Ok(EngineLog {
+            engine: Arc::new(engine),
+        }),
+        Err(e) if e.to_string().contains("lock") => Err(StoreError::InUse),
+        Err(e) => Err(corrupt(e)),
+    }
+}
+
+/// Open letting the engine cut the newest file at its first broken batch, and keep that only if
+/// everything cut was zeros; else put the file back as it was and refuse.
+fn open_dropping_zeros(dir: &Path, why: String) -> Result<EngineLog, StoreError> {
+    let Some(file) = newest_log_file(dir) else {
+        return Err(StoreError::Corrupt(why));
+    };
+    let before = std::fs::read(&file).map_err(corrupt)?;
+    let log = open_in(dir, RecoveryMode::TolerateTailCorruption)?;
+    let after = std::fs::read(&file).map_err(corrupt)?;
+    let kept = before
+        .iter()
+        .zip(&after)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if before[kept..].iter().all(|&b| b == 0) {
+        return Ok(log);
+    }
+    drop(log);
+    std::fs::write(&file, &before).map_err(corrupt)?;
+    let dropped = before.len() - kept;
+    Err(StoreError::Corrupt(format!(
+        "{why}; {} holds {dropped} bytes past its last intact batch that are not the zeros a \
+         crash leaves (a torn or damaged batch)",
+        file.display()
+    )))
+}
+
+/// The engine's newest log file in `dir`, if any.
+fn newest_log_file(dir: &Path) -> Option<PathBuf> {
+    let rd = std::fs::read_dir(dir.join(ENGINE_DIR)).ok()?;
+    let mut files: Vec<PathBuf> = rd.filter_map(Result::ok).map(|e| e.path()).collect();
+    files.retain(|p| is_log_file(p));
+    files.sort();
+    files.pop()
+}
+
+impl EngineLog {
+    /// Create (or open) the engine in `dir/raft-engine`.
+    pub fn create(dir: &Path) -> Result<Self, StoreError> {
+        open(dir)
+    }
+
+    /// Open the existing engine in `dir/raft-engine`: never creates one; refuses a folder
+    /// without log files (missing), or one the engine cannot read.
+    pub fn open_existing(dir: &Path) -> Result<Self, StoreError> {
+        let path = dir.join(ENGINE_DIR);
+        let files = match std::fs::read_dir(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(StoreError::Missing),
+            Err(e) => return Err(corrupt(e)),
+            Ok(rd) => rd.filter_map(Result::ok).map(|e| e.path()),
+        };
+        if !files.into_iter().any(|p| is_log_file(&p)) {
+            return Err(StoreError::Missing); // no log file in the engine's folder
+        }
+        let log = open(dir)?;
+        if log.engine.get(META, NODE_ID).is_none() {
+            return Err(StoreError::Uninitialized);
+        }
+        Ok(log)
+    }
+
+    fn get<M: protobuf::Message>(&self, key: &[u8]) -> Result<Option<M>, DiskError> {
+        Ok(self.engine.get_message::<M>(META, key)?)
+    }
+}
+
+/// Whether `p` is one of the engine's log files (`*.raftlog`).
+fn is_log_file(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e == "raftlog")
+}
+
+impl LogStore for EngineLog {
+    fn meta(&self) -> Result<Meta, DiskError> {
+        let node_id = self.engine.get(META, NODE_ID).map(|b| {
+            let bytes: [u8; 8] = b.try_into().map_err(|_| "node id: not 8 bytes")?;
+            Ok::<_, DiskError>(u64::from_be_bytes(bytes))
+        });
+        Ok(Meta {
+            hard_state: self.get::<HardState>(HARD_STATE)?.unwrap_or_default(),
+            conf_state: self.get::<ConfState>(CONF_STATE)?,
+            snapshot: self.get::<Snapshot>(SNAPSHOT)?.unwrap_or_default(),
+            node_id: node_id.transpose()?,
+        })
+    }
+
+    fn scan(&self, sink: &mut dyn FnMut(Entry)) -> Result<(), DiskError> {
+        let (Some(first), Some(last)) = (self.engine.first_index(LOG), self.engine.last_index(LOG))
+        else {
+            return Ok(());
+        };
+        let mut low = first;
+        while low <= last {
+            let high = (low + SCAN_CHUNK).min(last + 1);
+            for (want, e) in (low..).zip(self.read_range(low, high)?) {
+                if e.index != want {
+                    return Err(format!("log: expected entry {want}, found {}", e.index).into());
+                }
+                sink(e);
+            }
+            low = high;
+        }
+        Ok(())
+    }
+
+    fn write(&self, w: &Write<'_>) -> Result<(), DiskError> {
+        let mut batch = LogBatch::default();
+        match w.cut {
+            Cut::None => {}
+            Cut::Before(index) => batch.add_command(LOG, Command::Compact { index }),
+            Cut::All => batch.add_command(LOG, Command::Clean),
+        }
+        // The engine replaces an overlapped suffix itself.
+        if !w.entries.is_empty() {
+            batch.add_entries::<EntryExt>(LOG, w.entries)?;
+        }
+        if let Some(hs) = w.hard_state {
+            batch.put_message(META, HARD_STATE.to_vec(), hs)?;
+        }
+        if let Some(cs) = w.conf_state {
+            batch.put_message(META, CONF_STATE.to_vec(), cs)?;
+        }
+        if let Some(s) = w.snapshot {
+            batch.put(META, SNAPSHOT.to_vec(), s.write_to_bytes()?)?;
+        }
+        if let Some(id) = w.node_id {
+            batch.put(META, NODE_ID.to_vec(), id.to_be_bytes().to_vec())?;
+        }
+        // The engine panics when an fsync fails: the node must stop, with an error.
+        let engine = &self.engine;
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.write(&mut batch, true)
+        }));
+        written.map_err(|_| "the log engine panicked writing (a failed fsync?)")??;
+        Ok(())
+    }
+
+    fn read_range(&self, low: u64, high: u64) -> Result<Vec<Entry>, DiskError> {
+        let mut entries = Vec::with_capacity((high - low) as usize);
+        if high > low {
+            self.engine
+                .fetch_entries_to::<EntryExt>(LOG, low, high, None, &mut entries)?;
+        }
+        Ok(entries)
+    }
+
+    fn purge(&self) -> Result<(), DiskError> {
+        self.engine.purge_expired_files()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(range: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
+        let data = vec![7u8; 150];
+        range
+            .map(|index| Entry {
+                index,
+                term: 1,
+                data: data.clone().into(),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// A store with entries 1..=300 written in batches of ten, and its one log file.
+    fn written() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EngineLog::create(dir.path()).unwrap();
+        let cs = ConfState {
+            voters: vec![1],
+            ..Default::default()
+        };
+        log.write(&Write {
+            conf_state: Some(&cs),
+            node_id: Some(1),
+            ..Write::nothing()
+        })
+        .unwrap();
+        for low in (1..=300).step_by(10) {
+            let batch = entries(low..=low + 9);
+            log.write(&Write {
+                entries: &batch,
+                ..Write::nothing()
+            })
+            .unwrap();
+        }
+        drop(log);
+        let files: Vec<PathBuf> = std::fs::read_dir(dir.path().join(ENGINE_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| is_log_file(p))
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let file = files[0].clone();
+        (dir, file)
+    }
+
+    fn reopened(dir: &Path) -> Result<u64, StoreError> {
+        let log = EngineLog::open_existing(dir)?;
+        let mut last = 0;
+        log.scan(&mut |e| last = e.index).map_err(corrupt)?;
+        Ok(last)
+    }
+
+    #[test]
+    fn an_intact_store_reopens_with_every_entry() {
+        let (dir, _) = written();
+        assert_eq!(reopened(dir.path()).unwrap(), 300);
+    }
+
+    #[test]
+    fn a_file_cut_short_is_refused_not_truncated_further() {
+        let (dir, file) = written();
+        let len = std::fs::metadata(&file).unwrap().len();
+        for cut in [len - 100, len / 2] {
+            let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+            f.set_len(cut).unwrap();
+            drop(f);
+            match reopened(dir.path()) {
+                Err(StoreError::Corrupt(why)) => assert!(why.contains("torn or damaged"), "{why}"),
+                other => panic!("a file cut to {cut} of {len} bytes opened: {other:?}"),
+            }
+            assert_eq!(
+                std::fs::metadata(&file).unwrap().len(),
+                cut,
+                "left as found"
+            );
+        }
+    }
+
+    #[test]
+    fn the_zeros_a_crash_leaves_at_the_end_are_dropped() {
+        let (dir, file) = written();
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes.extend(std::iter::repeat_n(0u8, 1 << 20));
+        std::fs::write(&file, &bytes).unwrap();
+        assert_eq!(reopened(dir.path()).unwrap(), 300);
+    }
+
+    #[test]
+    fn a_changed_byte_is_refused() {
+        let (dir, file) = written();
+        let mut bytes = std::fs::read(&file).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x40;
+        bytes.extend(std::iter::repeat_n(0u8, 4096)); // as after a crash
+        std::fs::write(&file, &bytes).unwrap();
+        match reopened(dir.path()) {
+            Err(StoreError::Corrupt(_)) => {}
+            other => panic!("a changed byte went unnoticed: {other:?}"),
+        }
+        assert_eq!(std::fs::read(&file).unwrap(), bytes, "left as found");
+    }
+
+    #[test]
+    fn a_store_in_use_is_refused_as_in_use() {
+        let (dir, _) = written();
+        let open = EngineLog::open_existing(dir.path()).unwrap();
+        assert!(matches!(
+            EngineLog::open_existing(dir.path()).map(|_| ()),
+            Err(StoreError::InUse)
+        ));
+        drop(open);
+    }
+
+    #[test]
+    fn a_missing_or_empty_engine_dir_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            EngineLog::open_existing(dir.path()).map(|_| ()),
+            Err(StoreError::Missing)
+        ));
+        std::fs::create_dir(dir.path().join(ENGINE_DIR)).unwrap();
+        assert!(matches!(
+            EngineLog::open_existing(dir.path()).map(|_| ()),
+            Err(StoreError::Missing)
+        ));
+    }
+}

@@ -1,0 +1,85 @@
+//! What a raft log engine must do for [`super::storage::DiskStorage`]: hold the log, the hard
+//! state, the conf state, the latest snapshot and the node's id, and write any mix of them in
+//! one atomic, fsynced batch.
+
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+
+pub use crate::base::log_engine::LogEngine;
+
+/// Any failure of a log engine. The node treats it as fatal: raft cannot continue safely.
+pub type DiskError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What to drop of the log in a [`Write`], before its entries are appended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Nothing.
+    None,
+    /// Every entry before this index (a compaction).
+    Before(u64),
+    /// Every entry (a snapshot installed in place of the log).
+    All,
+}
+
+/// One atomic, fsynced batch. Entries replace any suffix of the log they overlap.
+#[derive(Debug, Clone, Copy)]
+pub struct Write<'a> {
+    /// Drop these first.
+    pub cut: Cut,
+    /// Append these (consecutive indexes).
+    pub entries: &'a [Entry],
+    /// Whether `entries` start at or before the log's last index (a conflicting suffix).
+    pub overwrites: bool,
+    /// The new hard state.
+    pub hard_state: Option<&'a HardState>,
+    /// The new conf state.
+    pub conf_state: Option<&'a ConfState>,
+    /// The new latest snapshot.
+    pub snapshot: Option<&'a Snapshot>,
+    /// The node id, written once at creation.
+    pub node_id: Option<u64>,
+}
+
+impl Write<'_> {
+    /// A batch that changes nothing yet.
+    pub fn nothing() -> Self {
+        Write {
+            cut: Cut::None,
+            entries: &[],
+            overwrites: false,
+            hard_state: None,
+            conf_state: None,
+            snapshot: None,
+            node_id: None,
+        }
+    }
+}
+
+/// Everything but the log, as stored.
+#[derive(Debug, Clone, Default)]
+pub struct Meta {
+    /// The hard state (default if never written).
+    pub hard_state: HardState,
+    /// The conf state, if the store was initialized.
+    pub conf_state: Option<ConfState>,
+    /// The latest snapshot (default if none).
+    pub snapshot: Snapshot,
+    /// The node id, if written.
+    pub node_id: Option<u64>,
+}
+
+/// A raft log engine. See the module docs.
+pub trait LogStore: Send + Sync {
+    /// Read everything but the log.
+    fn meta(&self) -> Result<Meta, DiskError>;
+    /// Hand every entry of the log to `sink`, in index order. An engine that finds a gap or a
+    /// misplaced entry fails rather than hand it on.
+    fn scan(&self, sink: &mut dyn FnMut(Entry)) -> Result<(), DiskError>;
+    /// Write one batch, atomically, and fsync it before returning.
+    fn write(&self, w: &Write<'_>) -> Result<(), DiskError>;
+    /// Entries `[low, high)`; fewer if the log does not hold them all.
+    fn read_range(&self, low: u64, high: u64) -> Result<Vec<Entry>, DiskError>;
+    /// Drop files no longer needed after a compaction (engines that keep old files).
+    fn purge(&self) -> Result<(), DiskError> {
+        Ok(())
+    }
+}
