@@ -70,66 +70,120 @@ fn config(dir: &Path) -> Config {
     }
 }
 
-/// Open the engine in `dir`, mapping its failures to a [`StoreError`]: strictly, or, if that
-/// fails, dropping only zeros at the end of the newest file (see the module docs).
+/// Why an open failed: damage the engine found in its files, or anything else.
+enum OpenFailure {
+    Damaged(String),
+    Other(StoreError),
+}
+
+/// Open the engine in `dir`, mapping its failures to a [`StoreError`]: strictly, or, if the
+/// strict open finds damage, dropping only zeros at the end of the newest files (see the
+/// module docs).
 fn open(dir: &Path) -> Result<EngineLog, StoreError> {
     match open_in(dir, RecoveryMode::AbsoluteConsistency) {
-        Err(StoreError::Corrupt(why)) => open_dropping_zeros(dir, why),
-        opened => opened,
+        Ok(log) => Ok(log),
+        Err(OpenFailure::Damaged(why)) => open_dropping_zeros(dir, why),
+        Err(OpenFailure::Other(e)) => Err(e),
     }
 }
 
-fn open_in(dir: &Path, mode: RecoveryMode) -> Result<EngineLog, StoreError> {
+fn open_in(dir: &Path, mode: RecoveryMode) -> Result<EngineLog, OpenFailure> {
     let cfg = Config {
         recovery_mode: mode,
         ..config(dir)
     };
     // A panic while replaying damaged files must not take the process down unexplained.
     let opened = std::panic::catch_unwind(|| Engine::open(cfg))
-        .map_err(|_| corrupt("the log engine panicked reading it"))?;
+        .map_err(|_| OpenFailure::Other(corrupt("the log engine panicked reading it")))?;
     match opened {
         Ok(engine) => Ok(EngineLog {
             engine: Arc::new(engine),
         }),
-        Err(e) if e.to_string().contains("lock") => Err(StoreError::InUse),
-        Err(e) => Err(corrupt(e)),
+        Err(raft_engine::Error::Corruption(why)) => Err(OpenFailure::Damaged(why)),
+        Err(e)
+            if e.to_string()
+                .contains("another instance is using this directory") =>
+        {
+            Err(OpenFailure::Other(StoreError::InUse))
+        }
+        Err(e) => Err(OpenFailure::Other(corrupt(e))),
     }
 }
 
-/// Open letting the engine cut the newest file at its first broken batch, and keep that only if
-/// everything cut was zeros; else put the file back as it was and refuse.
+/// Open letting the engine cut the newest file of each queue at its first broken batch, and
+/// keep that only if everything cut was zeros after an intact prefix; else put the files back
+/// as they were (from copies made durable first) and refuse.
 fn open_dropping_zeros(dir: &Path, why: String) -> Result<EngineLog, StoreError> {
-    let Some(file) = newest_log_file(dir) else {
-        return Err(StoreError::Corrupt(why));
-    };
-    let before = std::fs::read(&file).map_err(corrupt)?;
-    let log = open_in(dir, RecoveryMode::TolerateTailCorruption)?;
-    let after = std::fs::read(&file).map_err(corrupt)?;
-    let kept = before
-        .iter()
-        .zip(&after)
-        .take_while(|(a, b)| a == b)
-        .count();
-    if before[kept..].iter().all(|&b| b == 0) {
-        return Ok(log);
+    let files = newest_files(dir);
+    let mut saved = Vec::new();
+    for file in &files {
+        let before = std::fs::read(file).map_err(corrupt)?;
+        saved.push((file.clone(), backup(dir, file, &before)?, before));
     }
-    drop(log);
-    std::fs::write(&file, &before).map_err(corrupt)?;
-    let dropped = before.len() - kept;
+    let opened = open_in(dir, RecoveryMode::TolerateTailCorruption);
+    let zeros_only = opened.is_ok()
+        && saved.iter().all(|(file, _, before)| {
+            std::fs::read(file).is_ok_and(|after| only_zeros_cut(before, &after))
+        });
+    if let (Ok(log), true) = (opened, zeros_only) {
+        for (_, copy, _) in &saved {
+            let _ = std::fs::remove_file(copy);
+        }
+        return Ok(log);
+    } // else the engine is dropped here, before its files are put back
+    for (file, copy, _) in &saved {
+        std::fs::rename(copy, file).map_err(corrupt)?;
+    }
+    sync_dir(&dir.join(ENGINE_DIR))?;
     Err(StoreError::Corrupt(format!(
-        "{why}; {} holds {dropped} bytes past its last intact batch that are not the zeros a \
-         crash leaves (a torn or damaged batch)",
-        file.display()
+        "{why}; past the last intact batch of its newest files are bytes other than the zeros \
+         a crash leaves (a torn or damaged batch)"
     )))
 }
 
-/// The engine's newest log file in `dir`, if any.
-fn newest_log_file(dir: &Path) -> Option<PathBuf> {
-    let rd = std::fs::read_dir(dir.join(ENGINE_DIR)).ok()?;
+/// Whether `after` is `before` with only zeros cut from (or added to) its end, after an
+/// intact, non-empty prefix.
+fn only_zeros_cut(before: &[u8], after: &[u8]) -> bool {
+    let kept = before.iter().zip(after).take_while(|(a, b)| a == b).count();
+    kept > 0 && before[kept..].iter().all(|&b| b == 0) && after[kept..].iter().all(|&b| b == 0)
+}
+
+/// A durable copy of `file` (holding `bytes`) in `dir`, outside the engine's folder.
+fn backup(dir: &Path, file: &Path, bytes: &[u8]) -> Result<PathBuf, StoreError> {
+    let name = file
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let copy = dir.join(ENGINE_DIR).join(format!("{name}.before-open"));
+    let mut f = std::fs::File::create(&copy).map_err(corrupt)?;
+    std::io::Write::write_all(&mut f, bytes).map_err(corrupt)?;
+    f.sync_all().map_err(corrupt)?;
+    sync_dir(&dir.join(ENGINE_DIR))?;
+    Ok(copy)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(corrupt)
+}
+
+/// The newest file of each of the engine's queues in `dir` (`.raftlog`, `.rewrite`): the ones
+/// a tolerant open may cut.
+fn newest_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(dir.join(ENGINE_DIR)) else {
+        return Vec::new();
+    };
     let mut files: Vec<PathBuf> = rd.filter_map(Result::ok).map(|e| e.path()).collect();
-    files.retain(|p| is_log_file(p));
     files.sort();
-    files.pop()
+    ["raftlog", "rewrite"]
+        .iter()
+        .filter_map(|ext| {
+            let mut of_queue = files
+                .iter()
+                .filter(|p| p.extension().is_some_and(|e| e == *ext));
+            of_queue.next_back().cloned()
+        })
+        .collect()
 }
 
 impl EngineLog {
@@ -242,7 +296,12 @@ impl LogStore for EngineLog {
     }
 
     fn purge(&self) -> Result<(), DiskError> {
-        self.engine.purge_expired_files()?;
+        // The engine panics when an fsync of a rewrite fails: the node must stop, with an error.
+        let engine = &self.engine;
+        let purged = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.purge_expired_files()
+        }));
+        purged.map_err(|_| "the log engine panicked purging (a failed fsync?)")??;
         Ok(())
     }
 }

@@ -221,7 +221,18 @@ pub fn open_data_dir(
                 what: e.to_string(),
             },
         };
-        let engine = engine.unwrap_or_default();
+        // A store already here (a crash before the marker, or a lost marker) is opened on its
+        // own engine, so that its state is seen, never shadowed by a new store beside it.
+        let engine = match (engine_on_disk(dir), engine) {
+            (Some(found), Some(asked)) if found != asked => {
+                return Err(DirError::OtherEngine {
+                    dir: d,
+                    found: found.name().to_string(),
+                    asked,
+                })
+            }
+            (found, asked) => found.or(asked).unwrap_or_default(),
+        };
         let store = DiskStorage::create(dir, bootstrap, node_id, engine).map_err(unusable)?;
         if !store.is_pristine().map_err(unusable)? {
             return Err(DirError::NoMarker { dir: d });
@@ -270,6 +281,18 @@ pub fn open_data_dir(
         storage,
         initialized: true,
     })
+}
+
+/// The engine of a raft store already in `dir`, if there is one.
+fn engine_on_disk(dir: &Path) -> Option<LogEngine> {
+    if dir.join(crate::disk::redb_log::STORE_FILE).exists() {
+        return Some(LogEngine::Redb);
+    }
+    let engine_dir = std::fs::read_dir(dir.join(crate::disk::engine_log::ENGINE_DIR)).ok()?;
+    let mut files = engine_dir.filter_map(Result::ok);
+    files
+        .any(|e| e.path().extension().is_some_and(|x| x == "raftlog"))
+        .then_some(LogEngine::RaftEngine)
 }
 
 fn store_err(dir: &str, e: StoreError) -> DirError {
@@ -388,6 +411,30 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, DirError::OtherEngine { .. }), "{e}");
         assert!(e.to_string().contains("on raft-engine, not redb"), "{e}");
+    }
+
+    #[test]
+    fn an_unmarked_store_is_seen_on_its_own_engine_whatever_the_default() {
+        for engine in LogEngine::ALL {
+            let other = tempfile::tempdir().unwrap();
+            let s = DiskStorage::create(other.path(), None, 1, engine).unwrap();
+            let hs = raft::eraftpb::HardState {
+                term: 3,
+                vote: 1,
+                ..Default::default()
+            };
+            s.persist(&[], Some(&hs)).unwrap();
+            drop(s);
+            for asked in [None, Some(engine)] {
+                let e = open_data_dir(other.path(), "c", 1, None, asked)
+                    .map(|_| ())
+                    .unwrap_err();
+                assert!(
+                    matches!(e, DirError::NoMarker { .. }),
+                    "{engine} {asked:?}: {e}"
+                );
+            }
+        }
     }
 
     #[test]

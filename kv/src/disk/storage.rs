@@ -171,15 +171,30 @@ impl DiskStorage {
         let mut mem: Option<MemLog> = None;
         let mut chunk = Vec::new();
         let tail_bytes = self.tail_bytes;
+        let mut index_zero = false;
         self.log.scan(&mut |e: Entry| {
+            if e.index == 0 {
+                index_zero = true; // damage: raft's log starts at 1
+                return;
+            }
             let m = mem.get_or_insert_with(|| MemLog::new(e.index, tail_bytes));
             chunk.push(e);
             if chunk.len() == 1024 {
                 m.append(&std::mem::take(&mut chunk));
             }
         })?;
+        if index_zero {
+            return Err("log: an entry at index 0".into());
+        }
         let mut mem = mem.unwrap_or_else(|| MemLog::new(snapshot_meta.index + 1, tail_bytes));
         mem.append(&chunk);
+        let (first, last, snap) = (mem.first_index(), mem.last_index(), snapshot_meta.index);
+        if first > snap + 1 || last < snap {
+            return Err(format!(
+                "the log [{first}, {last}] does not follow the snapshot at {snap}"
+            )
+            .into());
+        }
         let mut c = self.cache.write();
         *c = Cache {
             hard_state: meta.hard_state,

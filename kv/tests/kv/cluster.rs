@@ -436,7 +436,9 @@ pub fn http_raw(
     }
     head.push_str("\r\n");
     s.write_all(head.as_bytes()).ok()?;
-    s.write_all(body).ok()?;
+    // A server may answer before the body is sent (a 503 at once) and close: read its answer
+    // even when sending the rest failed.
+    let _ = s.write_all(body);
     read_full_response(&mut s)
 }
 
