@@ -21,8 +21,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft_engine::{Command, Config, Engine, LogBatch, MessageExt, ReadableSize, RecoveryMode};
 
-use crate::disk::log_store::{Cut, DiskError, LogStore, Meta, Write};
-use crate::disk::storage::StoreError;
+use crate::disk::log_store::{Cut, DiskError, LogStore, Meta, StoreError, Write};
 
 /// The engine's folder in a data dir.
 pub const ENGINE_DIR: &str = "raft-engine";

@@ -1,13 +1,37 @@
-//! What a raft log engine must do for [`super::storage::DiskStorage`]: hold the log, the hard
+//! What a raft log engine must do for the node's raft storage (`DiskStorage`): hold the log, the hard
 //! state, the conf state, the latest snapshot and the node's id, and write any mix of them in
 //! one atomic, fsynced batch.
 
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
+use thiserror::Error;
 
 pub use crate::base::log_engine::LogEngine;
 
 /// Any failure of a log engine. The node treats it as fatal: raft cannot continue safely.
 pub type DiskError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an existing store could not be opened as this node's.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// No store file.
+    #[error("missing")]
+    Missing,
+    /// A store file of 0 bytes.
+    #[error("empty (0 bytes)")]
+    Empty,
+    /// A store without a configuration or node id.
+    #[error("not initialized (it holds no configuration)")]
+    Uninitialized,
+    /// Another node's store.
+    #[error("node {0}'s")]
+    OtherNode(u64),
+    /// A store that cannot be read.
+    #[error("corrupt or unreadable ({0})")]
+    Corrupt(String),
+    /// Another process has the store open (a node already running on this dir).
+    #[error("in use by another process")]
+    InUse,
+}
 
 /// What to drop of the log in a [`Write`], before its entries are appended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::disk::log_store::{Cut, DiskError, LogStore, Meta, Write};
-use crate::disk::storage::StoreError;
+use crate::disk::log_store::{Cut, DiskError, LogStore, Meta, StoreError, Write};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");

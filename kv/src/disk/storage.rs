@@ -11,11 +11,10 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
-use thiserror::Error;
 
 use crate::disk::engine_log::EngineLog;
 use crate::disk::log_store::{Cut, LogStore, Write};
-pub use crate::disk::log_store::{DiskError, LogEngine};
+pub use crate::disk::log_store::{DiskError, LogEngine, StoreError};
 use crate::disk::mem_log::{MemLog, TAIL_BYTES};
 use crate::disk::redb_log::RedbLog;
 
@@ -41,29 +40,6 @@ pub struct DiskStorage {
 
 fn other(e: DiskError) -> raft::Error {
     raft::Error::Store(StorageError::Other(e))
-}
-
-/// Why an existing store could not be opened as this node's.
-#[derive(Debug, Error)]
-pub enum StoreError {
-    /// No store file.
-    #[error("missing")]
-    Missing,
-    /// A store file of 0 bytes.
-    #[error("empty (0 bytes)")]
-    Empty,
-    /// A store without a configuration or node id.
-    #[error("not initialized (it holds no configuration)")]
-    Uninitialized,
-    /// Another node's store.
-    #[error("node {0}'s")]
-    OtherNode(u64),
-    /// A store that cannot be read.
-    #[error("corrupt or unreadable ({0})")]
-    Corrupt(String),
-    /// Another process has the store open (a node already running on this dir).
-    #[error("in use by another process")]
-    InUse,
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
