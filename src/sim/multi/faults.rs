@@ -162,11 +162,7 @@ pub(super) fn mass_failover(
     later: &mut Later,
     watched: &mut Vec<Failover>,
 ) -> String {
-    let up = (1..=sim.config().nodes).filter(|&n| sim.is_up(n) && !sim.is_paused(n));
-    let most = up
-        .map(|n| (led_by(sim, n), n))
-        .max_by_key(|(g, n)| (g.len(), *n));
-    let Some((groups, node)) = most.filter(|(g, _)| !g.is_empty()) else {
+    let Some((groups, node)) = busiest_leader(sim) else {
         return String::new();
     };
     let failed = groups.iter().filter_map(|&gid| {
@@ -194,11 +190,7 @@ pub(super) fn mass_failover(
 /// clock runs on, and every lease it holds must end before another leader's begins, in every
 /// group at once, each lease resting on promises its followers made with their own settings.
 pub(super) fn mass_stall(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut Later) -> String {
-    let up = (1..=sim.config().nodes).filter(|&n| sim.is_up(n) && !sim.is_paused(n));
-    let most = up
-        .map(|n| (led_by(sim, n), n))
-        .max_by_key(|(g, n)| (g.len(), *n));
-    let Some((groups, node)) = most.filter(|(g, _)| !g.is_empty()) else {
+    let Some((groups, node)) = busiest_leader(sim) else {
         return String::new();
     };
     sim.pause(node);
@@ -206,6 +198,15 @@ pub(super) fn mass_stall(sim: &mut MultiSim, rng: &mut ChaCha8Rng, later: &mut L
     let until = now_ms(sim) + rng.gen_range(p_ms..=5 * p_ms);
     later.push((until, node, Undo::Resume));
     format!("mass stall: {node}, leader of groups {groups:?}, paused until {until}ms")
+}
+
+/// The live, running node that leads the most groups, with those groups (none if it leads none).
+fn busiest_leader(sim: &MultiSim) -> Option<(Vec<GroupId>, u64)> {
+    let up = (1..=sim.config().nodes).filter(|&n| sim.is_up(n) && !sim.is_paused(n));
+    let most = up
+        .map(|n| (led_by(sim, n), n))
+        .max_by_key(|(g, n)| (g.len(), *n));
+    most.filter(|(g, _)| !g.is_empty())
 }
 
 /// Group `gid`'s configuration at its leader, and the leader.
