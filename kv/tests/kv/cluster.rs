@@ -176,8 +176,13 @@ impl Cluster {
     }
 
     fn spawn_join_with(&mut self, id: u64, via: u64, mut cmd: Command) {
-        let log = std::fs::File::create(self.log_path(id)).unwrap();
         cmd.args(["--join", &format!("127.0.0.1:{}", self.port(via))]);
+        self.spawn_command(id, cmd);
+    }
+
+    /// Start node `id` with `cmd`, its stderr to its log file.
+    fn spawn_command(&mut self, id: u64, mut cmd: Command) {
+        let log = std::fs::File::create(self.log_path(id)).unwrap();
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -253,15 +258,8 @@ impl Cluster {
 
     /// Start node `id` with its common flags changed by `edit` (for this start only).
     pub fn spawn_edited(&mut self, id: u64, edit: impl FnOnce(&mut Vec<String>)) {
-        let log = std::fs::File::create(self.log_path(id)).unwrap();
-        let child = self
-            .command_edited(id, edit)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn node");
-        self.nodes[id as usize - 1] = Some(child);
+        let cmd = self.command_edited(id, edit);
+        self.spawn_command(id, cmd);
     }
 
     pub fn log_path(&self, id: u64) -> PathBuf {
