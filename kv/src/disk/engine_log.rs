@@ -242,7 +242,7 @@ impl LogStore for EngineLog {
         let mut low = first;
         while low <= last {
             let high = (low + SCAN_CHUNK).min(last + 1);
-            for (want, e) in (low..).zip(self.read_range(low, high)?) {
+            for (want, e) in (low..).zip(self.read_range(low, high, None)?) {
                 if e.index != want {
                     return Err(format!("log: expected entry {want}, found {}", e.index).into());
                 }
@@ -285,12 +285,21 @@ impl LogStore for EngineLog {
         Ok(())
     }
 
-    fn read_range(&self, low: u64, high: u64) -> Result<Vec<Entry>, DiskError> {
-        let mut entries = Vec::with_capacity((high - low) as usize);
+    /// The engine limits by each entry's stored length, its protobuf encoding as raft counts it
+    /// (no compression); raft's own rule is applied after, so the answer is raft's exactly.
+    fn read_range(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: Option<u64>,
+    ) -> Result<Vec<Entry>, DiskError> {
+        let mut entries = Vec::new();
         if high > low {
+            let max = max_size.map(|m| usize::try_from(m).unwrap_or(usize::MAX));
             self.engine
-                .fetch_entries_to::<EntryExt>(LOG, low, high, None, &mut entries)?;
+                .fetch_entries_to::<EntryExt>(LOG, low, high, max, &mut entries)?;
         }
+        raft::util::limit_size(&mut entries, max_size);
         Ok(entries)
     }
 

@@ -100,8 +100,14 @@ pub trait LogStore: Send + Sync {
     fn scan(&self, sink: &mut dyn FnMut(Entry)) -> Result<(), DiskError>;
     /// Write one batch, atomically, and fsync it before returning.
     fn write(&self, w: &Write<'_>) -> Result<(), DiskError>;
-    /// Entries `[low, high)`; fewer if the log does not hold them all.
-    fn read_range(&self, low: u64, high: u64) -> Result<Vec<Entry>, DiskError>;
+    /// Entries `[low, high)`; fewer if the log does not hold them all. With `max_size`, as raft
+    /// limits them: entries while their total encoded size stays within it, and at least one.
+    fn read_range(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: Option<u64>,
+    ) -> Result<Vec<Entry>, DiskError>;
     /// Drop files no longer needed after a compaction (engines that keep old files).
     fn purge(&self) -> Result<(), DiskError> {
         Ok(())

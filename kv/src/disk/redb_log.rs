@@ -164,12 +164,21 @@ impl LogStore for RedbLog {
         Ok(())
     }
 
-    fn read_range(&self, low: u64, high: u64) -> Result<Vec<Entry>, DiskError> {
+    fn read_range(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: Option<u64>,
+    ) -> Result<Vec<Entry>, DiskError> {
         let txn = self.db.begin_read()?;
         let log = txn.open_table(LOG)?;
-        let mut entries = Vec::with_capacity((high - low) as usize);
+        let (mut entries, mut bytes) = (Vec::new(), 0u64);
         for row in log.range(low..high)? {
             let (_, v) = row?;
+            bytes += v.value().len() as u64;
+            if max_size.is_some_and(|max| bytes > max) && !entries.is_empty() {
+                break; // raft's rule: within the limit, and at least one
+            }
             entries.push(Entry::parse_from_bytes(v.value())?);
         }
         Ok(entries)

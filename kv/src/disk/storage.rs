@@ -182,6 +182,12 @@ impl DiskStorage {
     }
 
     /// Persist a `Ready`'s entries (replacing any conflicting suffix) and hard state, fsynced.
+    ///
+    /// A hard state that changes only the commit index, with no entries, is kept in memory (see
+    /// [`DiskStorage::set_commit`]): raft needs the term and the vote durable before it speaks,
+    /// never the commit index, which a restarted node learns again from its leader. Written, it
+    /// would cost every node one more fsync per commit, on the raft thread, in the next write's
+    /// way.
     pub fn persist(
         &self,
         entries: &[Entry],
@@ -189,6 +195,13 @@ impl DiskStorage {
     ) -> Result<(), DiskError> {
         if entries.is_empty() && hard_state.is_none() {
             return Ok(());
+        }
+        if let (true, Some(hs)) = (entries.is_empty(), hard_state) {
+            let stored = self.cache.read().hard_state.clone();
+            if hs.term == stored.term && hs.vote == stored.vote {
+                debug_assert!(hs.commit >= stored.commit, "commit went back: {hs:?}");
+                return self.set_commit(hs.commit);
+            }
         }
         let last_index = self.cache.read().log.last_index();
         let overwrites = entries.first().is_some_and(|e| e.index <= last_index);
@@ -287,10 +300,14 @@ impl DiskStorage {
         self.reload()
     }
 
-    /// Entries `[low, high)` read from disk (older than those kept in memory).
-    fn read_range(&self, low: u64, high: u64) -> raft::Result<Vec<Entry>> {
-        let entries = self.log.read_range(low, high).map_err(other)?;
-        if entries.len() as u64 != high - low {
+    /// Entries `[low, high)` read from disk (older than those kept in memory), no more than raft's
+    /// size limit allows (at least one): a lagging follower's appends read only what they send.
+    fn read_range(&self, low: u64, high: u64, max_size: Option<u64>) -> raft::Result<Vec<Entry>> {
+        let entries = self.log.read_range(low, high, max_size).map_err(other)?;
+        let want = high.saturating_sub(low);
+        let consecutive = (low..).zip(&entries).all(|(i, e)| e.index == i);
+        let complete = entries.len() as u64 == want || (max_size.is_some() && !entries.is_empty());
+        if !consecutive || !complete || entries.len() as u64 > want {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
         Ok(entries)
@@ -321,13 +338,15 @@ impl raft::Storage for DiskStorage {
             "entries [{low}, {high}) past the last index {last}"
         );
         let in_memory = c.log.tail_start().max(low);
+        let on_disk = in_memory.min(high);
         let mut entries = match low < in_memory {
-            true => self.read_range(low, in_memory.min(high))?,
+            true => self.read_range(low, on_disk, max_size)?,
             false => Vec::with_capacity((high - low) as usize),
         };
+        let whole = entries.len() as u64 == on_disk.saturating_sub(low);
         let before = entries.len();
         raft::util::limit_size(&mut entries, max_size);
-        if entries.len() == before && high > in_memory {
+        if whole && entries.len() == before && high > in_memory {
             c.log.copy_tail(in_memory, high, max_size, &mut entries);
         }
         Ok(entries)
@@ -388,6 +407,48 @@ mod tests {
             term,
             data: vec![index as u8].into(),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_commit_only_hard_state_stays_in_memory_and_a_term_or_vote_is_written() {
+        for engine in LogEngine::ALL {
+            let dir = tempfile::tempdir().unwrap();
+            let s =
+                DiskStorage::create(dir.path(), Some(&bootstrap(&[1, 2, 3])), 1, engine).unwrap();
+            let hs = |term, vote, commit| HardState {
+                term,
+                vote,
+                commit,
+                ..Default::default()
+            };
+            let entries: Vec<Entry> = (2..=5).map(|i| entry(i, 1)).collect();
+            s.persist(&entries, Some(&hs(1, 1, 2))).unwrap();
+            s.persist(&[], Some(&hs(1, 1, 4))).unwrap();
+            assert_eq!(s.initial_state().unwrap().hard_state, hs(1, 1, 4));
+            assert_eq!(
+                s.log.meta().unwrap().hard_state,
+                hs(1, 1, 2),
+                "{engine}: a commit-only change is not written"
+            );
+            s.persist(&[], Some(&hs(2, 0, 4))).unwrap();
+            assert_eq!(
+                s.log.meta().unwrap().hard_state,
+                hs(2, 0, 4),
+                "{engine}: a new term is written"
+            );
+            s.persist(&[], Some(&hs(2, 3, 5))).unwrap();
+            assert_eq!(
+                s.log.meta().unwrap().hard_state,
+                hs(2, 3, 5),
+                "{engine}: a vote is written"
+            );
+            s.persist(&[], Some(&hs(2, 3, 5))).unwrap();
+            s.persist(&[entry(6, 2)], Some(&hs(2, 3, 5))).unwrap();
+            drop(s);
+            let s = DiskStorage::open_existing(dir.path(), 1, engine).unwrap();
+            assert_eq!(s.initial_state().unwrap().hard_state, hs(2, 3, 5));
+            assert_eq!(s.last_index().unwrap(), 6);
         }
     }
 
@@ -498,17 +559,19 @@ mod tests {
             assert_eq!(s.cache.read().log.tail_start(), tail_start);
             for low in 2..=10 {
                 for high in low..=11 {
-                    let disk = s.read_range(low, high).unwrap();
+                    let disk = s.read_range(low, high, None).unwrap();
                     for max in [None, Some(2 * one as u64), Some(1)] {
                         let mut want = disk.clone();
                         raft::util::limit_size(&mut want, max);
+                        let limited = s.read_range(low, high, max).unwrap();
+                        assert_eq!(limited, want, "disk [{low}, {high}) max {max:?}");
                         let got = s.entries(low, high, max, GetEntriesContext::empty(false));
                         assert_eq!(got.unwrap(), want, "entries [{low}, {high}) max {max:?}");
                     }
                 }
                 assert_eq!(
                     s.term(low).unwrap(),
-                    s.read_range(low, low + 1).unwrap()[0].term
+                    s.read_range(low, low + 1, None).unwrap()[0].term
                 );
             }
             assert!(matches!(
