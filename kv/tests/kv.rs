@@ -14,6 +14,8 @@ mod attack_storage;
 mod cluster;
 #[path = "kv/console.rs"]
 mod console;
+#[path = "kv/crash.rs"]
+mod crash;
 #[path = "kv/forge.rs"]
 mod forge;
 #[path = "kv/membership.rs"]
@@ -599,7 +601,47 @@ fn kv_bench_writes_its_cells_as_json() {
         "the last line is the disk's fsync: {probe}"
     );
     assert!(probe["p50_us"].as_f64().is_some_and(|v| v > 0.0), "{probe}");
+    let (stages, cells): (Vec<_>, Vec<_>) = cells.iter().partition(|c| c["op"] == "write_stages");
     let mut seen = Vec::new();
+    for s in &stages {
+        for k in [
+            "total_us",
+            "client_http_us",
+            "queue_us",
+            "commit_us",
+            "leader_fsync_us",
+        ] {
+            assert!(s[k].as_f64().is_some_and(|v| v > 0.0), "{k}: {s}");
+        }
+        for k in [
+            "follower_turnaround_us",
+            "follower_fsync_us",
+            "transport_us",
+            "apply_us",
+        ] {
+            assert!(s[k].as_f64().is_some_and(|v| v >= 0.0), "{k}: {s}");
+        }
+        let parts: f64 = [
+            "client_http_us",
+            "queue_us",
+            "commit_us",
+            "apply_us",
+            "answer_us",
+        ]
+        .iter()
+        .map(|k| s[*k].as_f64().unwrap())
+        .sum();
+        let total = s["total_us"].as_f64().unwrap();
+        assert!(
+            (parts - total).abs() <= 1.0,
+            "the stages add up to the mean: {s}"
+        );
+        seen.push((
+            s["engine"].as_str().unwrap().to_string(),
+            "write_stages".to_string(),
+            s["clients"].as_u64().unwrap(),
+        ));
+    }
     for cell in cells {
         let mut keys: Vec<&String> = cell.as_object().unwrap().keys().collect();
         keys.sort();
@@ -629,7 +671,7 @@ fn kv_bench_writes_its_cells_as_json() {
         ));
     }
     for engine in ["raft-engine", "redb"] {
-        for op in ["put", "get_lease", "get_index"] {
+        for op in ["put", "get_lease", "get_index", "write_stages"] {
             for clients in [1, 2] {
                 let cell = (engine.to_string(), op.to_string(), clients);
                 assert!(seen.contains(&cell), "no {cell:?} cell: {seen:?}");

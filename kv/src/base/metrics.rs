@@ -155,6 +155,16 @@ pub struct Metrics {
     pub batch_sizes: Histogram,
     /// Durable writes of the raft log (one transaction and fsync per `Ready`).
     pub persist_seconds: Histogram,
+    /// A write's wait in the raft thread's queue, from the HTTP worker to its proposal.
+    pub write_queue_seconds: Histogram,
+    /// A write's commit, from its proposal to the pass that applies it (the leader's fsync and
+    /// the followers' round, which overlap).
+    pub write_commit_seconds: Histogram,
+    /// A write's apply, from the start of its pass's apply to its answer's hand-off.
+    pub write_apply_seconds: Histogram,
+    /// On a follower: from an append's arrival off the connection to the end of the pass that
+    /// persisted it and handed its answer to the transport.
+    pub append_turnaround_seconds: Histogram,
     /// Peer TLS handshakes that failed, or certificates that name no other member.
     pub peer_tls_failures: Counter,
     /// Peer messages whose `from` is not the id in the connection's certificate.
@@ -193,6 +203,10 @@ impl Default for Metrics {
             write_seconds: Histogram::new(&SECONDS),
             batch_sizes: Histogram::new(&BATCH),
             persist_seconds: Histogram::new(&SECONDS),
+            write_queue_seconds: Histogram::new(&SECONDS),
+            write_commit_seconds: Histogram::new(&SECONDS),
+            write_apply_seconds: Histogram::new(&SECONDS),
+            append_turnaround_seconds: Histogram::new(&SECONDS),
             sent: Default::default(),
             received: Default::default(),
         }
@@ -300,6 +314,32 @@ impl Metrics {
             out,
             "kv_log_persist_duration_seconds",
             "Durable writes of the raft log: one transaction and fsync per Ready.",
+            &node,
+        );
+        let stages = [
+            ("queue", &self.write_queue_seconds),
+            ("commit", &self.write_commit_seconds),
+            ("apply", &self.write_apply_seconds),
+        ];
+        for (i, (stage, h)) in stages.into_iter().enumerate() {
+            let mut text = String::new();
+            let help = "A write's stages on the leader: queue (to the raft thread), commit (proposal to apply), apply (to the answer).";
+            h.render(
+                &mut text,
+                "kv_write_stage_duration_seconds",
+                help,
+                &format!("{node},stage=\"{stage}\""),
+            );
+            out.extend(
+                text.lines()
+                    .skip(2 * (i > 0) as usize)
+                    .map(|l| format!("{l}\n")),
+            );
+        }
+        self.append_turnaround_seconds.render(
+            out,
+            "kv_append_turnaround_duration_seconds",
+            "On a follower: from an append's arrival to its answer handed to the transport.",
             &node,
         );
         self.batch_sizes.render(

@@ -21,6 +21,7 @@ use clap::Args;
 use crate::base::log_engine::LogEngine;
 use crate::bench::cpu::CpuSample;
 use crate::bench::report::{self, Cell};
+use crate::bench::stages::{Scrape, Stages};
 use crate::cli::cluster::args::ClusterArgs;
 use crate::cli::cluster::layout::Layout;
 use crate::cli::cluster::plan::{shutdown, Plan};
@@ -236,12 +237,20 @@ fn bench(
         args.http_spin_us
     );
     println!("{}", report::header());
+    let nodes: Vec<String> = (1..=layout.nodes)
+        .map(|id| format!("127.0.0.1:{}", layout.http_port(id)))
+        .collect();
     let mut cells = Vec::new();
     for &clients in &args.clients {
         for op in ["put", "get_lease", "get_index"] {
             let before = batches(&addr);
+            let scraped: Vec<Scrape> = nodes.iter().map(|a| Scrape::of(a)).collect();
             let cpu_before = CpuSample::now(pids);
             let mut cell = load(&addr, op, clients, args)?;
+            if op == "put" {
+                let after: Vec<Scrape> = nodes.iter().map(|a| Scrape::of(a)).collect();
+                cell.stages = Some(stages_of(&cell, &addr, &nodes, &scraped, &after));
+            }
             cell.engine = engine.name();
             cell.cpu = cpu_before
                 .zip(CpuSample::now(pids))
@@ -254,10 +263,30 @@ fn bench(
                 _ => String::new(),
             };
             println!("{}", cell.row(&batch));
+            if let Some(s) = cell.stages.filter(|_| clients == 1) {
+                println!("{}", s.line(engine.name(), clients));
+            }
             cells.push(cell);
         }
     }
     Ok(cells)
+}
+
+/// A write cell's stages, from every node's scrape before and after it (`nodes[i]`'s in
+/// `before[i]` and `after[i]`); `leader` is the one the clients wrote to.
+fn stages_of(
+    cell: &Cell,
+    leader: &str,
+    nodes: &[String],
+    before: &[Scrape],
+    after: &[Scrape],
+) -> Stages {
+    let l = nodes.iter().position(|n| n == leader).unwrap_or(0);
+    let followers: Vec<(Scrape, Scrape)> = (0..nodes.len())
+        .filter(|&i| i != l)
+        .map(|i| (before[i], after[i]))
+        .collect();
+    Stages::of(cell.mean_us, (&before[l], &after[l]), &followers)
 }
 
 /// The leader's (proposals, passes that proposed, seconds persisting, persists): the writes per
@@ -323,6 +352,7 @@ fn load(addr: &str, op: &'static str, clients: usize, args: &BenchArgs) -> Resul
         errors,
         seconds: secs,
         cpu: None,
+        stages: None,
     })
 }
 

@@ -6,3 +6,4 @@ pub mod fsync;
 pub mod load;
 pub mod report;
 pub mod sessions;
+pub mod stages;

@@ -4,6 +4,7 @@
 use serde_json::json;
 
 use crate::bench::cpu::CpuCost;
+use crate::bench::stages::Stages;
 
 /// One measured cell.
 #[derive(Debug, Clone)]
@@ -28,6 +29,8 @@ pub struct Cell {
     pub seconds: f64,
     /// CPU per operation and the machine's busy share, if `/proc` could be read.
     pub cpu: Option<CpuCost>,
+    /// Where a write's time went (write cells), from the nodes' histograms.
+    pub stages: Option<Stages>,
 }
 
 /// The machine's CPUs.
@@ -88,7 +91,8 @@ pub fn header() -> String {
 
 /// The cells and the fsync probe as a JSON array, one object per line. Each cell has `op`,
 /// `clients`, `ops_per_s`, `p50_us`, `p99_us` first, then `engine`, `mean_us`,
-/// `node_cpu_us_per_op`, `client_cpu_us_per_op` and `floor_us`; the last object is
+/// `node_cpu_us_per_op`, `client_cpu_us_per_op` and `floor_us`; then a write cell's stages,
+/// `{"op": "write_stages", ...}` (see [`Stages::to_json`]); the last object is
 /// `{"op": "fdatasync", "p50_us", "p99_us"}`.
 pub fn to_json(cells: &[Cell], fdatasync_us: (f64, f64)) -> String {
     let num = |v: f64| json!((v * 10.0).round() / 10.0);
@@ -113,12 +117,31 @@ pub fn to_json(cells: &[Cell], fdatasync_us: (f64, f64)) -> String {
             )
         })
         .collect();
+    let stages = cells.iter().filter_map(|c| {
+        let s = c.stages?.to_json(c.engine, c.clients);
+        Some(round_numbers(s).to_string())
+    });
+    lines.extend(stages);
     lines.push(format!(
         "{{\"op\": \"fdatasync\", \"p50_us\": {}, \"p99_us\": {}}}",
         num(fdatasync_us.0),
         num(fdatasync_us.1)
     ));
     format!("[\n{}\n]\n", lines.join(",\n"))
+}
+
+/// `v` with every float rounded to a tenth.
+fn round_numbers(v: serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => m
+            .into_iter()
+            .map(|(k, v)| match v.as_f64() {
+                Some(f) if v.is_f64() => (k, json!((f * 10.0).round() / 10.0)),
+                _ => (k, v),
+            })
+            .collect(),
+        other => other,
+    }
 }
 
 /// The write cells against the 1-client one, against the machine's limits, and the engines
@@ -214,6 +237,7 @@ mod tests {
                 bench_us_per_op: 20.0,
                 machine_busy_pct: 50.0,
             }),
+            stages: None,
         }
     }
 

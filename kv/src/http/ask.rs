@@ -93,6 +93,7 @@ pub async fn write(
         cmd: KvCommand { cmd, value },
         reply: tx,
         ticket: Some(ticket),
+        sent_at: Instant::now(),
     };
     Ok(match ask(c.app, req, rx).await? {
         WriteReply::Done(outcome) => {

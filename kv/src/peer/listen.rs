@@ -278,6 +278,7 @@ fn deliver(
     let inbound = Inbound {
         msg,
         ticket: Some(ticket),
+        received_at: std::time::Instant::now(),
     };
     if ctx.inbox.try_send(inbound).is_err() {
         cfg.metrics.dropped_full.inc();
@@ -290,6 +291,8 @@ pub struct Inbound {
     pub msg: Message,
     /// Its bytes in the peer budget.
     pub ticket: Option<Ticket>,
+    /// When it was read off the connection.
+    pub received_at: std::time::Instant,
 }
 
 #[cfg(test)]

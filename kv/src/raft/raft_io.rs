@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChangeV2, Entry, EntryType, HardState, Message, Snapshot};
@@ -37,8 +38,9 @@ pub struct LoopIo<M: StateMachine> {
     storage: DiskStorage,
     shared: Arc<Shared<M>>,
     transport: Transport,
-    /// Requests waiting on the entry at an index: (the term it was proposed in, the waiter).
-    waiting: BTreeMap<u64, (u64, Waiter<M::Outcome>)>,
+    /// Requests waiting on the entry at an index: (the term it was proposed in, the waiter, when
+    /// it was proposed).
+    waiting: BTreeMap<u64, (u64, Waiter<M::Outcome>, Instant)>,
     /// The index of the latest snapshot taken or installed.
     snapshot_index: u64,
     /// Take a snapshot at the next chance (a node was added: it should catch up from a recent one).
@@ -79,7 +81,8 @@ impl<M: StateMachine> LoopIo<M> {
     /// lost; its entry was then overwritten (a leader never overwrites its own log), so it will
     /// never commit: it is answered "not applied" now (found by `kv nemesis`, seed 3).
     pub fn wait(&mut self, index: u64, term: u64, w: Waiter<M::Outcome>) {
-        if let Some((old_term, old)) = self.waiting.insert(index, (term, w)) {
+        let entry = (term, w, Instant::now());
+        if let Some((old_term, old, _)) = self.waiting.insert(index, entry) {
             assert!(
                 old_term < term,
                 "two requests wait on index {index} in term {term}"
@@ -92,12 +95,12 @@ impl<M: StateMachine> LoopIo<M> {
     /// waiter stays, to be answered exactly when its index applies.
     pub fn on_role(&mut self, is_leader: bool, term: u64) {
         if self.was_leader.0 && (!is_leader || self.was_leader.1 != term) {
-            for (_, w) in self.waiting.values_mut() {
+            for (_, w, _) in self.waiting.values_mut() {
                 if let Waiter::Write(_, ticket) = w {
                     ticket.take();
                 }
             }
-            self.waiting.retain(|_, (_, w)| match w {
+            self.waiting.retain(|_, (_, w, _)| match w {
                 Waiter::Write(reply, _) => !reply.is_closed(),
                 Waiter::Members(reply) => !reply.is_closed(),
             });
@@ -107,7 +110,7 @@ impl<M: StateMachine> LoopIo<M> {
 
     /// Answer every waiter: the node stops.
     pub fn fail_all(&mut self, why: &str) {
-        for (_, (_, w)) in std::mem::take(&mut self.waiting) {
+        for (_, (_, w, _)) in std::mem::take(&mut self.waiting) {
             match w {
                 Waiter::Write(reply, _) => {
                     let _ = reply.send(WriteReply::Unknown(why.into()));
@@ -153,10 +156,15 @@ impl<M: StateMachine> LoopIo<M> {
     }
 
     /// Answer the request waiting on `e`, if any, with `outcome` (computed from `e`).
-    fn answer_write(&mut self, e: &Entry, outcome: Option<M::Outcome>) {
-        let Some((term, w)) = self.waiting.remove(&e.index) else {
+    fn answer_write(&mut self, e: &Entry, outcome: Option<M::Outcome>, applying_at: Instant) {
+        let Some((term, w, proposed_at)) = self.waiting.remove(&e.index) else {
             return;
         };
+        self.metrics.write_commit_seconds.observe(
+            applying_at
+                .saturating_duration_since(proposed_at)
+                .as_secs_f64(),
+        );
         match (w, outcome) {
             (Waiter::Write(reply, _), Some(o)) if term == e.term => {
                 let _ = reply.send(WriteReply::Done(o));
@@ -188,7 +196,7 @@ impl<M: StateMachine> LoopIo<M> {
                   "learners" => ?cs.learners, "voters_outgoing" => ?cs.voters_outgoing);
         }
         self.shared.machine.write().skip(e.index);
-        if let Some((term, w)) = self.waiting.remove(&e.index) {
+        if let Some((term, w, _)) = self.waiting.remove(&e.index) {
             let reply = match (w, &cs) {
                 (Waiter::Members(reply), Some(cs)) if term == e.term => (reply, Some(cs.clone())),
                 (Waiter::Members(reply), _) => (reply, None),
@@ -212,7 +220,10 @@ impl<M: StateMachine> LoopIo<M> {
     }
 
     /// Apply a run of normal entries under one write lock of the state machine.
+    /// Each write's answer is timed: from its proposal to this run (commit), and from this run to
+    /// its answer (apply).
     fn apply_normal(&mut self, run: &[Entry]) {
+        let applying_at = Instant::now();
         let shared = self.shared.clone();
         let mut machine = shared.machine.write();
         for e in run {
@@ -223,7 +234,12 @@ impl<M: StateMachine> LoopIo<M> {
                 }
                 false => Some(machine.apply(e.index, &e.data)),
             };
-            self.answer_write(e, outcome);
+            let waited = self.waiting.contains_key(&e.index);
+            self.answer_write(e, outcome, applying_at);
+            if waited {
+                let apply = applying_at.elapsed().as_secs_f64();
+                self.metrics.write_apply_seconds.observe(apply);
+            }
         }
     }
 }
@@ -249,7 +265,7 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
         // Entries up to the snapshot applied inside it: whether a waiter's did is not known.
         let later = self.waiting.split_off(&(index + 1));
         let covered = std::mem::replace(&mut self.waiting, later);
-        for (_, (_, w)) in covered {
+        for (_, (_, w, _)) in covered {
             match w {
                 Waiter::Write(reply, _) => {
                     let _ = reply.send(WriteReply::Unknown("a snapshot replaced the log".into()));
@@ -286,7 +302,7 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
         if entries.is_empty() && hs.is_none() {
             return Ok(());
         }
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         self.storage.persist(entries, hs)?;
         self.metrics
             .persist_seconds

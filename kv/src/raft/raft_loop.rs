@@ -94,6 +94,9 @@ pub struct RaftLoop<M: StateMachine> {
     reads: HashMap<ReadId, PendingRead<M>>,
     /// The (term, index) of the housekeeping entry in flight: one at a time.
     housekeeping: Option<(u64, u64)>,
+    /// When the oldest append stepped in this pass arrived, on a follower: the time from its
+    /// arrival to its answer leaving is measured once the pass's `Ready` is handled.
+    append_arrived: Option<Instant>,
     cfg: LoopConfig,
     stop: Arc<AtomicBool>,
     metrics: Arc<Metrics>,
@@ -157,6 +160,7 @@ impl<M: StateMachine> RaftLoop<M> {
             requests: req_rx,
             reads: HashMap::new(),
             housekeeping: None,
+            append_arrived: None,
             cfg,
             stop: w.stop,
             metrics: w.metrics,
@@ -187,6 +191,10 @@ impl<M: StateMachine> RaftLoop<M> {
                 self.stop.store(true, Ordering::Relaxed);
                 result = Err(e);
                 break;
+            }
+            if let Some(t) = self.append_arrived.take() {
+                let turnaround = t.elapsed().as_secs_f64();
+                self.metrics.append_turnaround_seconds.observe(turnaround);
             }
             self.serve_reads();
             self.publish(ticked);
@@ -242,6 +250,12 @@ impl<M: StateMachine> RaftLoop<M> {
                   "type" => ?m.msg.get_msg_type(), "term" => m.msg.term);
             return;
         }
+        if m.msg.get_msg_type() == raft::eraftpb::MessageType::MsgAppend {
+            let oldest = self
+                .append_arrived
+                .map_or(m.received_at, |t| t.min(m.received_at));
+            self.append_arrived = Some(oldest);
+        }
         let _ = self.node.step(m.msg); // raft refuses what it must (a removed peer, say)
         drop(m.ticket); // its bytes leave the peer budget once raft has the message
     }
@@ -263,7 +277,16 @@ impl<M: StateMachine> RaftLoop<M> {
 
     fn request(&mut self, r: Request<M>) {
         match r {
-            Request::Propose { cmd, reply, ticket } => self.propose(cmd, reply, ticket),
+            Request::Propose {
+                cmd,
+                reply,
+                ticket,
+                sent_at,
+            } => {
+                let queued = sent_at.elapsed().as_secs_f64();
+                self.metrics.write_queue_seconds.observe(queued);
+                self.propose(cmd, reply, ticket)
+            }
             Request::Read { query, mode, reply } => self.read(query, mode, reply),
             Request::Members { changes, reply } => self.change_members(&changes, reply),
             Request::Transfer { to } => self.node.transfer_leader(to),

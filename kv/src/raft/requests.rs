@@ -81,6 +81,8 @@ pub enum Request<M: StateMachine> {
         reply: oneshot::Sender<WriteReply<M::Outcome>>,
         /// The request's bytes in the in-flight budget.
         ticket: Option<Ticket>,
+        /// When it was queued for the raft thread (the write's queueing time is measured).
+        sent_at: std::time::Instant,
     },
     /// A read through raft (ReadIndex, or a lease read the HTTP worker could not serve).
     Read {
