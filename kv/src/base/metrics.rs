@@ -153,7 +153,8 @@ pub struct Metrics {
     pub write_seconds: Histogram,
     /// Commands proposed per pass of the raft loop (group commit).
     pub batch_sizes: Histogram,
-    /// Durable writes of the raft log (one transaction and fsync per `Ready`).
+    /// Durable writes of the raft log (one transaction and fsync per `Ready` that changes more
+    /// than the commit index).
     pub persist_seconds: Histogram,
     /// A write's wait in the raft thread's queue, from the HTTP worker to its proposal.
     pub write_queue_seconds: Histogram,
@@ -313,7 +314,7 @@ impl Metrics {
         self.persist_seconds.render(
             out,
             "kv_log_persist_duration_seconds",
-            "Durable writes of the raft log: one transaction and fsync per Ready.",
+            "Durable writes of the raft log: one transaction and fsync per Ready with entries, a term or a vote.",
             &node,
         );
         let stages = [

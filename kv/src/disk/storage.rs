@@ -3,12 +3,14 @@
 //! mirrored in memory.
 //!
 //! Every `Ready`'s entries and hard state are written in one batch that is fsynced before the
-//! node sends anything that depends on them.
+//! node sends anything that depends on them, except a hard state that moves only the commit index,
+//! which stays in memory (see [`DiskStorage::persist`]).
 
 use std::path::Path;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
+use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState, StorageError};
 
@@ -18,7 +20,9 @@ pub use crate::disk::log_store::{DiskError, LogEngine, StoreError};
 use crate::disk::mem_log::{MemLog, TAIL_BYTES};
 use crate::disk::redb_log::RedbLog;
 
-/// What is cached in memory; the disk is the truth.
+/// What is cached in memory; the disk is the truth, but for a commit index newer than the stored
+/// one (never written alone). Reloading from disk may move `hard_state.commit` back: only do it
+/// after writing the cached hard state, as `compact` and `apply_snapshot` do.
 #[derive(Debug, Clone)]
 struct Cache {
     hard_state: HardState,
@@ -188,19 +192,21 @@ impl DiskStorage {
     /// never the commit index, which a restarted node learns again from its leader. Written, it
     /// would cost every node one more fsync per commit, on the raft thread, in the next write's
     /// way.
+    ///
+    /// Whether anything was written.
     pub fn persist(
         &self,
         entries: &[Entry],
         hard_state: Option<&HardState>,
-    ) -> Result<(), DiskError> {
+    ) -> Result<bool, DiskError> {
         if entries.is_empty() && hard_state.is_none() {
-            return Ok(());
+            return Ok(false);
         }
         if let (true, Some(hs)) = (entries.is_empty(), hard_state) {
             let stored = self.cache.read().hard_state.clone();
             if hs.term == stored.term && hs.vote == stored.vote {
-                debug_assert!(hs.commit >= stored.commit, "commit went back: {hs:?}");
-                return self.set_commit(hs.commit);
+                self.set_commit(hs.commit)?;
+                return Ok(false);
             }
         }
         let last_index = self.cache.read().log.last_index();
@@ -216,7 +222,7 @@ impl DiskStorage {
         if let Some(hs) = hard_state {
             c.hard_state = hs.clone();
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Record a newer commit index (from a `LightReady`), in memory: raft puts it in the next
@@ -306,11 +312,23 @@ impl DiskStorage {
         let entries = self.log.read_range(low, high, max_size).map_err(other)?;
         let want = high.saturating_sub(low);
         let consecutive = (low..).zip(&entries).all(|(i, e)| e.index == i);
-        let complete = entries.len() as u64 == want || (max_size.is_some() && !entries.is_empty());
-        if !consecutive || !complete || entries.len() as u64 > want {
+        let limited = max_size.is_some() && !entries.is_empty() && (entries.len() as u64) < want;
+        let whole = entries.len() as u64 == want;
+        if !consecutive || !(whole || limited && self.limit_reached(&entries, max_size)?) {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
         Ok(entries)
+    }
+
+    /// Whether a short read of `entries` stopped at the size limit, not at a hole: the next entry
+    /// is there, and would have passed the limit.
+    fn limit_reached(&self, entries: &[Entry], max_size: Option<u64>) -> raft::Result<bool> {
+        let next = entries.last().map_or(0, |e| e.index + 1);
+        let got = self.log.read_range(next, next + 1, None).map_err(other)?;
+        let bytes: u64 = entries.iter().map(|e| u64::from(e.compute_size())).sum();
+        Ok(got.first().is_some_and(|e| {
+            e.index == next && bytes + u64::from(e.compute_size()) > max_size.unwrap_or(u64::MAX)
+        }))
     }
 }
 
@@ -389,7 +407,6 @@ impl raft::Storage for DiskStorage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use protobuf::Message as _;
     use raft::Storage as _;
 
     /// The first snapshot of a cluster of `voters`.
@@ -423,15 +440,18 @@ mod tests {
                 ..Default::default()
             };
             let entries: Vec<Entry> = (2..=5).map(|i| entry(i, 1)).collect();
-            s.persist(&entries, Some(&hs(1, 1, 2))).unwrap();
-            s.persist(&[], Some(&hs(1, 1, 4))).unwrap();
+            assert!(s.persist(&entries, Some(&hs(1, 1, 2))).unwrap());
+            assert!(
+                !s.persist(&[], Some(&hs(1, 1, 4))).unwrap(),
+                "nothing written"
+            );
             assert_eq!(s.initial_state().unwrap().hard_state, hs(1, 1, 4));
             assert_eq!(
                 s.log.meta().unwrap().hard_state,
                 hs(1, 1, 2),
                 "{engine}: a commit-only change is not written"
             );
-            s.persist(&[], Some(&hs(2, 0, 4))).unwrap();
+            assert!(s.persist(&[], Some(&hs(2, 0, 4))).unwrap());
             assert_eq!(
                 s.log.meta().unwrap().hard_state,
                 hs(2, 0, 4),

@@ -25,6 +25,17 @@ use crate::raft::shared::Shared;
 use crate::raft::snapshot::{envelope, restore};
 use crate::raft::status::Status;
 
+/// Applied bytes after which a snapshot is taken whatever the entry count: the log on disk stays
+/// near this size even when entries are large.
+pub const SNAPSHOT_AFTER_BYTES: u64 = 64 << 20;
+
+/// Entries kept behind a snapshot at most (ten times this after a node was added).
+pub const KEEP_ENTRIES: u64 = 1_000;
+
+/// Bytes of entries kept behind a snapshot at most, reckoned at the mean size of the entries
+/// applied since the last one.
+pub const KEEP_BYTES: u64 = 16 << 20;
+
 /// A request waiting for its entry to apply.
 pub enum Waiter<O> {
     /// A write, and its bytes in the in-flight budget (released once leadership is lost).
@@ -43,6 +54,8 @@ pub struct LoopIo<M: StateMachine> {
     waiting: BTreeMap<u64, (u64, Waiter<M::Outcome>, Instant)>,
     /// The index of the latest snapshot taken or installed.
     snapshot_index: u64,
+    /// Bytes of entries applied since that snapshot: a log of big entries is cut sooner.
+    applied_bytes: u64,
     /// Take a snapshot at the next chance (a node was added: it should catch up from a recent one).
     snapshot_due: bool,
     was_leader: (bool, u64),
@@ -67,6 +80,7 @@ impl<M: StateMachine> LoopIo<M> {
             transport,
             waiting: BTreeMap::new(),
             snapshot_index,
+            applied_bytes: 0,
             snapshot_due: false,
             was_leader: (false, 0),
             progress: BTreeMap::new(),
@@ -134,22 +148,31 @@ impl<M: StateMachine> LoopIo<M> {
         self.progress = Status::progress_of(node);
     }
 
-    /// Snapshot and compact the log when enough was applied since the last snapshot, or when a
-    /// node was added.
+    /// Snapshot and compact the log when `every` entries or [`SNAPSHOT_AFTER_BYTES`] applied since
+    /// the last snapshot, or when a node was added. Behind the snapshot the log keeps a tenth of
+    /// `every` (all of it for a new node), at most [`KEEP_ENTRIES`] (ten times that for a new
+    /// node) and about [`KEEP_BYTES`], for followers that lag a little.
     pub fn maybe_compact(&mut self, every: u64) -> Result<(), DiskError> {
         let applied = self.shared.machine.read().applied();
-        if applied <= self.snapshot_index
-            || (applied < self.snapshot_index + every && !self.snapshot_due)
-        {
+        let due = applied >= self.snapshot_index + every
+            || self.applied_bytes >= SNAPSHOT_AFTER_BYTES
+            || self.snapshot_due;
+        if applied <= self.snapshot_index || !due {
             return Ok(());
         }
         let data = envelope(
             &self.shared.members.read(),
             &self.shared.machine.read().snapshot(),
         );
-        let keep = if self.snapshot_due { every } else { every / 10 };
+        let keep = match self.snapshot_due {
+            true => every.min(10 * KEEP_ENTRIES),
+            false => (every / 10).min(KEEP_ENTRIES),
+        };
+        let mean_bytes = self.applied_bytes / (applied - self.snapshot_index);
+        let keep = keep.min(KEEP_BYTES / mean_bytes.max(1)); // big entries: fewer kept
         self.storage.compact(applied, data, keep)?;
         self.snapshot_index = applied;
+        self.applied_bytes = 0;
         self.snapshot_due = false;
         info!(self.logger, "snapshot taken, log compacted"; "index" => applied, "log_entries" => self.storage.log_len());
         Ok(())
@@ -234,6 +257,7 @@ impl<M: StateMachine> LoopIo<M> {
                 }
                 false => Some(machine.apply(e.index, &e.data)),
             };
+            self.applied_bytes += e.data.len() as u64;
             let waited = self.waiting.contains_key(&e.index);
             self.answer_write(e, outcome, applying_at);
             if waited {
@@ -258,6 +282,7 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
         self.storage.apply_snapshot(&snap)?;
         let index = snap.get_metadata().index;
         self.snapshot_index = index;
+        self.applied_bytes = 0;
         *self.shared.machine.write() = machine;
         if let Some(book) = book {
             *self.shared.members.write() = book;
@@ -303,10 +328,10 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
             return Ok(());
         }
         let t = Instant::now();
-        self.storage.persist(entries, hs)?;
-        self.metrics
-            .persist_seconds
-            .observe(t.elapsed().as_secs_f64());
+        if self.storage.persist(entries, hs)? {
+            let took = t.elapsed().as_secs_f64();
+            self.metrics.persist_seconds.observe(took);
+        }
         Ok(())
     }
 

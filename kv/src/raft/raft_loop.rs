@@ -46,8 +46,9 @@ use crate::raft::snapshot::restore;
 pub struct LoopConfig {
     /// raft's tick interval.
     pub tick_ms: u64,
-    /// Snapshot and compact once this many entries applied since the last snapshot; a tenth of
-    /// it stays in the log behind the snapshot for followers that lag a little.
+    /// Snapshot and compact once this many entries applied since the last snapshot (see
+    /// `LoopIo::maybe_compact`, which also cuts after 64 MiB of entries and keeps a tenth of this
+    /// behind the snapshot, at most 1,000 entries, for followers that lag a little).
     pub snapshot_every: u64,
     /// Most messages, requests or reports taken from one channel in one pass.
     pub max_batch: usize,
@@ -94,8 +95,8 @@ pub struct RaftLoop<M: StateMachine> {
     reads: HashMap<ReadId, PendingRead<M>>,
     /// The (term, index) of the housekeeping entry in flight: one at a time.
     housekeeping: Option<(u64, u64)>,
-    /// When the oldest append stepped in this pass arrived, on a follower: the time from its
-    /// arrival to its answer leaving is measured once the pass's `Ready` is handled.
+    /// When the oldest append with entries stepped in this pass arrived, on a follower: the time
+    /// from its arrival to its answer leaving is measured once the pass's `Ready` is handled.
     append_arrived: Option<Instant>,
     cfg: LoopConfig,
     stop: Arc<AtomicBool>,
@@ -250,7 +251,8 @@ impl<M: StateMachine> RaftLoop<M> {
                   "type" => ?m.msg.get_msg_type(), "term" => m.msg.term);
             return;
         }
-        if m.msg.get_msg_type() == raft::eraftpb::MessageType::MsgAppend {
+        let append = m.msg.get_msg_type() == raft::eraftpb::MessageType::MsgAppend;
+        if append && !m.msg.entries.is_empty() {
             let oldest = self
                 .append_arrived
                 .map_or(m.received_at, |t| t.min(m.received_at));

@@ -172,3 +172,23 @@ fn control_without_transport_reports_the_follower_stays_behind() {
         "raft still waits for the lost snapshot"
     );
 }
+
+/// With the default `--snapshot-every` (100,000 entries), 80 values of 1,000,000 bytes still cut
+/// the log: a snapshot is also taken after 64 MiB of entries, and only about 16 MiB of them stay
+/// behind it, so the disk holds the state and a bounded log whatever the entries' size.
+#[test]
+fn a_log_of_big_entries_is_cut_after_64_mib_whatever_the_entry_count() {
+    let c = Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 20);
+    let value = vec![b'x'; 1_000_000];
+    for i in 0..80 {
+        let (code, body) = http(c.port(l), "PUT", &format!("/kv/big{}", i % 4), &value).unwrap();
+        assert_eq!(code, 200, "{body}");
+    }
+    let entries = status(c.port(l)).unwrap()["log_entries"].as_u64().unwrap();
+    assert!(
+        entries < 40,
+        "the log was not cut after 80 MB of entries: {entries} entries\n{}",
+        c.log_tail()
+    );
+}
