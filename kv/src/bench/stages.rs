@@ -129,7 +129,7 @@ impl Stages {
     }
 
     /// A JSON cell: `{"op": "write_stages", ...}`, every figure a mean in µs.
-    pub fn to_json(&self, engine: &str, clients: usize) -> Value {
+    pub fn to_json(self, engine: &str, clients: usize) -> Value {
         json!({
             "op": "write_stages",
             "engine": engine,
@@ -166,15 +166,16 @@ mod tests {
     #[test]
     fn stages_add_up_to_the_clients_mean() {
         let before = Scrape::default();
-        let mut leader = Scrape::default();
-        leader.hist = [
-            (0.4, 1.0),
-            (0.05, 1.0),
-            (0.3, 1.0),
-            (0.01, 1.0),
-            (0.1, 1.0),
-            (0.0, 0.0),
-        ];
+        let leader = Scrape {
+            hist: [
+                (0.4, 1.0),
+                (0.05, 1.0),
+                (0.3, 1.0),
+                (0.01, 1.0),
+                (0.1, 1.0),
+                (0.0, 0.0),
+            ],
+        };
         let mut follower = Scrape::default();
         follower.hist[4] = (0.1, 1.0);
         follower.hist[5] = (0.2, 1.0);

@@ -99,8 +99,8 @@ pub struct NodeArgs {
     /// (a rolling change) a cut-off leader then serves stale lease reads.
     #[arg(long, hide = true)]
     pub unsafe_count_own_promise: bool,
-    /// Snapshot and compact the raft log every this many applied entries (or 64 MiB of them,
-    /// whichever comes first). A snapshot copies the whole state, so its cost per write is the
+    /// Snapshot and compact the raft log every this many applied entries (or after as many bytes
+    /// of entries as the last snapshot held, 64 MiB at least, whichever comes first). A snapshot copies the whole state, so its cost per write is the
     /// state's size over this number.
     #[arg(long, default_value_t = 100_000)]
     pub snapshot_every: u64,

@@ -25,15 +25,17 @@ use crate::raft::shared::Shared;
 use crate::raft::snapshot::{envelope, restore};
 use crate::raft::status::Status;
 
-/// Applied bytes after which a snapshot is taken whatever the entry count: the log on disk stays
-/// near this size even when entries are large.
+/// Applied bytes after which a snapshot is taken whatever the entry count (or after as many as
+/// the last snapshot held, if more): the log on disk stays near the state's size, or this, even
+/// when entries are large.
 pub const SNAPSHOT_AFTER_BYTES: u64 = 64 << 20;
 
 /// Entries kept behind a snapshot at most (ten times this after a node was added).
 pub const KEEP_ENTRIES: u64 = 1_000;
 
-/// Bytes of entries kept behind a snapshot at most, reckoned at the mean size of the entries
-/// applied since the last one.
+/// Bytes of entries kept behind a snapshot for no follower in particular, reckoned at the mean
+/// size of the entries applied since the last one (an estimate: the log stays bounded by
+/// [`KEEP_ENTRIES`] entries in any case).
 pub const KEEP_BYTES: u64 = 16 << 20;
 
 /// A request waiting for its entry to apply.
@@ -56,6 +58,9 @@ pub struct LoopIo<M: StateMachine> {
     snapshot_index: u64,
     /// Bytes of entries applied since that snapshot: a log of big entries is cut sooner.
     applied_bytes: u64,
+    /// The size of the latest snapshot taken (0 before the first): a big state is snapshotted
+    /// only after as many bytes of entries.
+    snapshot_bytes: u64,
     /// Take a snapshot at the next chance (a node was added: it should catch up from a recent one).
     snapshot_due: bool,
     was_leader: (bool, u64),
@@ -81,6 +86,7 @@ impl<M: StateMachine> LoopIo<M> {
             waiting: BTreeMap::new(),
             snapshot_index,
             applied_bytes: 0,
+            snapshot_bytes: 0,
             snapshot_due: false,
             was_leader: (false, 0),
             progress: BTreeMap::new(),
@@ -148,14 +154,13 @@ impl<M: StateMachine> LoopIo<M> {
         self.progress = Status::progress_of(node);
     }
 
-    /// Snapshot and compact the log when `every` entries or [`SNAPSHOT_AFTER_BYTES`] applied since
-    /// the last snapshot, or when a node was added. Behind the snapshot the log keeps a tenth of
-    /// `every` (all of it for a new node), at most [`KEEP_ENTRIES`] (ten times that for a new
-    /// node) and about [`KEEP_BYTES`], for followers that lag a little.
+    /// Snapshot and compact the log when `every` entries applied since the last snapshot, or
+    /// entries of as many bytes as the last snapshot and at least [`SNAPSHOT_AFTER_BYTES`] (so a
+    /// snapshot at most doubles the bytes written), or when a node was added.
     pub fn maybe_compact(&mut self, every: u64) -> Result<(), DiskError> {
         let applied = self.shared.machine.read().applied();
-        let due = applied >= self.snapshot_index + every
-            || self.applied_bytes >= SNAPSHOT_AFTER_BYTES
+        let due = applied >= self.snapshot_index.saturating_add(every)
+            || self.applied_bytes >= SNAPSHOT_AFTER_BYTES.max(self.snapshot_bytes)
             || self.snapshot_due;
         if applied <= self.snapshot_index || !due {
             return Ok(());
@@ -164,18 +169,28 @@ impl<M: StateMachine> LoopIo<M> {
             &self.shared.members.read(),
             &self.shared.machine.read().snapshot(),
         );
-        let keep = match self.snapshot_due {
-            true => every.min(10 * KEEP_ENTRIES),
-            false => (every / 10).min(KEEP_ENTRIES),
-        };
-        let mean_bytes = self.applied_bytes / (applied - self.snapshot_index);
-        let keep = keep.min(KEEP_BYTES / mean_bytes.max(1)); // big entries: fewer kept
+        let keep = self.keep_entries(applied, every);
+        let bytes = data.len() as u64;
         self.storage.compact(applied, data, keep)?;
         self.snapshot_index = applied;
+        self.snapshot_bytes = bytes;
         self.applied_bytes = 0;
         self.snapshot_due = false;
         info!(self.logger, "snapshot taken, log compacted"; "index" => applied, "log_entries" => self.storage.log_len());
         Ok(())
+    }
+
+    /// Entries kept behind a snapshot at `applied`, for followers that lag a little: a tenth of
+    /// `every` (all of it for a new node), at most [`KEEP_ENTRIES`] (ten times that for a new
+    /// node), and about [`KEEP_BYTES`] at the mean size of the entries since the last snapshot;
+    /// at least one.
+    fn keep_entries(&self, applied: u64, every: u64) -> u64 {
+        let (wanted, cap) = match self.snapshot_due {
+            true => (every, 10 * KEEP_ENTRIES),
+            false => (every / 10, KEEP_ENTRIES),
+        };
+        let mean_bytes = self.applied_bytes / (applied - self.snapshot_index).max(1);
+        wanted.min(KEEP_BYTES / mean_bytes.max(1)).clamp(1, cap)
     }
 
     /// Answer the request waiting on `e`, if any, with `outcome` (computed from `e`).
@@ -282,6 +297,7 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
         self.storage.apply_snapshot(&snap)?;
         let index = snap.get_metadata().index;
         self.snapshot_index = index;
+        self.snapshot_bytes = snap.data.len() as u64;
         self.applied_bytes = 0;
         *self.shared.machine.write() = machine;
         if let Some(book) = book {

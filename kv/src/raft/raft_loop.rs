@@ -47,8 +47,9 @@ pub struct LoopConfig {
     /// raft's tick interval.
     pub tick_ms: u64,
     /// Snapshot and compact once this many entries applied since the last snapshot (see
-    /// `LoopIo::maybe_compact`, which also cuts after 64 MiB of entries and keeps a tenth of this
-    /// behind the snapshot, at most 1,000 entries, for followers that lag a little).
+    /// `LoopIo::maybe_compact`, which also cuts after as many bytes of entries as the last
+    /// snapshot held, and keeps up to 1,000 entries and about 16 MiB behind the snapshot for
+    /// followers that lag a little).
     pub snapshot_every: u64,
     /// Most messages, requests or reports taken from one channel in one pass.
     pub max_batch: usize,
