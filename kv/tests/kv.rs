@@ -113,15 +113,7 @@ fn killed_leader_is_replaced_and_acked_writes_survive() {
     c.kill9(l);
     let rest: Vec<u64> = [1, 2, 3].into_iter().filter(|&i| i != l).collect();
     let l2 = c.leader(&rest, 15);
-    for (k, v) in &acked {
-        let (code, body) = http(c.port(l2), "GET", &format!("/kv/{k}?read=index"), b"").unwrap();
-        assert_eq!(
-            (code, json(&body)["value"].as_str()),
-            (200, Some(v.as_str())),
-            "{k} lost: {body}\n{}",
-            c.log_tail()
-        );
-    }
+    c.assert_acked(l2, &acked);
 }
 
 /// After `kill -9` of the leader, a follower sends clients to it only while it still hears from

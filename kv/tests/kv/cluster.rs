@@ -337,6 +337,20 @@ impl Cluster {
         );
     }
 
+    /// Every (key, value) in `acked` reads back through raft on node `id`.
+    pub fn assert_acked(&self, id: u64, acked: &[(String, String)]) {
+        for (k, v) in acked {
+            let (code, body) = http(self.port(id), "GET", &format!("/kv/{k}?read=index"), b"")
+                .unwrap_or((0, "no answer".into()));
+            assert_eq!(
+                (code, json(&body)["value"].as_str()),
+                (200, Some(v.as_str())),
+                "acknowledged write {k} lost: {body}\n{}",
+                self.log_tail()
+            );
+        }
+    }
+
     pub fn log_tail(&self) -> String {
         #[allow(non_snake_case)]
         let LOG_TAIL_LINES = *LOG_TAIL_LINES_ENV.get_or_init(|| {

@@ -18,7 +18,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::cluster::{http, http_follow, json, Cluster};
+use crate::cluster::{http_follow, Cluster};
 
 /// Writers that PUT unique keys to any live node (following redirects) until told to stop,
 /// recording every write answered 200.
@@ -31,20 +31,6 @@ fn write_until(ports: &[u16], stop: &AtomicBool, acked: &Mutex<Vec<(String, Stri
         if let Some((200, _)) = http_follow(port, "PUT", &format!("/kv/{key}"), value.as_bytes()) {
             acked.lock().unwrap().push((key, value));
         }
-    }
-}
-
-/// Every acknowledged write, read through raft on the leader among `ids`.
-fn assert_all_there(c: &Cluster, acked: &[(String, String)], seed: u64) {
-    let l = c.leader(&c.ids(), 30);
-    for (k, v) in acked {
-        let (code, body) = http(c.port(l), "GET", &format!("/kv/{k}?read=index"), b"").unwrap();
-        assert_eq!(
-            (code, json(&body)["value"].as_str()),
-            (200, Some(v.as_str())),
-            "seed {seed}: acknowledged write {k} lost: {body}\n{}",
-            c.log_tail()
-        );
     }
 }
 
@@ -95,7 +81,9 @@ fn kill9_of_any_node_under_load_then_of_all_loses_no_acknowledged_write() {
     for id in 1..=3 {
         c.spawn(id);
     }
-    assert_all_there(&c, &acked, seed);
+    let l = c.leader(&c.ids(), 30);
+    eprintln!("seed {seed}: reading back every acknowledged write on node {l}");
+    c.assert_acked(l, &acked);
     for id in 1..=3 {
         assert!(
             c.running(id),
