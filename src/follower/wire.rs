@@ -169,8 +169,11 @@ fn footer(ctx: &mut Vec<u8>, start: usize, kind: u8) {
     debug_assert!(ctx.len() - start <= GRANT_LEN + 8 + FOOTER_LEN);
 }
 
+/// A context split in two: what came before the trailer, and the trailer's body.
+type Split<'a> = (&'a [u8], &'a [u8]);
+
 /// The context before the trailer and the trailer's body, if `ctx` ends in one of `kind`.
-fn trailer(ctx: &[u8], kind: u8) -> Result<Option<(&[u8], &[u8])>, WireError> {
+fn trailer(ctx: &[u8], kind: u8) -> Result<Option<Split<'_>>, WireError> {
     let Some(rest) = ctx.strip_suffix(MAGIC.as_slice()) else {
         return Ok(None);
     };
