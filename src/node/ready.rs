@@ -79,6 +79,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
         self.rounds
             .prune_before(now_ns.saturating_sub(self.derived.lease_ns));
+        if let Some(x) = &self.exposure {
+            x.annotate(&mut msgs);
+        }
         msgs
     }
 

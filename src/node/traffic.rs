@@ -23,6 +23,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Step a message from a peer. Votes under the promise are dropped; heartbeat
     /// acknowledgements extend the lease; a leader's message renews this node's promise.
     pub fn step(&mut self, mut m: Message) -> raft::Result<()> {
+        if !self.take_note(&mut m) {
+            return Ok(());
+        }
         match m.get_msg_type() {
             MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
                 if !self.vote_allowed(&m) =>
