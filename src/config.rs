@@ -75,6 +75,9 @@ pub struct TestingKnobs {
     /// so a replica of the group hosted there again votes at once although the leader may still
     /// count the old one.
     pub forget_removed_fortifications: bool,
+    /// Follower read leases: every replica applies up to raft's commit index, not the exposed
+    /// index `E`.
+    pub apply_to_commit: bool,
 }
 
 impl TestingKnobs {
@@ -98,6 +101,7 @@ impl TestingKnobs {
             (self.end_epoch_at_once, "end_epoch_at_once"),
             (self.count_earlier_terms, "count_earlier_terms"),
             (self.release_on_term_move, "release_on_term_move"),
+            (self.apply_to_commit, "apply_to_commit"),
             (self.count_own_promise, "count_own_promise"),
             (
                 self.forget_removed_fortifications,

@@ -1,7 +1,8 @@
 //! Follower read leases in the simulator: with them on, every replica applies only up to the
 //! exposed index it knows (checked at every apply), writes are still answered, and every
-//! replica catches up to the leader's state once the load stops. No read lease is granted yet,
-//! so `E` follows the commit index; the controls come with the grants.
+//! replica catches up to the leader's state once the load stops; the followers hold read leases.
+//! Control: replicas that apply up to raft's commit index are caught at their first apply past
+//! `E` (a holder's acknowledgement still on its way holds `E` below the commit index).
 
 use raft_lease::sim::{Load, SimCluster, SimConfig};
 use raft_lease::FollowerLeases;
@@ -22,6 +23,14 @@ fn run(c: SimConfig) -> SimCluster {
     sim.run_with_load(400, &Load::default());
     sim.run_for_ms(200);
     sim
+}
+
+/// Whether every follower holds a read lease.
+fn followers_hold(sim: &SimCluster) -> bool {
+    let l = sim.leader();
+    (1..=3)
+        .filter(|&id| Some(id) != l)
+        .all(|id| sim.node(id).is_some_and(|n| n.holds_read_lease()))
 }
 
 #[test]
@@ -51,4 +60,22 @@ fn replicas_apply_only_up_to_the_exposed_index_and_catch_up_when_load_stops() {
             assert!(node.exposed().unwrap() >= applied, "seed {seed}: node {id}");
         }
     }
+}
+
+#[test]
+fn followers_hold_read_leases_while_the_leader_leads() {
+    let mut sim = SimCluster::new(config(1));
+    assert!(sim.run_until(2_000, |s| s.leader().is_some()), "no leader");
+    assert!(
+        sim.run_until(500, followers_hold),
+        "the followers never held read leases together"
+    );
+}
+
+#[test]
+#[should_panic(expected = "past the exposed index")]
+fn control_replicas_applying_up_to_raft_commit_are_caught() {
+    let mut c = config(0);
+    c.lease.safeties.testing.apply_to_commit = true;
+    run(c);
 }

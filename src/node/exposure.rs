@@ -12,7 +12,8 @@ use std::collections::VecDeque;
 use raft::eraftpb::Entry;
 
 use super::*;
-use crate::follower::{GrantTable, HolderNote, LeaderNote, ReadLease};
+use crate::follower::{Grant, GrantRequest, GrantTable, HolderNote, LeaderNote, ReadLease};
+use std::collections::BTreeMap;
 
 /// The exposed index and the entries held back from the application.
 #[derive(Debug)]
@@ -26,6 +27,8 @@ pub(crate) struct Exposure {
     /// The last index handed to the application (or covered by a snapshot). Never above
     /// [`Exposure::exposed`] but for a snapshot's.
     applied: u64,
+    /// Grants made and not yet sent, by holder: each leaves on the next append or heartbeat to it.
+    pending: BTreeMap<u64, Grant>,
 }
 
 impl Exposure {
@@ -38,6 +41,7 @@ impl Exposure {
             lease: ReadLease::new(boot_ns, derived.drift_ppm, derived.margin_ns),
             held: VecDeque::new(),
             applied,
+            pending: BTreeMap::new(),
         }
     }
 
@@ -57,27 +61,73 @@ impl Exposure {
         self.table.expose(commit, committed_in_term, now_ns);
     }
 
-    /// A leader's note arrived with one of its messages.
-    pub(crate) fn on_note(&mut self, note: &LeaderNote) {
+    /// A leader's note arrived with one of its messages, while this replica is in `term`.
+    pub(crate) fn on_note(&mut self, note: &LeaderNote, term: u64, now_ns: u64) {
         self.lease.on_exposed(note.exposed);
+        if let Some(g) = &note.grant {
+            self.lease.on_grant(g, term, now_ns);
+        }
     }
 
-    /// What the leader tells each voter on its appends and heartbeats: `E`.
-    pub(crate) fn annotate(&self, msgs: &mut [Message]) {
-        let note = LeaderNote {
-            exposed: self.exposed(),
-            grant: None,
-        };
+    /// What the leader tells each voter on its appends and heartbeats: `E`, and the grant made
+    /// to it since the last message, if any.
+    pub(crate) fn annotate(&mut self, msgs: &mut [Message]) {
+        let exposed = self.exposed();
         for m in msgs.iter_mut().filter(|m| {
             matches!(
                 m.get_msg_type(),
                 MessageType::MsgAppend | MessageType::MsgHeartbeat
             )
         }) {
+            let note = LeaderNote {
+                exposed,
+                grant: self.pending.remove(&m.to),
+            };
             let mut ctx = m.take_context().to_vec();
             note.attach(&mut ctx);
             m.context = ctx.into();
         }
+    }
+
+    /// As a voter of `term` following `leader`: tag each acknowledgement to it, reading the
+    /// clock (`now_ns`) before the transport has it.
+    pub(crate) fn tag_acks(&mut self, msgs: &mut [Message], term: u64, leader: u64, now_ns: u64) {
+        for m in msgs.iter_mut().filter(|m| {
+            m.to == leader
+                && m.term == term
+                && matches!(
+                    m.get_msg_type(),
+                    MessageType::MsgAppendResponse | MessageType::MsgHeartbeatResponse
+                )
+        }) {
+            let note = HolderNote {
+                tag: Some(self.lease.tag(term, now_ns)),
+                gave_up: None,
+            };
+            let mut ctx = m.take_context().to_vec();
+            note.attach(&mut ctx);
+            m.context = ctx.into();
+        }
+    }
+
+    /// As the leader of `term`: a voter's tagged acknowledgement, stepped at `req.received_ns`
+    /// with raft's matched index after it. A grant answers it if every rule allows
+    /// ([`GrantTable::grant`]); it leaves with the next message to the voter.
+    pub(crate) fn on_ack(&mut self, req: GrantRequest, term: u64, leader_until_ns: Option<u64>) {
+        self.table.on_matched(req.holder, req.matched);
+        if let Ok(g) = self.table.grant(req, term, leader_until_ns) {
+            self.pending.insert(req.holder, g);
+        }
+    }
+
+    /// Whether this replica's read lease is valid at `now_ns`.
+    pub(crate) fn holds_read_lease(&self, now_ns: u64) -> bool {
+        self.lease.is_valid(now_ns)
+    }
+
+    /// Whether a grant this node made may still be counted at `now_ns`.
+    pub(crate) fn counts_any(&self, now_ns: u64) -> bool {
+        !self.table.all_ended(now_ns)
     }
 
     /// Take newly committed `entries` (consecutive, after every entry taken before) and return
@@ -104,6 +154,16 @@ impl Exposure {
         }
         debug_assert!(self.applied <= exposed || out.is_empty());
         debug_assert!(self.held.front().is_none_or(|e| e.index > exposed));
+        out
+    }
+
+    /// Negative control: hand over every committed entry, `E` or not.
+    fn release_all(&mut self, entries: Vec<Entry>) -> Vec<Entry> {
+        let mut out: Vec<Entry> = self.held.drain(..).collect();
+        out.extend(entries);
+        if let Some(last) = out.last() {
+            self.applied = last.index;
+        }
         out
     }
 
@@ -139,7 +199,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// The committed `entries` the application may apply now (all of them with follower leases
     /// off).
     pub(crate) fn hold_back(&mut self, entries: Vec<Entry>) -> Vec<Entry> {
+        let to_commit = self.safeties.testing.apply_to_commit;
         match self.exposure.as_mut() {
+            Some(x) if to_commit => x.release_all(entries),
             Some(x) => x.release(entries),
             None => entries,
         }
@@ -176,34 +238,81 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
-    /// Split a follower-lease note off a peer's message, keeping what it says. `false`: the
-    /// note is malformed and the message must be dropped.
-    pub(crate) fn take_note(&mut self, m: &mut Message) -> bool {
+    /// Split a follower-lease note off a peer's message, keeping what a leader's says; a
+    /// voter's is returned, to be answered once raft has stepped the message. `Err`: the note is
+    /// malformed and the message must be dropped.
+    pub(crate) fn take_note(&mut self, m: &mut Message) -> Result<Option<HolderNote>, ()> {
         let ctx = m.take_context();
+        let (term, now_ns) = (self.raw.raft.term, self.clock.now_ns());
         let split = match m.get_msg_type() {
             MessageType::MsgAppend | MessageType::MsgHeartbeat => {
                 LeaderNote::split(&ctx).map(|(base, note)| {
                     if let (Some(x), Some(note)) = (self.exposure.as_mut(), note) {
-                        x.on_note(&note);
+                        x.on_note(&note, term, now_ns);
                     }
-                    base.to_vec()
+                    (base.to_vec(), None)
                 })
             }
             MessageType::MsgAppendResponse | MessageType::MsgHeartbeatResponse => {
-                HolderNote::split(&ctx).map(|(base, _)| base.to_vec())
+                HolderNote::split(&ctx).map(|(base, note)| (base.to_vec(), note))
             }
-            _ => Ok(ctx.to_vec()),
+            _ => Ok((ctx.to_vec(), None)),
         };
         match split {
-            Ok(base) => {
+            Ok((base, note)) => {
                 m.context = base.into();
-                true
+                Ok(note)
             }
             Err(e) => {
                 warn!(self.logger, "peer message dropped"; "why" => %e, "from" => m.from);
-                false
+                Err(())
             }
         }
+    }
+
+    /// As the leader: a voter's note, on an acknowledgement raft has just stepped.
+    pub(crate) fn on_holder_note(&mut self, from: u64, note: HolderNote) {
+        let r = &self.raw.raft;
+        let Some(x) = self.exposure.as_mut() else {
+            return;
+        };
+        let (Some(tag), StateRole::Leader) = (note.tag, r.state) else {
+            return;
+        };
+        let req = GrantRequest {
+            holder: from,
+            tag,
+            received_ns: self.clock.now_ns(),
+            is_voter: r.prs().conf().voters().contains(from),
+            matched: r.prs().get(from).map_or(0, |p| p.matched),
+        };
+        let until_ns = self
+            .lease
+            .usable_until_ns()
+            .filter(|_| self.lease.term() == Some(r.term));
+        x.on_ack(req, r.term, until_ns);
+    }
+
+    /// As a voter: tag the acknowledgements in `msgs` to the leader.
+    pub(crate) fn tag_acks(&mut self, msgs: &mut [Message]) {
+        let r = &self.raw.raft;
+        if let Some(x) = self.exposure.as_mut() {
+            x.tag_acks(msgs, r.term, r.leader_id, self.clock.now_ns());
+        }
+    }
+
+    /// Whether a read lease this node granted may still be counted at `now_ns` (FOLLOWER.md
+    /// rule 3: until then it does not campaign).
+    pub(crate) fn grants_live(&self, now_ns: u64) -> bool {
+        self.exposure.as_ref().is_some_and(|x| x.counts_any(now_ns))
+    }
+
+    /// Whether this replica holds a follower read lease now.
+    pub fn holds_read_lease(&self) -> bool {
+        let now_ns = self.clock.now_ns();
+        self.exposure
+            .as_ref()
+            .is_some_and(|x| x.holds_read_lease(now_ns))
     }
 }
 
@@ -242,17 +351,25 @@ mod tests {
     fn entries_past_the_exposed_index_wait_for_it() {
         let mut x = Exposure::new(&derived(), 1, 2);
         assert!(x.release(entries(3..=5)).is_empty(), "E is 0: nothing");
-        x.on_note(&LeaderNote {
-            exposed: 4,
-            grant: None,
-        });
+        x.on_note(
+            &LeaderNote {
+                exposed: 4,
+                grant: None,
+            },
+            1,
+            0,
+        );
         assert_eq!(indexes(&x.release(Vec::new())), [3, 4]);
         assert_eq!(x.applied(), 4);
         assert_eq!(indexes(&x.release(entries(6..=6))), Vec::<u64>::new());
-        x.on_note(&LeaderNote {
-            exposed: 3,
-            grant: None,
-        });
+        x.on_note(
+            &LeaderNote {
+                exposed: 3,
+                grant: None,
+            },
+            1,
+            0,
+        );
         assert_eq!(x.exposed(), 4, "E never goes down");
         x.expose(9, true, 0);
         assert_eq!(indexes(&x.release(Vec::new())), [5, 6]);
@@ -273,10 +390,14 @@ mod tests {
         assert!(x.release(entries(1..=4)).is_empty());
         x.on_snapshot(3);
         assert_eq!((x.applied(), x.exposed()), (3, 0));
-        x.on_note(&LeaderNote {
-            exposed: 4,
-            grant: None,
-        });
+        x.on_note(
+            &LeaderNote {
+                exposed: 4,
+                grant: None,
+            },
+            1,
+            0,
+        );
         assert_eq!(indexes(&x.release(Vec::new())), [4]);
     }
 
