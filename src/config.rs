@@ -78,6 +78,9 @@ pub struct TestingKnobs {
     /// Follower read leases: every replica applies up to raft's commit index, not the exposed
     /// index `E`.
     pub apply_to_commit: bool,
+    /// Follower read leases: the leader exposes up to its commit index whatever its holders
+    /// have matched.
+    pub expose_commit: bool,
 }
 
 impl TestingKnobs {
@@ -102,6 +105,7 @@ impl TestingKnobs {
             (self.count_earlier_terms, "count_earlier_terms"),
             (self.release_on_term_move, "release_on_term_move"),
             (self.apply_to_commit, "apply_to_commit"),
+            (self.expose_commit, "expose_commit"),
             (self.count_own_promise, "count_own_promise"),
             (
                 self.forget_removed_fortifications,

@@ -12,7 +12,9 @@ use std::collections::VecDeque;
 use raft::eraftpb::Entry;
 
 use super::*;
-use crate::follower::{Grant, GrantRequest, GrantTable, HolderNote, LeaderNote, ReadLease};
+use crate::follower::{
+    Grant, GrantRequest, GrantTable, HolderNote, LeaderNote, LocalRefusal, ReadLease,
+};
 use std::collections::BTreeMap;
 
 /// The exposed index and the entries held back from the application.
@@ -43,6 +45,14 @@ impl Exposure {
             applied,
             pending: BTreeMap::new(),
         }
+    }
+
+    /// The negative controls the testing knobs ask for.
+    pub(crate) fn with_controls(mut self, knobs: &crate::config::TestingKnobs) -> Self {
+        if knobs.expose_commit {
+            self.table = self.table.control_expose_commit();
+        }
+        self
     }
 
     /// `E`: the largest exposed index this node computed or received. Never goes down.
@@ -305,6 +315,19 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// rule 3: until then it does not campaign).
     pub(crate) fn grants_live(&self, now_ns: u64) -> bool {
         self.exposure.as_ref().is_some_and(|x| x.counts_any(now_ns))
+    }
+
+    /// Whether a read may be served from this replica's local state now, under its follower
+    /// read lease. Read the state first, then ask: a read validated after it was made is
+    /// linearizable. The keys of pending entries are not known here, so any entry in the log
+    /// above what was applied refuses the read ([`LocalRefusal::PendingWrite`]).
+    pub fn check_local_read(&self) -> Result<(), LocalRefusal> {
+        let Some(x) = self.exposure.as_ref() else {
+            return Err(LocalRefusal::NoReadLease);
+        };
+        let applied = x.applied();
+        let pending = self.raw.raft.raft_log.last_index() > applied;
+        x.lease.check_local(self.clock.now_ns(), applied, pending)
     }
 
     /// Whether this replica holds a follower read lease now.

@@ -325,9 +325,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             conf_version: 0,
             ticks_since_round: 0,
             raw_read_states: Vec::new(),
-            exposure: derived
-                .max_grant_ns
-                .map(|_| exposure::Exposure::new(&derived, boot_ns, rc.applied)),
+            exposure: derived.max_grant_ns.map(|_| {
+                let x = exposure::Exposure::new(&derived, boot_ns, rc.applied);
+                x.with_controls(&safeties.testing)
+            }),
         };
         node.reseed_election_timeout();
         node.sync();
