@@ -81,6 +81,9 @@ pub struct TestingKnobs {
     /// Follower read leases: the leader exposes up to its commit index whatever its holders
     /// have matched.
     pub expose_commit: bool,
+    /// Follower read leases: a transfer's `MsgTimeoutNow` leaves at once, while read leases the
+    /// leader granted may still be served.
+    pub no_transfer_wait: bool,
 }
 
 impl TestingKnobs {
@@ -106,6 +109,7 @@ impl TestingKnobs {
             (self.release_on_term_move, "release_on_term_move"),
             (self.apply_to_commit, "apply_to_commit"),
             (self.expose_commit, "expose_commit"),
+            (self.no_transfer_wait, "no_transfer_wait"),
             (self.count_own_promise, "count_own_promise"),
             (
                 self.forget_removed_fortifications,

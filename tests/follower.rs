@@ -142,3 +142,55 @@ fn control_exposing_past_a_holder_serves_stale_follower_reads() {
     eprintln!("control: {stale} stale follower reads over 4 seeds");
     assert!(stale > 0, "no stale follower read found over 4 seeds");
 }
+
+/// Followers hold read leases; appends to the follower that is not the transferee take 3 ms
+/// more; the leader transfers to the other follower in the middle of the load. Returns the
+/// report and whether the transferee led at the end.
+fn run_transfer(c: SimConfig) -> (CheckReport, bool) {
+    let mut sim = SimCluster::new(c);
+    assert!(sim.run_until(2_000, |s| s.leader().is_some()), "no leader");
+    assert!(sim.run_until(500, followers_hold), "no read leases");
+    let l = sim.leader().expect("a leader");
+    let mut others = (1..=3).filter(|&id| id != l);
+    let (to, slow) = (others.next().unwrap(), others.next().unwrap());
+    sim.net_mut().delay(DelayRule {
+        from: None,
+        to: Some(slow),
+        msg_type: Some(MessageType::MsgAppend),
+        extra_ns: 3_000_000,
+    });
+    sim.run_with_load(100, &Load::default());
+    sim.transfer_leader(l, to);
+    sim.run_with_load(400, &Load::default());
+    let led = sim.leader() == Some(to);
+    (sim.check(), led)
+}
+
+#[test]
+fn a_transfer_waits_out_the_read_leases_and_no_holder_serves_a_stale_read() {
+    let mut transferred = 0;
+    for seed in 0..4 {
+        let (report, led) = run_transfer(config(seed));
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:?}",
+            report.violations
+        );
+        transferred += usize::from(led);
+    }
+    assert!(transferred > 0, "no transfer completed in 4 seeds");
+}
+
+/// `MsgTimeoutNow` sent while read leases live: the transferee leads and exposes writes the
+/// late holder has not received, while that holder still serves reads.
+#[test]
+fn control_a_transfer_that_does_not_wait_serves_stale_follower_reads() {
+    let mut stale = 0;
+    for seed in 0..4 {
+        let mut c = config(seed);
+        c.lease.safeties.testing.no_transfer_wait = true;
+        stale += run_transfer(c).0.stale_reads();
+    }
+    eprintln!("control: {stale} stale follower reads over 4 seeds");
+    assert!(stale > 0, "no stale follower read found over 4 seeds");
+}

@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use raft::eraftpb::Entry;
+use raft::eraftpb::{Entry, Message, MessageType};
 
 use super::*;
 use crate::follower::{
@@ -31,6 +31,8 @@ pub(crate) struct Exposure {
     applied: u64,
     /// Grants made and not yet sent, by holder: each leaves on the next append or heartbeat to it.
     pending: BTreeMap<u64, Grant>,
+    /// A `MsgTimeoutNow` held until every read lease this node granted has ended (rule 4).
+    held_timeout_now: Option<Message>,
 }
 
 impl Exposure {
@@ -44,6 +46,7 @@ impl Exposure {
             held: VecDeque::new(),
             applied,
             pending: BTreeMap::new(),
+            held_timeout_now: None,
         }
     }
 
@@ -128,6 +131,45 @@ impl Exposure {
         if let Ok(g) = self.table.grant(req, term, leader_until_ns) {
             self.pending.insert(req.holder, g);
         }
+    }
+
+    /// As the leader of `term` at `now_ns`: a transfer stops every grant in `term`, and its
+    /// `MsgTimeoutNow` waits in the node until every read lease granted has ended.
+    pub(crate) fn hold_timeout_now(&mut self, msgs: &mut Vec<Message>, term: u64, now_ns: u64) {
+        let Some(at) = msgs
+            .iter()
+            .position(|m| m.get_msg_type() == MessageType::MsgTimeoutNow)
+        else {
+            return;
+        };
+        self.table.stop_granting(term);
+        if !self.table.all_ended(now_ns) {
+            self.held_timeout_now = Some(msgs.remove(at));
+        }
+    }
+
+    /// The held `MsgTimeoutNow`, once every read lease has ended, if raft still transfers to
+    /// its addressee in its term; a transfer raft gave up drops it, never to be sent.
+    pub(crate) fn release_timeout_now(
+        &mut self,
+        term: u64,
+        transferee: Option<u64>,
+        now_ns: u64,
+    ) -> Option<Message> {
+        let m = self.held_timeout_now.as_ref()?;
+        if m.term != term || transferee != Some(m.to) {
+            self.held_timeout_now = None;
+            return None;
+        }
+        match self.table.all_ended(now_ns) {
+            true => self.held_timeout_now.take(),
+            false => None,
+        }
+    }
+
+    /// A transfer is under way in `term`: no more grants in it.
+    pub(crate) fn stop_granting(&mut self, term: u64) {
+        self.table.stop_granting(term);
     }
 
     /// Whether this replica's read lease is valid at `now_ns`.
@@ -300,7 +342,31 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             .lease
             .usable_until_ns()
             .filter(|_| self.lease.term() == Some(r.term));
+        if r.lead_transferee.is_some() {
+            x.stop_granting(r.term);
+        }
         x.on_ack(req, r.term, until_ns);
+    }
+
+    /// As the leader: hold a `MsgTimeoutNow` in `msgs` while a read lease lives.
+    pub(crate) fn hold_transfer(&mut self, msgs: &mut Vec<Message>) {
+        let (term, now_ns) = (self.raw.raft.term, self.clock.now_ns());
+        let send_at_once = self.safeties.testing.no_transfer_wait;
+        if let Some(x) = self.exposure.as_mut().filter(|_| !send_at_once) {
+            x.hold_timeout_now(msgs, term, now_ns);
+        }
+    }
+
+    /// The held `MsgTimeoutNow`, once it may leave.
+    pub(crate) fn released_transfer(&mut self) -> Option<Message> {
+        let r = &self.raw.raft;
+        let (term, transferee) = (r.term, r.lead_transferee);
+        let leading = r.state == StateRole::Leader;
+        let now_ns = self.clock.now_ns();
+        let x = self.exposure.as_mut()?;
+        let m = x.release_timeout_now(term, transferee.filter(|_| leading), now_ns)?;
+        info!(self.logger, "read leases ended: MsgTimeoutNow leaves"; "to" => m.to, "term" => term);
+        Some(m)
     }
 
     /// As a voter: tag the acknowledgements in `msgs` to the leader.

@@ -80,6 +80,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
         self.rounds
             .prune_before(now_ns.saturating_sub(self.derived.lease_ns));
+        self.hold_transfer(&mut msgs);
         if let Some(x) = self.exposure.as_mut() {
             x.annotate(&mut msgs);
         }
