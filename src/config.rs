@@ -283,7 +283,9 @@ pub struct LeaseConfig {
     /// the largest value it ran with and passes it here (the example KV does).
     pub prior_promise_ms: u64,
     /// Read leases for followers: every voter serves linearizable reads locally while it holds
-    /// one (see [`crate::follower`]). Off (`None`) by default.
+    /// one (see [`crate::follower`] and `docs/follower.md`). Off (`None`) by default.
+    /// Experimental: give-ups, keys per pending entry and the randomized simulation with it on
+    /// are not built yet; do not turn it on in production.
     pub follower_leases: Option<FollowerLeases>,
 }
 
