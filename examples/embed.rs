@@ -169,7 +169,9 @@ fn reader(c: &Cluster) {
                 let (reply, answer) = bounded(1);
                 let _ = c.inboxes[i].send(Input::Get(reply)); // a dead node never answers
                 match answer.recv_timeout(Duration::from_millis(300)) {
-                    Ok(Ok((v, ReadKind::Lease))) => Ok((v, RAFT_THREAD[0])),
+                    Ok(Ok((v, ReadKind::Lease | ReadKind::FollowerLease))) => {
+                        Ok((v, RAFT_THREAD[0]))
+                    }
                     Ok(Ok((v, ReadKind::Index))) => Ok((v, RAFT_THREAD[1])),
                     Ok(Err(_not_leader)) => Err(REFUSED),
                     Err(_dead_or_slow) => Err(UNANSWERED),

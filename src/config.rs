@@ -75,6 +75,15 @@ pub struct TestingKnobs {
     /// so a replica of the group hosted there again votes at once although the leader may still
     /// count the old one.
     pub forget_removed_fortifications: bool,
+    /// Follower read leases: every replica applies up to raft's commit index, not the exposed
+    /// index `E`.
+    pub apply_to_commit: bool,
+    /// Follower read leases: the leader exposes up to its commit index whatever its holders
+    /// have matched.
+    pub expose_commit: bool,
+    /// Follower read leases: a transfer's `MsgTimeoutNow` leaves at once, while read leases the
+    /// leader granted may still be served.
+    pub no_transfer_wait: bool,
 }
 
 impl TestingKnobs {
@@ -98,6 +107,9 @@ impl TestingKnobs {
             (self.end_epoch_at_once, "end_epoch_at_once"),
             (self.count_earlier_terms, "count_earlier_terms"),
             (self.release_on_term_move, "release_on_term_move"),
+            (self.apply_to_commit, "apply_to_commit"),
+            (self.expose_commit, "expose_commit"),
+            (self.no_transfer_wait, "no_transfer_wait"),
             (self.count_own_promise, "count_own_promise"),
             (
                 self.forget_removed_fortifications,
@@ -270,6 +282,22 @@ pub struct LeaseConfig {
     /// the promise its previous run made. An application that lets `promise_ms` change persists
     /// the largest value it ran with and passes it here (the example KV does).
     pub prior_promise_ms: u64,
+    /// Read leases for followers: every voter serves linearizable reads locally while it holds
+    /// one (see [`crate::follower`] and `docs/follower.md`). Off (`None`) by default.
+    /// Experimental: give-ups, keys per pending entry and the randomized simulation with it on
+    /// are not built yet; do not turn it on in production.
+    pub follower_leases: Option<FollowerLeases>,
+}
+
+/// Follower read leases' settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FollowerLeases {
+    /// `G`: the longest read lease the leader grants, on its own clock. A grant is also capped
+    /// by what is left of the leader's own lease. A transfer waits for every read lease to end,
+    /// so `G` must stay well below raft's election timeout (raft gives a transfer up after one):
+    /// at most half of it. A holder renews with every acknowledgement, so `G` must exceed one
+    /// heartbeat interval.
+    pub max_grant_ms: u64,
 }
 
 impl Default for LeaseConfig {
@@ -288,6 +316,7 @@ impl Default for LeaseConfig {
             safeties: Safeties::default(),
             seed: 0,
             prior_promise_ms: 0,
+            follower_leases: None,
         }
     }
 }
@@ -340,6 +369,29 @@ pub enum ConfigError {
     /// The tick interval is zero.
     #[error("tick_ms must be positive")]
     ZeroTick,
+    /// `G` is not below half of raft's minimum election timeout: a transfer, which waits every
+    /// read lease out, would be given up by raft.
+    #[error(
+        "follower max_grant_ms {max_grant_ms} is not below half the election timeout of \
+         {election_ms} ms: transfers would be given up"
+    )]
+    GrantTooLong {
+        /// The configured `G`.
+        max_grant_ms: u64,
+        /// `min_election_tick × tick_ms`.
+        election_ms: u64,
+    },
+    /// `G` does not exceed one heartbeat interval: read leases would lapse between renewals.
+    #[error(
+        "follower max_grant_ms {max_grant_ms} is not above the heartbeat interval of \
+         {heartbeat_ms} ms"
+    )]
+    GrantNotAboveHeartbeat {
+        /// The configured `G`.
+        max_grant_ms: u64,
+        /// `heartbeat_tick × tick_ms`.
+        heartbeat_ms: u64,
+    },
 }
 
 /// The durations a valid [`LeaseConfig`] implies, in nanoseconds.
@@ -361,6 +413,8 @@ pub struct Derived {
     /// (uniform, seeded): the spread of raft's randomized election timeout, which the hold
     /// would otherwise collapse, and at least one tick.
     pub campaign_jitter_ns: u64,
+    /// `G`, when follower read leases are on.
+    pub max_grant_ns: Option<u64>,
 }
 
 impl LeaseConfig {
@@ -405,6 +459,7 @@ impl LeaseConfig {
                 heartbeat_ms,
             });
         }
+        let max_grant_ns = self.check_follower_leases(election_ms, heartbeat_ms)?;
         let promise_ns = self.promise_ms * NS_PER_MS;
         let derived = Derived {
             promise_ns,
@@ -414,6 +469,7 @@ impl LeaseConfig {
             margin_ns: self.margin_ms * NS_PER_MS,
             renew_before_ns: lease_ns / 100 * self.renew_below_pct,
             campaign_jitter_ns: self.campaign_jitter_ms(raft, tick_ms) * NS_PER_MS,
+            max_grant_ns,
         };
         assert!(
             derived.lease_ns < derived.promise_ns || self.drift_ppm == 0 && self.margin_ms == 0
@@ -422,6 +478,31 @@ impl LeaseConfig {
             derived.lease_ns > heartbeat_ms * NS_PER_MS && derived.lease_ns <= derived.promise_ns
         );
         Ok(derived)
+    }
+
+    /// `G` in nanoseconds if follower read leases are on and `G` fits between one heartbeat
+    /// interval and half the election timeout.
+    fn check_follower_leases(
+        &self,
+        election_ms: u64,
+        heartbeat_ms: u64,
+    ) -> Result<Option<u64>, ConfigError> {
+        let Some(f) = self.follower_leases else {
+            return Ok(None);
+        };
+        if f.max_grant_ms.saturating_mul(2) >= election_ms {
+            return Err(ConfigError::GrantTooLong {
+                max_grant_ms: f.max_grant_ms,
+                election_ms,
+            });
+        }
+        if f.max_grant_ms <= heartbeat_ms {
+            return Err(ConfigError::GrantNotAboveHeartbeat {
+                max_grant_ms: f.max_grant_ms,
+                heartbeat_ms,
+            });
+        }
+        Ok(Some(f.max_grant_ms * NS_PER_MS))
     }
 
     fn campaign_jitter_ms(&self, raft: &raft::Config, tick_ms: u64) -> u64 {
@@ -534,6 +615,40 @@ mod tests {
             "no valid ρ"
         );
         assert_eq!(d.lease_for_promise_ns(5_000_000, 10_000), 0, "eaten by ε");
+    }
+
+    #[test]
+    fn follower_grants_fit_between_a_heartbeat_and_half_an_election_timeout() {
+        let with = |max_grant_ms| LeaseConfig {
+            follower_leases: Some(FollowerLeases { max_grant_ms }),
+            ..cfg(1_000, 10_000, 10)
+        };
+        // election 1,000 ms, heartbeat 100 ms.
+        let d = with(300).validate(&raft(10, 1), 100).unwrap();
+        assert_eq!(d.max_grant_ns, Some(300_000_000));
+        assert_eq!(
+            cfg(1_000, 10_000, 10)
+                .validate(&raft(10, 1), 100)
+                .unwrap()
+                .max_grant_ns,
+            None
+        );
+        assert_eq!(
+            with(500).validate(&raft(10, 1), 100),
+            Err(ConfigError::GrantTooLong {
+                max_grant_ms: 500,
+                election_ms: 1_000
+            })
+        );
+        assert!(with(499).validate(&raft(10, 1), 100).is_ok());
+        assert_eq!(
+            with(100).validate(&raft(10, 1), 100),
+            Err(ConfigError::GrantNotAboveHeartbeat {
+                max_grant_ms: 100,
+                heartbeat_ms: 100
+            })
+        );
+        assert!(with(101).validate(&raft(10, 1), 100).is_ok());
     }
 
     #[test]

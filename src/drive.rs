@@ -211,25 +211,53 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     ) -> Result<(), E> {
         // ReadIndex reads started since the last call share one round.
         self.issue_index_round();
+        self.release_exposed(&mut step)?;
         while self.has_ready() {
             let mut rd = self.ready();
             let msgs = self.take_messages(&mut rd);
             step(self, ReadyStep::Send(msgs))?;
             if !rd.snapshot().is_empty() {
+                let index = rd.snapshot().get_metadata().index;
                 step(self, ReadyStep::InstallSnapshot(rd.snapshot().clone()))?;
+                self.exposure_on_snapshot(index);
             }
-            step(self, ReadyStep::Apply(rd.take_committed_entries()))?;
+            self.expose_now();
+            let committed = self.hold_back(rd.take_committed_entries());
+            step(self, ReadyStep::Apply(committed))?;
             step(self, ReadyStep::Persist(rd.entries(), rd.hs()))?;
             let msgs = self.take_persisted_messages(&mut rd);
             step(self, ReadyStep::Send(msgs))?;
-            let mut light = self.advance(rd);
+            let mut light = self.advance_for_exposure(rd);
             if let Some(commit) = light.commit_index() {
                 step(self, ReadyStep::SetCommit(commit))?;
             }
+            self.expose_now();
             let msgs = self.take_light_messages(&mut light);
             step(self, ReadyStep::Send(msgs))?;
-            step(self, ReadyStep::Apply(light.take_committed_entries()))?;
-            self.advance_apply();
+            let committed = self.hold_back(light.take_committed_entries());
+            step(self, ReadyStep::Apply(committed))?;
+            self.advance_applied();
+        }
+        Ok(())
+    }
+
+    /// With follower leases: hand the application the held entries `E` now covers (it may have
+    /// moved with a step, outside any `Ready`).
+    fn release_exposed<E>(
+        &mut self,
+        step: &mut impl FnMut(&mut Self, ReadyStep<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if self.exposed().is_none() {
+            return Ok(());
+        }
+        if let Some(m) = self.released_transfer() {
+            step(self, ReadyStep::Send(vec![m]))?;
+        }
+        self.expose_now();
+        let released = self.hold_back(Vec::new());
+        if !released.is_empty() {
+            step(self, ReadyStep::Apply(released))?;
+            self.advance_applied();
         }
         Ok(())
     }

@@ -214,6 +214,7 @@ mod tests {
             margin_ns: 0,
             renew_before_ns: 300,
             campaign_jitter_ns: 0,
+            max_grant_ns: None,
         });
         l.start_term(5);
         l.on_commit_in_term(5);
@@ -272,6 +273,7 @@ mod tests {
             margin_ns: 0,
             renew_before_ns: 300,
             campaign_jitter_ns: 0,
+            max_grant_ns: None,
         });
         l.start_term(7);
         l.on_quorum_ack(7, 100, L);

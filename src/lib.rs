@@ -413,7 +413,7 @@ pub mod sim;
 pub mod status;
 
 pub use clock::{BootClock, Clock, MonotonicClock, SimClock};
-pub use config::{ConfigError, Derived, LeaseConfig, Safeties};
+pub use config::{ConfigError, Derived, FollowerLeases, LeaseConfig, Safeties};
 pub use ctx::ReservedContext;
 pub use drive::{Collect, MemApp, ReadyIo};
 pub use handle::ReadHandle;

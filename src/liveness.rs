@@ -489,6 +489,7 @@ mod tests {
             margin_ns: 0,
             renew_before_ns: 90,
             campaign_jitter_ns: 0,
+            max_grant_ns: None,
         }
     }
 

@@ -46,6 +46,8 @@ pub enum ReadKind {
     Lease,
     /// After a ReadIndex quorum round.
     Index,
+    /// From local state on a voter under its follower read lease, with no message.
+    FollowerLease,
 }
 
 impl ReadKind {
@@ -54,6 +56,7 @@ impl ReadKind {
         match self {
             ReadKind::Lease => "lease",
             ReadKind::Index => "index",
+            ReadKind::FollowerLease => "follower_lease",
         }
     }
 }

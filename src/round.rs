@@ -393,6 +393,7 @@ mod tests {
             margin_ns: 0,
             renew_before_ns: 30,
             campaign_jitter_ns: 0,
+            max_grant_ns: None,
         });
         lease.start_term(1);
         lease.on_commit_in_term(1);

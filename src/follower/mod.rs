@@ -25,10 +25,12 @@
 pub mod grants;
 pub mod holder;
 pub mod pending;
+pub mod wire;
 
 pub use grants::{AckTag, Grant, GrantRequest, GrantTable, Refusal};
 pub use holder::{LocalRefusal, ReadLease};
 pub use pending::{Keys, PendingKeys};
+pub use wire::{HolderNote, LeaderNote, WireError};
 
 #[cfg(test)]
 mod props;

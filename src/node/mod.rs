@@ -33,6 +33,7 @@ use crate::read::{ReadError, ReadId, ReadKind, ReadMode, ReadQueue, ServedRead};
 use crate::round::RoundTracker;
 use crate::status::{CounterSnapshot, Counters, LeaseStatus};
 
+mod exposure;
 mod leadership;
 mod publish;
 mod reads;
@@ -229,6 +230,8 @@ pub struct LeaseNode<S: Storage, C: Clock> {
     ticks_since_round: u64,
     /// Answers to [`LeaseNode::raw_read_index`] calls, for the caller to take.
     raw_read_states: Vec<raft::ReadState>,
+    /// Follower read leases: the exposed index and the entries held back to it (`None`: off).
+    exposure: Option<exposure::Exposure>,
 }
 
 /// A node that goes away takes its lease with it: its read handles (clones may live on other
@@ -322,6 +325,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             conf_version: 0,
             ticks_since_round: 0,
             raw_read_states: Vec::new(),
+            exposure: derived.max_grant_ns.map(|_| {
+                let x = exposure::Exposure::new(&derived, boot_ns, rc.applied);
+                x.with_controls(&safeties.testing)
+            }),
         };
         node.reseed_election_timeout();
         node.sync();

@@ -84,7 +84,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             .fetch_add(served.fallbacks, std::sync::atomic::Ordering::Relaxed);
         for r in &served.reads {
             match r.result {
-                Ok((_, ReadKind::Lease)) => Counters::bump(&c.lease_reads),
+                Ok((_, ReadKind::Lease | ReadKind::FollowerLease)) => {
+                    Counters::bump(&c.lease_reads)
+                }
                 Ok((_, ReadKind::Index)) => Counters::bump(&c.index_reads),
                 Err(ReadError::LeaseNotHeld) => Counters::bump(&c.lease_refusals),
                 Err(_) => {}

@@ -50,6 +50,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub(super) fn stamp(&mut self, mut msgs: Vec<Message>) -> Vec<Message> {
         if self.raw.raft.state != StateRole::Leader {
             self.stamp_acks(&mut msgs);
+            self.tag_acks(&mut msgs);
             return msgs;
         }
         let (id, term, now_ns) = (self.raw.raft.id, self.raw.raft.term, self.clock.now_ns());
@@ -79,6 +80,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
         self.rounds
             .prune_before(now_ns.saturating_sub(self.derived.lease_ns));
+        self.hold_transfer(&mut msgs);
+        if let Some(x) = self.exposure.as_mut() {
+            x.annotate(&mut msgs);
+        }
         msgs
     }
 

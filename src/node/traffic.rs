@@ -23,6 +23,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// Step a message from a peer. Votes under the promise are dropped; heartbeat
     /// acknowledgements extend the lease; a leader's message renews this node's promise.
     pub fn step(&mut self, mut m: Message) -> raft::Result<()> {
+        let Ok(holder_note) = self.take_note(&mut m) else {
+            return Ok(());
+        };
         match m.get_msg_type() {
             MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
                 if !self.vote_allowed(&m) =>
@@ -44,6 +47,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if from_leader && result.is_ok() {
             self.on_leader_message(from, term);
         }
+        if let (Some(note), Ok(())) = (holder_note, &result) {
+            self.on_holder_note(from, note);
+        }
         self.sync();
         result
     }
@@ -61,6 +67,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             return true;
         }
         let (id, now_ns) = (r.id, self.clock.now_ns());
+        if self.grants_live(now_ns) {
+            return true; // a read lease it granted may still be served: no new term of its own
+        }
         let until_ns = self.promise.until_ns();
         if let VoteDecision::Refuse { .. } = self.promise.check_vote(id, now_ns) {
             debug_assert!(now_ns < until_ns);

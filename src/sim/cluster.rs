@@ -601,6 +601,30 @@ impl SimCluster {
         op
     }
 
+    /// Read `key` from `node`'s local state under its follower read lease: read first, then
+    /// validate ([`crate::LeaseNode::check_local_read`]); a refused read fails.
+    pub fn follower_get(&mut self, node: u64, key: &[u8]) -> OpId {
+        let op = self
+            .history
+            .invoke(node, OpKind::Get { key: key.to_vec() }, self.now_ns);
+        let result = match self.live_index(node) {
+            None => OpResult::Failed("unavailable".into()),
+            Some(idx) => {
+                let n = &self.nodes[idx];
+                let value = n.kv.get(key);
+                match n.node.as_ref().expect("live").check_local_read() {
+                    Ok(()) => OpResult::Read {
+                        value,
+                        served: crate::ReadKind::FollowerLease,
+                    },
+                    Err(e) => OpResult::Failed(format!("{e:?}")),
+                }
+            }
+        };
+        self.history.complete(op, result, self.now_ns);
+        op
+    }
+
     /// Read `key` through `node`'s [`crate::ReadHandle`], as an application thread would.
     pub fn handle_get(&mut self, node: u64, key: &[u8]) -> OpId {
         let op = self
@@ -933,10 +957,19 @@ impl SimCluster {
             }
             if self.now_ns >= next_read {
                 next_read += read_ns;
-                for node in self.self_believed_leaders() {
+                let leaders = self.self_believed_leaders();
+                for &node in &leaders {
                     self.get(node, &key, load.read_mode);
                     if load.handle_reads {
                         self.handle_get(node, &key);
+                    }
+                }
+                if self.config.lease.follower_leases.is_some() {
+                    let others: Vec<u64> = (1..=self.nodes.len() as u64)
+                        .filter(|id| !leaders.contains(id))
+                        .collect();
+                    for node in others {
+                        self.follower_get(node, &key);
                     }
                 }
             }

@@ -242,6 +242,8 @@ pub struct CheckReport {
     pub reads_checked: usize,
     /// Of those, reads served under the lease.
     pub lease_reads_checked: usize,
+    /// Of those, reads served on a follower under its read lease.
+    pub follower_reads_checked: usize,
     /// Acknowledged writes.
     pub writes_acked: usize,
     /// Instants at which the lease monitor checked every node's lease.
@@ -358,6 +360,7 @@ impl History {
             };
             report.reads_checked += 1;
             report.lease_reads_checked += usize::from(*served == ReadKind::Lease);
+            report.follower_reads_checked += usize::from(*served == ReadKind::FollowerLease);
             check_read_source(read, value, *complete_ns, &by_revision, report);
             let revision = value.as_ref().map_or(0, |(_, r)| *r);
             checked.push(Done {

@@ -168,6 +168,7 @@ fn configs(o: &NodeOptions, prior_ms: u64) -> (raft::Config, raft_lease::LeaseCo
         safeties: safeties(o),
         seed: o.id,
         prior_promise_ms: prior_ms,
+        follower_leases: None,
     };
     (rc, lease)
 }

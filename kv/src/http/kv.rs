@@ -75,7 +75,7 @@ pub async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
     match ask(app, req, rx).await? {
         ReadReply::Value { answer, kind } => {
             let h = match kind {
-                ReadKind::Lease => &app.metrics.lease_read_seconds,
+                ReadKind::Lease | ReadKind::FollowerLease => &app.metrics.lease_read_seconds,
                 ReadKind::Index => &app.metrics.index_read_seconds,
             };
             h.observe(t.elapsed().as_secs_f64());
