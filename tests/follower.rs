@@ -93,6 +93,17 @@ fn control_replicas_applying_up_to_raft_commit_are_caught() {
     run(c);
 }
 
+/// Appends to `slow` take 3 ms more: it acknowledges every heartbeat at once but receives each
+/// write late.
+fn slow_appends_to(sim: &mut SimCluster, slow: u64) {
+    sim.net_mut().delay(DelayRule {
+        from: None,
+        to: Some(slow),
+        msg_type: Some(MessageType::MsgAppend),
+        extra_ns: 3_000_000,
+    });
+}
+
 /// After the followers hold read leases, appends to one of them take 3 ms more: it acknowledges
 /// every heartbeat at once but receives each write late. Its reads are checked.
 fn run_slow_holder(c: SimConfig) -> CheckReport {
@@ -101,12 +112,7 @@ fn run_slow_holder(c: SimConfig) -> CheckReport {
     assert!(sim.run_until(500, followers_hold), "no read leases");
     let l = sim.leader().expect("a leader");
     let slow = (1..=3).find(|&id| id != l).expect("a follower");
-    sim.net_mut().delay(DelayRule {
-        from: None,
-        to: Some(slow),
-        msg_type: Some(MessageType::MsgAppend),
-        extra_ns: 3_000_000,
-    });
+    slow_appends_to(&mut sim, slow);
     sim.run_with_load(400, &Load::default());
     sim.check()
 }
@@ -153,12 +159,7 @@ fn run_transfer(c: SimConfig) -> (CheckReport, bool) {
     let l = sim.leader().expect("a leader");
     let mut others = (1..=3).filter(|&id| id != l);
     let (to, slow) = (others.next().unwrap(), others.next().unwrap());
-    sim.net_mut().delay(DelayRule {
-        from: None,
-        to: Some(slow),
-        msg_type: Some(MessageType::MsgAppend),
-        extra_ns: 3_000_000,
-    });
+    slow_appends_to(&mut sim, slow);
     sim.run_with_load(100, &Load::default());
     sim.transfer_leader(l, to);
     sim.run_with_load(400, &Load::default());

@@ -604,45 +604,40 @@ impl SimCluster {
     /// Read `key` from `node`'s local state under its follower read lease: read first, then
     /// validate ([`crate::LeaseNode::check_local_read`]); a refused read fails.
     pub fn follower_get(&mut self, node: u64, key: &[u8]) -> OpId {
-        let op = self
-            .history
-            .invoke(node, OpKind::Get { key: key.to_vec() }, self.now_ns);
-        let result = match self.live_index(node) {
-            None => OpResult::Failed("unavailable".into()),
-            Some(idx) => {
-                let n = &self.nodes[idx];
-                let value = n.kv.get(key);
-                match n.node.as_ref().expect("live").check_local_read() {
-                    Ok(()) => OpResult::Read {
-                        value,
-                        served: crate::ReadKind::FollowerLease,
-                    },
-                    Err(e) => OpResult::Failed(format!("{e:?}")),
-                }
+        self.local_get(node, key, |n| {
+            let value = n.kv.get(key);
+            match n.node.as_ref().expect("live").check_local_read() {
+                Ok(()) => OpResult::Read {
+                    value,
+                    served: crate::ReadKind::FollowerLease,
+                },
+                Err(e) => OpResult::Failed(format!("{e:?}")),
             }
-        };
-        self.history.complete(op, result, self.now_ns);
-        op
+        })
     }
 
     /// Read `key` through `node`'s [`crate::ReadHandle`], as an application thread would.
     pub fn handle_get(&mut self, node: u64, key: &[u8]) -> OpId {
+        self.local_get(node, key, |n| {
+            let handle = n.node.as_ref().expect("live").read_handle();
+            match handle.try_read(|| n.kv.get(key)) {
+                Ok(value) => OpResult::Read {
+                    value,
+                    served: crate::ReadKind::Lease,
+                },
+                Err(e) => OpResult::Failed(e.to_string()),
+            }
+        })
+    }
+
+    /// A read of `key` served at `node` with no raft step, by `serve`, recorded in the history.
+    fn local_get(&mut self, node: u64, key: &[u8], serve: impl Fn(&SimNode) -> OpResult) -> OpId {
         let op = self
             .history
             .invoke(node, OpKind::Get { key: key.to_vec() }, self.now_ns);
         let result = match self.live_index(node) {
             None => OpResult::Failed("unavailable".into()),
-            Some(idx) => {
-                let n = &self.nodes[idx];
-                let handle = n.node.as_ref().expect("live").read_handle();
-                match handle.try_read(|| n.kv.get(key)) {
-                    Ok(value) => OpResult::Read {
-                        value,
-                        served: crate::ReadKind::Lease,
-                    },
-                    Err(e) => OpResult::Failed(e.to_string()),
-                }
-            }
+            Some(idx) => serve(&self.nodes[idx]),
         };
         self.history.complete(op, result, self.now_ns);
         op
