@@ -250,8 +250,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if self.exposed().is_none() {
             return Ok(());
         }
-        if let Some(m) = self.released_transfer() {
-            step(self, ReadyStep::Send(vec![m]))?;
+        let released = self.released_transfer();
+        if !released.is_empty() {
+            step(self, ReadyStep::Send(released))?;
         }
         self.expose_now();
         let released = self.hold_back(Vec::new());

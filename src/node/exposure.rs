@@ -31,8 +31,8 @@ pub(crate) struct Exposure {
     applied: u64,
     /// Grants made and not yet sent, by holder: each leaves on the next append or heartbeat to it.
     pending: BTreeMap<u64, Grant>,
-    /// A `MsgTimeoutNow` held until every read lease this node granted has ended (rule 4).
-    held_timeout_now: Option<Message>,
+    /// `MsgTimeoutNow`s held until every read lease this node granted has ended (rule 4).
+    held_timeout_now: Vec<Message>,
 }
 
 impl Exposure {
@@ -46,7 +46,7 @@ impl Exposure {
             held: VecDeque::new(),
             applied,
             pending: BTreeMap::new(),
-            held_timeout_now: None,
+            held_timeout_now: Vec::new(),
         }
     }
 
@@ -133,37 +133,35 @@ impl Exposure {
         }
     }
 
-    /// As the leader of `term` at `now_ns`: a transfer stops every grant in `term`, and its
+    /// As the leader of `term` at `now_ns`: a transfer stops every grant in `term`, and every
     /// `MsgTimeoutNow` waits in the node until every read lease granted has ended.
     pub(crate) fn hold_timeout_now(&mut self, msgs: &mut Vec<Message>, term: u64, now_ns: u64) {
-        let Some(at) = msgs
-            .iter()
-            .position(|m| m.get_msg_type() == MessageType::MsgTimeoutNow)
-        else {
+        let is_timeout_now = |m: &Message| m.get_msg_type() == MessageType::MsgTimeoutNow;
+        if !msgs.iter().any(is_timeout_now) {
             return;
-        };
+        }
         self.table.stop_granting(term);
         if !self.table.all_ended(now_ns) {
-            self.held_timeout_now = Some(msgs.remove(at));
+            let (held, rest): (Vec<Message>, Vec<Message>) =
+                msgs.drain(..).partition(is_timeout_now);
+            self.held_timeout_now.extend(held);
+            *msgs = rest;
         }
     }
 
-    /// The held `MsgTimeoutNow`, once every read lease has ended, if raft still transfers to
-    /// its addressee in its term; a transfer raft gave up drops it, never to be sent.
+    /// The held `MsgTimeoutNow`s that may leave: once every read lease has ended, those raft
+    /// still sends, to its transferee in its term. The others are dropped, never to be sent.
     pub(crate) fn release_timeout_now(
         &mut self,
         term: u64,
         transferee: Option<u64>,
         now_ns: u64,
-    ) -> Option<Message> {
-        let m = self.held_timeout_now.as_ref()?;
-        if m.term != term || transferee != Some(m.to) {
-            self.held_timeout_now = None;
-            return None;
-        }
+    ) -> Vec<Message> {
+        self.held_timeout_now
+            .retain(|m| m.term == term && transferee == Some(m.to));
         match self.table.all_ended(now_ns) {
-            true => self.held_timeout_now.take(),
-            false => None,
+            true => std::mem::take(&mut self.held_timeout_now),
+            false => Vec::new(),
         }
     }
 
@@ -348,25 +346,35 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         x.on_ack(req, r.term, until_ns);
     }
 
-    /// As the leader: hold a `MsgTimeoutNow` in `msgs` while a read lease lives.
+    /// Hold every `MsgTimeoutNow` in `msgs` while a read lease lives; a node that no longer
+    /// leads (it stepped down with one still queued) sends none.
     pub(crate) fn hold_transfer(&mut self, msgs: &mut Vec<Message>) {
-        let (term, now_ns) = (self.raw.raft.term, self.clock.now_ns());
+        let r = &self.raw.raft;
+        let (term, leading, now_ns) = (r.term, r.state == StateRole::Leader, self.clock.now_ns());
         let send_at_once = self.safeties.testing.no_transfer_wait;
-        if let Some(x) = self.exposure.as_mut().filter(|_| !send_at_once) {
-            x.hold_timeout_now(msgs, term, now_ns);
+        let Some(x) = self.exposure.as_mut().filter(|_| !send_at_once) else {
+            return;
+        };
+        match leading {
+            true => x.hold_timeout_now(msgs, term, now_ns),
+            false => msgs.retain(|m| m.get_msg_type() != MessageType::MsgTimeoutNow),
         }
     }
 
-    /// The held `MsgTimeoutNow`, once it may leave.
-    pub(crate) fn released_transfer(&mut self) -> Option<Message> {
+    /// The held `MsgTimeoutNow`s that may leave now.
+    pub(crate) fn released_transfer(&mut self) -> Vec<Message> {
         let r = &self.raw.raft;
         let (term, transferee) = (r.term, r.lead_transferee);
         let leading = r.state == StateRole::Leader;
         let now_ns = self.clock.now_ns();
-        let x = self.exposure.as_mut()?;
-        let m = x.release_timeout_now(term, transferee.filter(|_| leading), now_ns)?;
-        info!(self.logger, "read leases ended: MsgTimeoutNow leaves"; "to" => m.to, "term" => term);
-        Some(m)
+        let Some(x) = self.exposure.as_mut() else {
+            return Vec::new();
+        };
+        let out = x.release_timeout_now(term, transferee.filter(|_| leading), now_ns);
+        if !out.is_empty() {
+            info!(self.logger, "read leases ended: MsgTimeoutNow leaves"; "term" => term);
+        }
+        out
     }
 
     /// As a voter: tag the acknowledgements in `msgs` to the leader.
@@ -392,6 +400,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             return Err(LocalRefusal::NoReadLease);
         };
         let applied = x.applied();
+        if applied > x.exposed() {
+            return Err(LocalRefusal::NoReadLease); // a snapshot above E: none until E catches up
+        }
         let pending = self.raw.raft.raft_log.last_index() > applied;
         x.lease.check_local(self.clock.now_ns(), applied, pending)
     }
@@ -488,6 +499,47 @@ mod tests {
             0,
         );
         assert_eq!(indexes(&x.release(Vec::new())), [4]);
+    }
+
+    #[test]
+    fn every_timeout_now_waits_for_the_grants_and_only_the_current_transferee_gets_one() {
+        let mut x = Exposure::new(&derived(), 1, 0);
+        let tag = crate::follower::AckTag {
+            term: 2,
+            boot: 9,
+            seq: 1,
+        };
+        let req = GrantRequest {
+            holder: 3,
+            tag,
+            received_ns: 1_000,
+            is_voter: true,
+            matched: 0,
+        };
+        x.on_ack(req, 2, Some(1_000_000_000));
+        let timeout_now = |to| Message {
+            msg_type: MessageType::MsgTimeoutNow.into(),
+            to,
+            term: 2,
+            ..Default::default()
+        };
+        let mut msgs = vec![timeout_now(4), Message::default(), timeout_now(5)];
+        x.hold_timeout_now(&mut msgs, 2, 2_000);
+        assert_eq!(msgs.len(), 1, "both held, the rest sent");
+        assert!(
+            x.release_timeout_now(2, Some(5), 2_000).is_empty(),
+            "a grant lives"
+        );
+        let out = x.release_timeout_now(2, Some(5), u64::MAX);
+        assert_eq!(
+            out.iter().map(|m| m.to).collect::<Vec<_>>(),
+            [5],
+            "only to the transferee"
+        );
+        assert!(
+            x.release_timeout_now(2, Some(5), u64::MAX).is_empty(),
+            "sent once"
+        );
     }
 
     #[test]

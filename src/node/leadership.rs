@@ -80,7 +80,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// Start an election now.
     ///
-    /// Refused while this node's promise holds: its vote for itself would break the promise.
+    /// Refused while this node's promise holds: its vote for itself would break the promise; and,
+    /// with follower leases, while a read lease it granted may still be served.
     pub fn campaign(&mut self) -> Result<(), CampaignError> {
         if self.safeties.campaign_hold() {
             let decision = self
@@ -89,6 +90,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             if let VoteDecision::Refuse { remaining_ns, .. } = decision {
                 return Err(CampaignError::PromiseHolds { remaining_ns });
             }
+        }
+        if self.grants_live(self.clock.now_ns()) {
+            return Err(CampaignError::GrantsLive);
         }
         let r = self.raw.campaign();
         self.sync();

@@ -69,6 +69,10 @@ pub enum CampaignError {
         /// Time left on the promise, in nanoseconds.
         remaining_ns: u64,
     },
+    /// A follower read lease this node granted may still be served: a term of its own could
+    /// expose writes its holder lacks (follower leases only).
+    #[error("a read lease this node granted may still be served")]
+    GrantsLive,
     /// raft refused.
     #[error("raft: {0}")]
     Raft(#[from] raft::Error),

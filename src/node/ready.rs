@@ -51,6 +51,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if self.raw.raft.state != StateRole::Leader {
             self.stamp_acks(&mut msgs);
             self.tag_acks(&mut msgs);
+            self.hold_transfer(&mut msgs);
             return msgs;
         }
         let (id, term, now_ns) = (self.raw.raft.id, self.raw.raft.term, self.clock.now_ns());
