@@ -518,7 +518,7 @@ mod tests {
         };
         x.on_ack(req, 2, Some(1_000_000_000));
         let timeout_now = |to| Message {
-            msg_type: MessageType::MsgTimeoutNow.into(),
+            msg_type: MessageType::MsgTimeoutNow,
             to,
             term: 2,
             ..Default::default()
