@@ -240,24 +240,22 @@ fn bench(
     let nodes: Vec<String> = (1..=layout.nodes)
         .map(|id| format!("127.0.0.1:{}", layout.http_port(id)))
         .collect();
+    let leader = nodes.iter().position(|n| *n == addr).unwrap_or(0);
     let mut cells = Vec::new();
     for &clients in &args.clients {
         for op in ["put", "get_lease", "get_index"] {
-            let before = batches(&addr);
-            let scraped: Vec<Scrape> = nodes.iter().map(|a| Scrape::of(a)).collect();
+            let before: Vec<Scrape> = nodes.iter().map(|a| Scrape::of(a)).collect();
             let cpu_before = CpuSample::now(pids);
             let mut cell = load(&addr, op, clients, args)?;
+            let after: Vec<Scrape> = nodes.iter().map(|a| Scrape::of(a)).collect();
             if op == "put" {
-                let after: Vec<Scrape> = nodes.iter().map(|a| Scrape::of(a)).collect();
-                cell.stages = Some(stages_of(&cell, &addr, &nodes, &scraped, &after));
+                cell.stages = Some(stages_of(&cell, leader, &before, &after));
             }
             cell.engine = engine.name();
             cell.cpu = cpu_before
                 .zip(CpuSample::now(pids))
                 .map(|(b, a)| b.cost(&a, cell.ops_per_s * cell.seconds));
-            let after = batches(&addr);
-            let per_batch = (after.0 - before.0) / (after.1 - before.1).max(1.0);
-            let persist_us = (after.2 - before.2) / (after.3 - before.3).max(1.0) * 1e6;
+            let (per_batch, persist_us) = before[leader].batches(&after[leader]);
             let batch = match op {
                 "put" => format!("{per_batch:.1} ({persist_us:.0} µs)"),
                 _ => String::new(),
@@ -272,40 +270,14 @@ fn bench(
     Ok(cells)
 }
 
-/// A write cell's stages, from every node's scrape before and after it (`nodes[i]`'s in
-/// `before[i]` and `after[i]`); `leader` is the one the clients wrote to.
-fn stages_of(
-    cell: &Cell,
-    leader: &str,
-    nodes: &[String],
-    before: &[Scrape],
-    after: &[Scrape],
-) -> Stages {
-    let l = nodes.iter().position(|n| n == leader).unwrap_or(0);
-    let followers: Vec<(Scrape, Scrape)> = (0..nodes.len())
-        .filter(|&i| i != l)
+/// A write cell's stages, from every node's scrape before and after it; `leader` indexes the
+/// node the clients wrote to.
+fn stages_of(cell: &Cell, leader: usize, before: &[Scrape], after: &[Scrape]) -> Stages {
+    let followers: Vec<(Scrape, Scrape)> = (0..before.len())
+        .filter(|&i| i != leader)
         .map(|i| (before[i], after[i]))
         .collect();
-    Stages::of(cell.mean_us, (&before[l], &after[l]), &followers)
-}
-
-/// The leader's (proposals, passes that proposed, seconds persisting, persists): the writes per
-/// fsync, and the time an fsync takes.
-fn batches(addr: &str) -> (f64, f64, f64, f64) {
-    let text = crate::http::client::request(addr, "GET", "/metrics", b"", &[])
-        .map_or(String::new(), |a| a.body);
-    let value = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            .unwrap_or(0.0)
-    };
-    (
-        value("kv_proposals_per_batch_sum"),
-        value("kv_proposals_per_batch_count"),
-        value("kv_log_persist_duration_seconds_sum"),
-        value("kv_log_persist_duration_seconds_count"),
-    )
+    Stages::of(cell.mean_us, (&before[leader], &after[leader]), &followers)
 }
 
 /// Run `clients` clients doing `op` for the cell's time.

@@ -1,5 +1,5 @@
 //! Where the time of one write goes, from the nodes' own histograms (`/metrics`) read before and
-//! after a write cell: the leader's queue, commit and apply stages and its fsync, the followers'
+//! after each cell (also the leader's writes per fsync): the leader's queue, commit and apply stages and its fsync, the followers'
 //! turnaround of an append and their fsync; the client's measured mean gives the rest.
 
 use serde_json::{json, Value};
@@ -7,18 +7,19 @@ use serde_json::{json, Value};
 /// Sums and counts of the histograms a write passes through, on one node.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Scrape {
-    /// (sum in seconds, count) of: the HTTP write, queue, commit, apply, persist, and append
-    /// turnaround histograms.
-    hist: [(f64, f64); 6],
+    /// (sum, count) of: the HTTP write, queue, commit, apply, persist and append turnaround
+    /// histograms (in seconds), and the proposals per batch.
+    hist: [(f64, f64); 7],
 }
 
-const NAMES: [&str; 6] = [
+const NAMES: [&str; 7] = [
     "kv_write_duration_seconds",
     "kv_write_stage_duration_seconds{stage=\"queue\"",
     "kv_write_stage_duration_seconds{stage=\"commit\"",
     "kv_write_stage_duration_seconds{stage=\"apply\"",
     "kv_log_persist_duration_seconds",
     "kv_append_turnaround_duration_seconds",
+    "kv_proposals_per_batch",
 ];
 
 impl Scrape {
@@ -33,13 +34,24 @@ impl Scrape {
         s
     }
 
-    /// The mean of histogram `i` between `self` (before) and `after`, in µs (0 if none).
-    fn mean_us(&self, after: &Scrape, i: usize) -> f64 {
+    /// The mean of histogram `i` between `self` (before) and `after` (0 if none).
+    fn mean(&self, after: &Scrape, i: usize) -> f64 {
         let n = after.hist[i].1 - self.hist[i].1;
         match n > 0.0 {
-            true => (after.hist[i].0 - self.hist[i].0) / n * 1e6,
+            true => (after.hist[i].0 - self.hist[i].0) / n,
             false => 0.0,
         }
+    }
+
+    /// The same, of a histogram in seconds, in µs.
+    fn mean_us(&self, after: &Scrape, i: usize) -> f64 {
+        self.mean(after, i) * 1e6
+    }
+
+    /// On the leader, between `self` and `after`: writes proposed per batch (one fsync), and the
+    /// mean time of that fsync in µs.
+    pub fn batches(&self, after: &Scrape) -> (f64, f64) {
+        (self.mean(after, 6), self.mean_us(after, 4))
     }
 }
 
@@ -174,6 +186,7 @@ mod tests {
                 (0.01, 1.0),
                 (0.1, 1.0),
                 (0.0, 0.0),
+                (4.0, 2.0),
             ],
         };
         let mut follower = Scrape::default();
@@ -183,5 +196,6 @@ mod tests {
         let parts = s.http_us() + s.queue_us + s.commit_us + s.apply_us + s.answer_us();
         assert!((parts - s.total_us).abs() < 1e-6, "{s:?}");
         assert!((s.network_us() - 100_000.0).abs() < 1e-6, "{s:?}");
+        assert_eq!(before.batches(&leader), (2.0, 100_000.0));
     }
 }
