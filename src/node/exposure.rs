@@ -292,6 +292,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// voter's is returned, to be answered once raft has stepped the message. `Err`: the note is
     /// malformed and the message must be dropped.
     pub(crate) fn take_note(&mut self, m: &mut Message) -> Result<Option<HolderNote>, ()> {
+        if !m.get_context().ends_with(crate::follower::wire::MAGIC) {
+            return Ok(None); // no trailer: the message stays as it came, uncopied
+        }
         let ctx = m.take_context();
         let (term, now_ns) = (self.raw.raft.term, self.clock.now_ns());
         let split = match m.get_msg_type() {
