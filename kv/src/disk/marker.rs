@@ -382,18 +382,22 @@ mod tests {
         assert!(!store.exists(), "never re-created");
         // A store with state but no marker is refused; a pristine one is adopted.
         let other = tempfile::tempdir().unwrap();
-        let s = DiskStorage::create(other.path(), None, 1, LogEngine::Redb).unwrap();
+        store_with_state(other.path(), LogEngine::Redb);
+        let e = open_data_dir(other.path(), "c", 1, None, Some(LogEngine::Redb))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, DirError::NoMarker { .. }), "{e}");
+    }
+
+    /// A raft store on `engine` in `dir` with a vote recorded, and no marker.
+    fn store_with_state(dir: &Path, engine: LogEngine) {
+        let s = DiskStorage::create(dir, None, 1, engine).unwrap();
         let hs = raft::eraftpb::HardState {
             term: 3,
             vote: 1,
             ..Default::default()
         };
         s.persist(&[], Some(&hs)).unwrap();
-        drop(s);
-        let e = open_data_dir(other.path(), "c", 1, None, Some(LogEngine::Redb))
-            .map(|_| ())
-            .unwrap_err();
-        assert!(matches!(e, DirError::NoMarker { .. }), "{e}");
     }
 
     #[test]
@@ -417,14 +421,7 @@ mod tests {
     fn an_unmarked_store_is_seen_on_its_own_engine_whatever_the_default() {
         for engine in LogEngine::ALL {
             let other = tempfile::tempdir().unwrap();
-            let s = DiskStorage::create(other.path(), None, 1, engine).unwrap();
-            let hs = raft::eraftpb::HardState {
-                term: 3,
-                vote: 1,
-                ..Default::default()
-            };
-            s.persist(&[], Some(&hs)).unwrap();
-            drop(s);
+            store_with_state(other.path(), engine);
             for asked in [None, Some(engine)] {
                 let e = open_data_dir(other.path(), "c", 1, None, asked)
                     .map(|_| ())
