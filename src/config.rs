@@ -84,6 +84,9 @@ pub struct TestingKnobs {
     /// Follower read leases: a transfer's `MsgTimeoutNow` leaves at once, while read leases the
     /// leader granted may still be served.
     pub no_transfer_wait: bool,
+    /// Many groups: a node's one sync of a round comes after every group's `advance`, so a
+    /// leader counts entries towards a commit, and applies them, before they are durable.
+    pub sync_after_advance: bool,
 }
 
 impl TestingKnobs {
@@ -110,6 +113,7 @@ impl TestingKnobs {
             (self.apply_to_commit, "apply_to_commit"),
             (self.expose_commit, "expose_commit"),
             (self.no_transfer_wait, "no_transfer_wait"),
+            (self.sync_after_advance, "sync_after_advance"),
             (self.count_own_promise, "count_own_promise"),
             (
                 self.forget_removed_fortifications,

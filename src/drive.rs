@@ -204,40 +204,75 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         })
     }
 
-    /// The `Ready` loop, once, for [`LeaseNode::handle_ready`] and the multi-group driver.
+    /// The `Ready` loop, once, for [`LeaseNode::handle_ready`].
     pub(crate) fn drive_ready<E>(
         &mut self,
         mut step: impl FnMut(&mut Self, ReadyStep<'_>) -> Result<(), E>,
     ) -> Result<(), E> {
-        // ReadIndex reads started since the last call share one round.
-        self.issue_index_round();
-        self.release_exposed(&mut step)?;
-        while self.has_ready() {
-            let mut rd = self.ready();
-            let msgs = self.take_messages(&mut rd);
-            step(self, ReadyStep::Send(msgs))?;
-            if !rd.snapshot().is_empty() {
-                let index = rd.snapshot().get_metadata().index;
-                step(self, ReadyStep::InstallSnapshot(rd.snapshot().clone()))?;
-                self.exposure_on_snapshot(index);
-            }
-            self.expose_now();
-            let committed = self.hold_back(rd.take_committed_entries());
-            step(self, ReadyStep::Apply(committed))?;
-            step(self, ReadyStep::Persist(rd.entries(), rd.hs()))?;
-            let msgs = self.take_persisted_messages(&mut rd);
-            step(self, ReadyStep::Send(msgs))?;
-            let mut light = self.advance_for_exposure(rd);
-            if let Some(commit) = light.commit_index() {
-                step(self, ReadyStep::SetCommit(commit))?;
-            }
-            self.expose_now();
-            let msgs = self.take_light_messages(&mut light);
-            step(self, ReadyStep::Send(msgs))?;
-            let committed = self.hold_back(light.take_committed_entries());
-            step(self, ReadyStep::Apply(committed))?;
-            self.advance_applied();
+        self.ready_prepare(&mut step)?;
+        while let Some(rd) = self.ready_begin(&mut step)? {
+            self.ready_finish(rd, &mut step)?;
         }
+        Ok(())
+    }
+
+    /// Before any `Ready`: start the round of the ReadIndex reads begun since the last call (they
+    /// share one), and hand over held entries that `E` now covers.
+    pub(crate) fn ready_prepare<E>(
+        &mut self,
+        step: &mut impl FnMut(&mut Self, ReadyStep<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.issue_index_round();
+        self.release_exposed(step)
+    }
+
+    /// The first half of a `Ready`, up to its persisting: the leader's messages, a snapshot,
+    /// committed entries, then the new entries and hard state. `None` when there is no `Ready`.
+    ///
+    /// The caller makes what was persisted durable before [`Self::ready_finish`]: that half
+    /// sends the messages that depend on it and lets raft count this replica's log (a leader
+    /// counts itself towards a commit).
+    pub(crate) fn ready_begin<E>(
+        &mut self,
+        step: &mut impl FnMut(&mut Self, ReadyStep<'_>) -> Result<(), E>,
+    ) -> Result<Option<raft::Ready>, E> {
+        if !self.has_ready() {
+            return Ok(None);
+        }
+        let mut rd = self.ready();
+        let msgs = self.take_messages(&mut rd);
+        step(self, ReadyStep::Send(msgs))?;
+        if !rd.snapshot().is_empty() {
+            let index = rd.snapshot().get_metadata().index;
+            step(self, ReadyStep::InstallSnapshot(rd.snapshot().clone()))?;
+            self.exposure_on_snapshot(index);
+        }
+        self.expose_now();
+        let committed = self.hold_back(rd.take_committed_entries());
+        step(self, ReadyStep::Apply(committed))?;
+        step(self, ReadyStep::Persist(rd.entries(), rd.hs()))?;
+        Ok(Some(rd))
+    }
+
+    /// The second half of a `Ready` whose persisted state is durable: the messages that waited
+    /// for it, `advance`, the new commit index, and the light `Ready`'s messages and entries.
+    pub(crate) fn ready_finish<E>(
+        &mut self,
+        mut rd: raft::Ready,
+        step: &mut impl FnMut(&mut Self, ReadyStep<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let msgs = self.take_persisted_messages(&mut rd);
+        step(self, ReadyStep::Send(msgs))?;
+        let mut light = self.advance_for_exposure(rd);
+        if let Some(commit) = light.commit_index() {
+            step(self, ReadyStep::SetCommit(commit))?;
+        }
+        self.expose_now();
+        let msgs = self.take_light_messages(&mut light);
+        step(self, ReadyStep::Send(msgs))?;
+        let committed = self.hold_back(light.take_committed_entries());
+        step(self, ReadyStep::Apply(committed))?;
+        self.advance_applied();
         Ok(())
     }
 

@@ -319,6 +319,14 @@ mod manual {
         pub fail_after_conf_change: bool,
         conf_changed: bool,
         pub failed: bool,
+        /// (group, index) of entries persisted since the last sync.
+        unsynced: std::collections::BTreeSet<(u64, u64)>,
+        /// Calls of `persist` with entries.
+        pub persists: u64,
+        /// Calls of `sync`.
+        pub syncs: u64,
+        /// Entries applied here before the sync that made them durable here.
+        pub applied_unsynced: u64,
     }
 
     impl MultiApp<MemStorage, SimClock> for App {
@@ -331,6 +339,8 @@ mod manual {
         fn apply(&mut self, g: u64, n: &mut Replica, entries: Vec<Entry>) -> raft::Result<()> {
             let normal = |e: &Entry| e.get_entry_type() == EntryType::EntryNormal;
             self.conf_changed |= !entries.iter().all(normal);
+            let unsynced = |e: &&Entry| self.unsynced.contains(&(g, e.index));
+            self.applied_unsynced += entries.iter().filter(unsynced).count() as u64;
             MultiApp::apply(&mut NoState, g, n, entries)
         }
 
@@ -345,7 +355,15 @@ mod manual {
                 self.failed = true;
                 return Err(raft::Error::Store(raft::StorageError::Unavailable));
             }
+            self.persists += !entries.is_empty() as u64;
+            self.unsynced.extend(entries.iter().map(|e| (g, e.index)));
             MultiApp::persist(&mut NoState, g, n, entries, hs)
+        }
+
+        fn sync(&mut self) -> raft::Result<()> {
+            self.syncs += 1;
+            self.unsynced.clear();
+            Ok(())
         }
 
         fn set_commit(&mut self, g: u64, n: &mut Replica, commit: u64) -> raft::Result<()> {
@@ -858,4 +876,51 @@ fn a_group_id_already_hosted_is_refused_not_replaced() {
         c.nodes[0].add_group(2, storage).is_ok(),
         "a new id is hosted"
     );
+}
+
+/// Writes to many groups at once while node 3 hears nothing, then node 3 catching up (its
+/// appends carry entries and a commit that covers them): one sync per round covers every group's
+/// persisting, and no entry is applied before the sync that made it durable on that node (raft
+/// counts a log it was told is persisted: a leader counts itself towards a commit).
+fn writes_to_many_groups(late_sync: bool) -> (u64, u64, u64) {
+    let mut c = manual::Cluster::with(8, |_, l| l.safeties.testing.sync_after_advance = late_sync);
+    c.run_ms(2_000);
+    c.cut = vec![(1, 3), (2, 3)];
+    let before: Vec<(u64, u64)> = c.apps.iter().map(|a| (a.persists, a.syncs)).collect();
+    for round in 0..20u8 {
+        for gid in 1..=8 {
+            let l = c.leader(gid).expect("every group led");
+            c.nodes[l as usize - 1]
+                .propose(gid, vec![round])
+                .expect("proposed");
+        }
+        c.settle();
+    }
+    c.cut.clear();
+    c.run_ms(500);
+    let persists: u64 = c
+        .apps
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a.persists - b.0)
+        .sum();
+    let syncs: u64 = c.apps.iter().zip(&before).map(|(a, b)| a.syncs - b.1).sum();
+    let early: u64 = c.apps.iter().map(|a| a.applied_unsynced).sum();
+    (persists, syncs, early)
+}
+
+#[test]
+fn one_sync_covers_every_group_and_precedes_what_depends_on_it() {
+    let (persists, syncs, early) = writes_to_many_groups(false);
+    assert_eq!(early, 0, "entries applied before their sync");
+    assert!(
+        syncs * 2 < persists,
+        "{syncs} syncs for {persists} persists of 8 groups: not batched"
+    );
+}
+
+#[test]
+fn control_a_sync_after_advance_applies_entries_before_they_are_durable() {
+    let (_, _, early) = writes_to_many_groups(true);
+    assert!(early > 0, "the late sync went unseen");
 }

@@ -16,6 +16,7 @@
 mod batch;
 mod group;
 mod mem;
+pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -109,7 +110,8 @@ pub trait MultiApp<S: Storage, C: Clock> {
         node: &mut LeaseNode<S, C>,
         entries: Vec<Entry>,
     ) -> Result<(), Self::Error>;
-    /// Persist group `group`'s new entries and hard state, durably.
+    /// Persist group `group`'s new entries and hard state: durably, or durably by the next
+    /// [`MultiApp::sync`].
     fn persist(
         &mut self,
         group: GroupId,
@@ -124,6 +126,14 @@ pub trait MultiApp<S: Storage, C: Clock> {
         node: &mut LeaseNode<S, C>,
         commit: u64,
     ) -> Result<(), Self::Error>;
+    /// Make everything [`MultiApp::persist`] was given since the last call durable: called once
+    /// per round of [`MultiNode::handle_ready`], after every group's persisting and before any
+    /// message that depends on it is handed out or raft counts the log. A `persist` that is
+    /// durable by itself leaves this as is; one that only buffers makes one fsync here for
+    /// every group.
+    fn sync(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
 }
 
 /// One node hosting many raft groups. See the module docs.
@@ -655,16 +665,19 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
 
     // ----- clients -----------------------------------------------------------------------------
 
-    /// Process every `Ready` of the groups touched since the last call.
+    /// Process every `Ready` of the groups touched since the last call, with one
+    /// [`MultiApp::sync`] per round for all of them: first every group's messages, snapshot,
+    /// committed entries and persisting; then `sync`; then what waited for the log to be
+    /// durable (the persisted messages, `advance`, the light `Ready`s). A round repeats while a
+    /// group has another `Ready`.
     ///
-    /// If `app` fails, the error is returned at once; the groups not yet handled stay due for
-    /// the next call, and the failing group's members are read again all the same (a
-    /// configuration it applied before the failure is in force).
+    /// If `app` fails, the error is returned at once; every group touched stays due for the next
+    /// call, and the members of each group handled are read again all the same (a configuration
+    /// it applied before the failure is in force).
     pub fn handle_ready<A: MultiApp<S, C>>(&mut self, app: &mut A) -> Result<(), A::Error> {
-        let mut dirty = std::mem::take(&mut self.dirty).into_iter();
-        while let Some(gid) = dirty.next() {
-            if let Err(e) = self.ready_one(gid, app) {
-                self.dirty.insert(gid);
+        while !self.dirty.is_empty() {
+            let dirty = std::mem::take(&mut self.dirty);
+            if let Err(e) = self.ready_round(&dirty, app) {
                 self.dirty.extend(dirty);
                 return Err(e);
             }
@@ -672,12 +685,57 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         Ok(())
     }
 
-    fn ready_one<A: MultiApp<S, C>>(&mut self, gid: GroupId, app: &mut A) -> Result<(), A::Error> {
+    /// One round over `dirty`: both halves of at most one `Ready` per group, one sync between.
+    /// A group with another `Ready` after it is due again.
+    fn ready_round<A: MultiApp<S, C>>(
+        &mut self,
+        dirty: &BTreeSet<GroupId>,
+        app: &mut A,
+    ) -> Result<(), A::Error> {
+        let mut begun = Vec::new();
+        let mut result = Ok(());
+        for &gid in dirty {
+            match self.ready_half(gid, None, app) {
+                Ok(Some(rd)) => begun.push((gid, rd)),
+                Ok(None) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        let late_sync = self.config.lease.safeties.testing.sync_after_advance;
+        let synced = !begun.is_empty() && !late_sync;
+        if result.is_ok() && synced {
+            result = app.sync();
+        }
+        for (gid, rd) in begun {
+            if result.is_ok() {
+                result = self.ready_half(gid, Some(rd), app).map(|_| ());
+            }
+        }
+        if result.is_ok() && late_sync {
+            result = app.sync();
+        }
+        for &gid in dirty {
+            self.after_ready(gid);
+        }
+        result
+    }
+
+    /// The first half of group `gid`'s `Ready` (`rd` is `None`: prepare and begin), or the
+    /// second (`rd` is the one begun).
+    fn ready_half<A: MultiApp<S, C>>(
+        &mut self,
+        gid: GroupId,
+        rd: Option<raft::Ready>,
+        app: &mut A,
+    ) -> Result<Option<raft::Ready>, A::Error> {
         let Some(g) = self.groups.get_mut(&gid) else {
-            return Ok(());
+            return Ok(None);
         };
         let (outbox, from) = (&mut self.outbox, self.id);
-        let driven = g.node.drive_ready(|node, step| match step {
+        let mut step = |node: &mut LeaseNode<S, C>, step: ReadyStep<'_>| match step {
             ReadyStep::Send(msgs) => {
                 route(outbox, from, gid, msgs);
                 Ok(())
@@ -686,17 +744,33 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             ReadyStep::Apply(entries) => app.apply(gid, node, entries),
             ReadyStep::Persist(entries, hs) => app.persist(gid, node, entries, hs),
             ReadyStep::SetCommit(commit) => app.set_commit(gid, node, commit),
-        });
+        };
+        match rd {
+            None => {
+                g.node.ready_prepare(&mut step)?;
+                g.node.ready_begin(&mut step)
+            }
+            Some(rd) => g.node.ready_finish(rd, &mut step).map(|()| None),
+        }
+    }
+
+    /// After a round: the members read again, a new term's fortifications cleared, a term no
+    /// longer led given up, and the group due again if raft has more for it.
+    fn after_ready(&mut self, gid: GroupId) {
         self.refresh_members(gid);
-        driven?;
-        let g = self.groups.get_mut(&gid).expect("present");
+        let Some(g) = self.groups.get_mut(&gid) else {
+            return;
+        };
         if g.node.is_leader() {
             g.clear_fortified_if_new_term();
         }
+        let more = g.node.has_ready();
         if let Some(term) = g.take_stepped_down() {
             self.give_up(gid, term);
         }
-        Ok(())
+        if more {
+            self.dirty.insert(gid);
+        }
     }
 
     /// Read group `gid`'s members again after raft may have changed its configuration (a
@@ -783,6 +857,23 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         self.wake(gid);
         if let Some(g) = self.groups.get_mut(&gid) {
             g.node.transfer_leader(to);
+        }
+    }
+
+    /// The transport could not deliver a message to `to` in group `gid` (an append, say): raft
+    /// probes that peer instead of streaming to it.
+    pub fn report_unreachable(&mut self, gid: GroupId, to: NodeId) {
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.node.report_unreachable(to);
+            self.dirty.insert(gid);
+        }
+    }
+
+    /// A snapshot sent to `to` in group `gid` was delivered or lost: raft stops waiting for it.
+    pub fn report_snapshot(&mut self, gid: GroupId, to: NodeId, status: raft::SnapshotStatus) {
+        if let Some(g) = self.groups.get_mut(&gid) {
+            g.node.report_snapshot(to, status);
+            self.wake(gid);
         }
     }
 
