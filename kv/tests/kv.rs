@@ -18,6 +18,8 @@ mod console;
 mod crash;
 #[path = "kv/forge.rs"]
 mod forge;
+#[path = "kv/groups.rs"]
+mod groups;
 #[path = "kv/membership.rs"]
 mod membership;
 #[path = "kv/ports.rs"]

@@ -53,6 +53,18 @@ pub enum FortifyMsg {
     },
 }
 
+impl FortifyMsg {
+    /// The group the message is about.
+    pub fn group(&self) -> GroupId {
+        match *self {
+            FortifyMsg::Request { group, .. }
+            | FortifyMsg::Ack { group, .. }
+            | FortifyMsg::Reject { group, .. }
+            | FortifyMsg::Release { group, .. } => group,
+        }
+    }
+}
+
 /// Everything one node sends another in one go.
 #[derive(Debug, Clone, Default)]
 pub struct NodeBatch {

@@ -214,11 +214,25 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     /// Host one more group. A group id already hosted is refused ([`NodeError::GroupExists`]):
     /// replacing it would leave the old group's read handles with its last lease.
     pub fn add_group(&mut self, gid: GroupId, storage: S) -> Result<(), NodeError> {
+        self.add_group_applied(gid, storage, 0)
+    }
+
+    /// Host one more group whose state machine has applied up to `applied` (raft's
+    /// `Config::applied`; 0 for raft's default, the index before the storage's first entry):
+    /// a state machine restored from a snapshot while the log keeps entries behind it is not
+    /// handed those entries again.
+    pub fn add_group_applied(
+        &mut self,
+        gid: GroupId,
+        storage: S,
+        applied: u64,
+    ) -> Result<(), NodeError> {
         if self.groups.contains_key(&gid) {
             return Err(NodeError::GroupExists(gid));
         }
         let mut rc = self.config.raft.clone();
         rc.id = self.id;
+        rc.applied = applied;
         let mut lease = self.config.lease.clone();
         lease.seed ^= gid.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let logger = self.logger.new(slog::o!("group" => gid));
@@ -675,9 +689,31 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     /// call, and the members of each group handled are read again all the same (a configuration
     /// it applied before the failure is in force).
     pub fn handle_ready<A: MultiApp<S, C>>(&mut self, app: &mut A) -> Result<(), A::Error> {
+        self.ready_rounds::<A, fn(NodeBatch)>(app, None)
+    }
+
+    /// [`Self::handle_ready`], handing every batch to `send` as soon as it may leave: before each
+    /// round's sync, what does not depend on it (a leader's appends, which then overlap its own
+    /// fsync; the support session; fortification), and after the last round everything else.
+    /// [`Self::take_outbox`] then has nothing.
+    pub fn handle_ready_and_send<A: MultiApp<S, C>>(
+        &mut self,
+        app: &mut A,
+        send: &mut dyn FnMut(NodeBatch),
+    ) -> Result<(), A::Error> {
+        let result = self.ready_rounds(app, Some(&mut *send));
+        self.take_outbox().into_iter().for_each(&mut *send);
+        result
+    }
+
+    fn ready_rounds<A: MultiApp<S, C>, F: FnMut(NodeBatch) + ?Sized>(
+        &mut self,
+        app: &mut A,
+        mut send: Option<&mut F>,
+    ) -> Result<(), A::Error> {
         while !self.dirty.is_empty() {
             let dirty = std::mem::take(&mut self.dirty);
-            if let Err(e) = self.ready_round(&dirty, app) {
+            if let Err(e) = self.ready_round(&dirty, app, send.as_deref_mut()) {
                 self.dirty.extend(dirty);
                 return Err(e);
             }
@@ -685,12 +721,14 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         Ok(())
     }
 
-    /// One round over `dirty`: both halves of at most one `Ready` per group, one sync between.
-    /// A group with another `Ready` after it is due again.
-    fn ready_round<A: MultiApp<S, C>>(
+    /// One round over `dirty`: both halves of at most one `Ready` per group, one sync between
+    /// (before it, what may leave goes to `send`). A group with another `Ready` after it is due
+    /// again.
+    fn ready_round<A: MultiApp<S, C>, F: FnMut(NodeBatch) + ?Sized>(
         &mut self,
         dirty: &BTreeSet<GroupId>,
         app: &mut A,
+        send: Option<&mut F>,
     ) -> Result<(), A::Error> {
         let mut begun = Vec::new();
         let mut result = Ok(());
@@ -703,6 +741,9 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
                     break;
                 }
             }
+        }
+        if let (Some(send), Ok(())) = (send, &result) {
+            self.take_outbox().into_iter().for_each(send);
         }
         let late_sync = self.config.lease.safeties.testing.sync_after_advance;
         let synced = !begun.is_empty() && !late_sync;

@@ -10,6 +10,9 @@ use crate::base::admin_token::AdminToken;
 /// refuses anything longer as corrupt.
 pub const MAX_ELECTION_MS: u64 = 86_400_000;
 
+/// The most raft groups a node hosts.
+pub const MAX_GROUPS: u32 = 100_000;
+
 /// How a node runs: its checked options.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -65,6 +68,10 @@ pub struct NodeOptions {
     pub no_transport_reports: bool,
     /// UNSAFE test switch: peer messages raft-rs trusts blindly reach it unchecked.
     pub no_admission_checks: bool,
+    /// Raft groups on the node (keys spread over them).
+    pub groups: u32,
+    /// How the groups' leases stay alive.
+    pub liveness: raft_lease::multi::LivenessMode,
 }
 
 impl NodeOptions {

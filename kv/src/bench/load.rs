@@ -140,6 +140,7 @@ fn on_cluster(
         data_dir: dir.to_path_buf(),
         temp: false,
         base_port: Some(args.base_port),
+        groups: None,
         peer_delay_ms: args.peer_delay_ms,
         fault_injection: false,
         unsafe_lease_based: false,

@@ -9,7 +9,7 @@ use clap::Args;
 use crate::base::admin_token::AdminToken;
 use crate::base::limits::HttpLimits;
 use crate::base::log_engine::LogEngine;
-use crate::base::options::{NodeOptions, MAX_ELECTION_MS};
+use crate::base::options::{NodeOptions, MAX_ELECTION_MS, MAX_GROUPS};
 use crate::peer::members::check_addr;
 
 /// One node's options.
@@ -108,6 +108,18 @@ pub struct NodeArgs {
     /// keeps the engine it was made with; naming another is refused.
     #[arg(long)]
     pub log_engine: Option<LogEngine>,
+    /// Raft groups on every node; each key belongs to one, by a hash of the key (see
+    /// `state::placement`). Every node of a cluster must have the same, and a data dir keeps the
+    /// number it was made with. 1 (the default) is one group, as the store was before there was
+    /// a choice; many groups spread the leaders, and so the writes, over the nodes.
+    #[arg(long, default_value_t = 1)]
+    pub groups: u32,
+    /// How the groups' leases stay alive: `per-group` (each group's own raft heartbeats renew its
+    /// lease) or `shared` (one support session per pair of nodes backs every group's lease, and
+    /// idle groups stop ticking and sending heartbeats). Default: per-group for one group,
+    /// shared for more (per-group heartbeats cost messages in proportion to the groups).
+    #[arg(long, value_enum)]
+    pub liveness: Option<Liveness>,
     /// Worker threads for HTTP and peer I/O (async: a slow client holds none of them).
     #[arg(long, default_value_t = 2)]
     pub http_threads: usize,
@@ -130,6 +142,15 @@ pub struct NodeArgs {
     /// The HTTP front end's limits.
     #[command(flatten)]
     pub http_limits: HttpLimits,
+}
+
+/// `--liveness`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Liveness {
+    /// Each group's raft heartbeats renew its lease.
+    PerGroup,
+    /// One support session per pair of nodes backs every group's lease.
+    Shared,
 }
 
 /// Peer TLS files, all three or none.
@@ -208,6 +229,26 @@ impl NodeArgs {
         if join.is_some_and(|j| !check_addr(j)) {
             return Err("--join: expected the host:port of a member's HTTP address".into());
         }
+        if self.groups == 0 || self.groups > MAX_GROUPS {
+            return Err(format!("--groups must be 1 to {MAX_GROUPS}"));
+        }
+        if self.groups > 1 && self.log_engine == Some(LogEngine::Redb) {
+            return Err(
+                "--groups above 1 needs --log-engine raft-engine: redb holds one group".into(),
+            );
+        }
+        if self.groups > 1 && join.is_some() {
+            return Err(
+                "--join with --groups above 1: adding a node to every group is not supported yet"
+                    .into(),
+            );
+        }
+        let liveness = match self.liveness {
+            Some(Liveness::Shared) => raft_lease::multi::LivenessMode::Shared,
+            Some(Liveness::PerGroup) => raft_lease::multi::LivenessMode::PerGroup,
+            None if self.groups == 1 => raft_lease::multi::LivenessMode::PerGroup,
+            None => raft_lease::multi::LivenessMode::Shared,
+        };
         self.http_limits.validate()?;
         let admin_token = self
             .admin_token_file
@@ -240,6 +281,8 @@ impl NodeArgs {
             max_inflight_bytes: self.max_inflight_bytes,
             no_transport_reports: self.no_transport_reports,
             no_admission_checks: self.no_admission_checks,
+            groups: self.groups,
+            liveness,
         })
     }
 

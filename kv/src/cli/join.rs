@@ -88,7 +88,7 @@ fn learn_members(app: &App, join: &str, log: &Logger) -> Result<(), String> {
     let a = request(join, "GET", "/members", b"", &[]).map_err(|e| format!("{join}: {e}"))?;
     let v: Value = serde_json::from_str(&a.body).map_err(|e| format!("{join}: {e}"))?;
     let listed = v["members"].as_array().ok_or("no members listed")?;
-    let mut book = app.raft.members.write();
+    let mut book = app.first().members.write();
     for m in listed {
         let (Some(id), Some(peer)) = (m["id"].as_u64(), m["peer"].as_str()) else {
             continue;

@@ -125,6 +125,11 @@ fn bootstrap(o: &NodeOptions) -> Option<Snapshot> {
 }
 
 /// The promise `P` these options make, in ms: raft's election timeout in whole ticks.
+/// Shared liveness: a group with nothing to do for two election timeouts quiesces.
+fn quiesce_after_ticks(o: &NodeOptions) -> u32 {
+    (2 * election_tick(o)).min(u32::MAX as usize) as u32
+}
+
 fn promise_ms(o: &NodeOptions) -> u64 {
     election_tick(o) as u64 * o.tick_ms
 }
@@ -215,7 +220,10 @@ fn transport_config(opts: &NodeOptions, tls: Option<PeerTls>, log: &Logger) -> T
 /// The opened data dir, with the lease clock and the promise record read from it before the
 /// node exists.
 struct Boot {
-    storage: DiskStorage,
+    /// Group `g`'s store at `g`.
+    storages: Vec<DiskStorage>,
+    /// This boot's incarnation.
+    incarnation: u32,
     clock: Arc<ScaledClock>,
     promise: Arc<PromiseRecord>,
 }
@@ -229,7 +237,9 @@ fn boot(opts: &NodeOptions, log: &Logger) -> Result<Boot, Exit> {
         opts.id,
         bootstrap(opts).as_ref(),
         opts.log_engine,
+        opts.groups,
     )?;
+    let incarnation = crate::disk::incarnation::next(&opts.data_dir)?;
     let clock = Arc::new(ScaledClock::new());
     let promise = PromiseRecord::open(
         &opts.data_dir,
@@ -239,7 +249,8 @@ fn boot(opts: &NodeOptions, log: &Logger) -> Result<Boot, Exit> {
         log,
     )?;
     Ok(Boot {
-        storage: opened.storage,
+        storages: opened.storages,
+        incarnation,
         clock,
         promise: Arc::new(promise),
     })
@@ -283,8 +294,20 @@ fn start(
         tcfg.clone(),
         stop_rx.clone(),
     ));
+    let (raft, lease) = configs(&opts, boot.promise.found.prior_ms());
+    let multi = raft_lease::multi::MultiConfig {
+        node_id: opts.id,
+        incarnation: boot.incarnation,
+        mode: opts.liveness,
+        raft,
+        lease,
+        tick_ms: opts.tick_ms,
+        quiesce_after_ticks: quiesce_after_ticks(&opts),
+        seed: opts.id ^ u64::from(boot.incarnation).rotate_left(32),
+    };
     let wiring = Wiring {
-        storage: boot.storage,
+        storages: boot.storages,
+        multi,
         transport,
         inbox,
         reports,
@@ -293,7 +316,6 @@ fn start(
         stop: stop.clone(),
         metrics: metrics.clone(),
     };
-    let (rc, lease) = configs(&opts, boot.promise.found.prior_ms());
     let cfg = LoopConfig {
         tick_ms: opts.tick_ms,
         snapshot_every: opts.snapshot_every,
@@ -301,9 +323,9 @@ fn start(
         queue_len: 4096,
         admission_checks: !opts.no_admission_checks,
     };
-    let (raft_loop, shared) = RaftLoop::open(rc, lease, cfg, wiring, log.clone()).map_err(fatal)?;
+    let (raft_loop, groups) = RaftLoop::open(cfg, wiring, log.clone()).map_err(fatal)?;
     let app = Arc::new(App {
-        raft: shared,
+        groups,
         inflight: Budget::new(opts.max_inflight_bytes),
         conns: ConnTable::new(
             args.http_limits.max_connections,
@@ -350,9 +372,9 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
     let fds = args.http_limits.max_connections + crate::base::limits::peer::MAX_PENDING + 256;
     crate::base::limits::ensure_open_files(fds as u64).map_err(config)?;
     let boot = boot(&opts, &log)?;
-    opts.log_engine = Some(boot.storage.engine()); // the dir's, shown by /status
-                                                   // A file-size limit (or a full disk) must be a storage error, not a silent kill.
-                                                   // SAFETY: ignoring a signal has no preconditions.
+    opts.log_engine = Some(boot.storages[0].engine()); // the dir's, shown by /status
+                                                       // A file-size limit (or a full disk) must be a storage error, not a silent kill.
+                                                       // SAFETY: ignoring a signal has no preconditions.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.http_threads.max(1))

@@ -25,9 +25,9 @@ use crate::disk::log_store::{Cut, DiskError, LogStore, Meta, StoreError, Write};
 
 /// The engine's folder in a data dir.
 pub const ENGINE_DIR: &str = "raft-engine";
-/// The engine's raft group holding the log.
+/// The engine's raft group holding group 0's log; group `g`'s is `LOG + 2g`.
 const LOG: u64 = 1;
-/// The engine's raft group holding the rest, as key-values.
+/// The engine's raft group holding the rest of group 0, as key-values; group `g`'s is `META + 2g`.
 const META: u64 = 2;
 const HARD_STATE: &[u8] = b"hard_state";
 const CONF_STATE: &[u8] = b"conf_state";
@@ -48,9 +48,14 @@ impl MessageExt for EntryExt {
     }
 }
 
-/// A raft-engine log. See the module docs.
+/// A raft-engine log of one raft group; every group of a node shares the engine. See the module
+/// docs.
 pub struct EngineLog {
     engine: Arc<Engine>,
+    /// The engine's raft group holding this group's log.
+    log: u64,
+    /// The engine's raft group holding this group's hard state, conf state, snapshot, node id.
+    meta: u64,
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -97,6 +102,8 @@ fn open_in(dir: &Path, mode: RecoveryMode) -> Result<EngineLog, OpenFailure> {
     match opened {
         Ok(engine) => Ok(EngineLog {
             engine: Arc::new(engine),
+            log: LOG,
+            meta: META,
         }),
         Err(raft_engine::Error::Corruption(why)) => Err(OpenFailure::Damaged(why)),
         Err(e)
@@ -204,14 +211,14 @@ impl EngineLog {
             return Err(StoreError::Missing); // no log file in the engine's folder
         }
         let log = open(dir)?;
-        if log.engine.get(META, NODE_ID).is_none() {
+        if log.engine.get(log.meta, NODE_ID).is_none() {
             return Err(StoreError::Uninitialized);
         }
         Ok(log)
     }
 
     fn get<M: protobuf::Message>(&self, key: &[u8]) -> Result<Option<M>, DiskError> {
-        Ok(self.engine.get_message::<M>(META, key)?)
+        Ok(self.engine.get_message::<M>(self.meta, key)?)
     }
 }
 
@@ -222,7 +229,7 @@ fn is_log_file(p: &Path) -> bool {
 
 impl LogStore for EngineLog {
     fn meta(&self) -> Result<Meta, DiskError> {
-        let node_id = self.engine.get(META, NODE_ID).map(|b| {
+        let node_id = self.engine.get(self.meta, NODE_ID).map(|b| {
             let bytes: [u8; 8] = b.try_into().map_err(|_| "node id: not 8 bytes")?;
             Ok::<_, DiskError>(u64::from_be_bytes(bytes))
         });
@@ -235,8 +242,10 @@ impl LogStore for EngineLog {
     }
 
     fn scan(&self, sink: &mut dyn FnMut(Entry)) -> Result<(), DiskError> {
-        let (Some(first), Some(last)) = (self.engine.first_index(LOG), self.engine.last_index(LOG))
-        else {
+        let (Some(first), Some(last)) = (
+            self.engine.first_index(self.log),
+            self.engine.last_index(self.log),
+        ) else {
             return Ok(());
         };
         let mut low = first;
@@ -257,29 +266,29 @@ impl LogStore for EngineLog {
         let mut batch = LogBatch::default();
         match w.cut {
             Cut::None => {}
-            Cut::Before(index) => batch.add_command(LOG, Command::Compact { index }),
-            Cut::All => batch.add_command(LOG, Command::Clean),
+            Cut::Before(index) => batch.add_command(self.log, Command::Compact { index }),
+            Cut::All => batch.add_command(self.log, Command::Clean),
         }
         // The engine replaces an overlapped suffix itself.
         if !w.entries.is_empty() {
-            batch.add_entries::<EntryExt>(LOG, w.entries)?;
+            batch.add_entries::<EntryExt>(self.log, w.entries)?;
         }
         if let Some(hs) = w.hard_state {
-            batch.put_message(META, HARD_STATE.to_vec(), hs)?;
+            batch.put_message(self.meta, HARD_STATE.to_vec(), hs)?;
         }
         if let Some(cs) = w.conf_state {
-            batch.put_message(META, CONF_STATE.to_vec(), cs)?;
+            batch.put_message(self.meta, CONF_STATE.to_vec(), cs)?;
         }
         if let Some(s) = w.snapshot {
-            batch.put(META, SNAPSHOT.to_vec(), s.write_to_bytes()?)?;
+            batch.put(self.meta, SNAPSHOT.to_vec(), s.write_to_bytes()?)?;
         }
         if let Some(id) = w.node_id {
-            batch.put(META, NODE_ID.to_vec(), id.to_be_bytes().to_vec())?;
+            batch.put(self.meta, NODE_ID.to_vec(), id.to_be_bytes().to_vec())?;
         }
         // The engine panics when an fsync fails: the node must stop, with an error.
         let engine = &self.engine;
         let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            engine.write(&mut batch, true)
+            engine.write(&mut batch, w.sync)
         }));
         written.map_err(|_| "the log engine panicked writing (a failed fsync?)")??;
         Ok(())
@@ -297,7 +306,7 @@ impl LogStore for EngineLog {
         if high > low {
             let max = max_size.map(|m| usize::try_from(m).unwrap_or(usize::MAX));
             self.engine
-                .fetch_entries_to::<EntryExt>(LOG, low, high, max, &mut entries)?;
+                .fetch_entries_to::<EntryExt>(self.log, low, high, max, &mut entries)?;
         }
         raft::util::limit_size(&mut entries, max_size);
         Ok(entries)
@@ -311,6 +320,26 @@ impl LogStore for EngineLog {
         }));
         purged.map_err(|_| "the log engine panicked purging (a failed fsync?)")??;
         Ok(())
+    }
+
+    fn sync(&self) -> Result<(), DiskError> {
+        // The engine panics when an fsync fails: the node must stop, with an error.
+        let engine = &self.engine;
+        let synced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.sync()));
+        synced.map_err(|_| "the log engine panicked syncing (a failed fsync?)")??;
+        Ok(())
+    }
+
+    fn group(&self, group: u64) -> Result<Arc<dyn LogStore>, DiskError> {
+        let offset = group
+            .checked_mul(2)
+            .filter(|o| *o < u64::MAX - META)
+            .ok_or("group id out of range")?;
+        Ok(Arc::new(EngineLog {
+            engine: self.engine.clone(),
+            log: LOG + offset,
+            meta: META + offset,
+        }))
     }
 }
 

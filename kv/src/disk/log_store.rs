@@ -61,6 +61,9 @@ pub struct Write<'a> {
     pub snapshot: Option<&'a Snapshot>,
     /// The node id, written once at creation.
     pub node_id: Option<u64>,
+    /// Whether the batch is fsynced before `write` returns; `false` leaves it to the next
+    /// [`LogStore::sync`] (or the next synced batch). Engines that cannot defer sync every batch.
+    pub sync: bool,
 }
 
 impl Write<'_> {
@@ -74,6 +77,7 @@ impl Write<'_> {
             conf_state: None,
             snapshot: None,
             node_id: None,
+            sync: true,
         }
     }
 }
@@ -112,4 +116,11 @@ pub trait LogStore: Send + Sync {
     fn purge(&self) -> Result<(), DiskError> {
         Ok(())
     }
+    /// Make every batch written so far durable (one fsync for every group of the engine).
+    fn sync(&self) -> Result<(), DiskError> {
+        Ok(())
+    }
+    /// Raft group `group`'s store on the same engine (this one is group 0's). An engine that
+    /// holds one group refuses any other.
+    fn group(&self, group: u64) -> Result<std::sync::Arc<dyn LogStore>, DiskError>;
 }

@@ -33,10 +33,18 @@ pub struct Marker {
     /// The engine its raft log is on (`redb` in dirs made before there was a choice).
     #[serde(default = "redb_name")]
     pub log_engine: String,
+    /// The raft groups the node hosts (1 in dirs made before there was a choice). Keys are
+    /// placed by it, so it never changes.
+    #[serde(default = "one")]
+    pub groups: u32,
 }
 
 fn redb_name() -> String {
     LogEngine::Redb.name().to_string()
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Why a data dir was refused. The node exits with code 3.
@@ -110,6 +118,19 @@ pub enum DirError {
         found: String,
         /// The engine asked for.
         asked: LogEngine,
+    },
+    /// `--groups` names another number than the dir's.
+    #[error(
+        "{dir}: this data dir holds {found} raft groups, not {asked}: keys are placed by the \
+         number of groups, so it is fixed when the cluster is made; start with --groups {found}"
+    )]
+    OtherGroups {
+        /// The dir.
+        dir: String,
+        /// The dir's number of groups.
+        found: u32,
+        /// The number asked for.
+        asked: u32,
     },
     #[error("{path}: unreadable marker: {why}")]
     /// A marker that cannot be read.
@@ -193,24 +214,27 @@ fn write_marker(dir: &Path, m: &Marker) -> Result<(), DirError> {
 
 /// An opened data dir.
 pub struct Opened {
-    /// Its raft store.
-    pub storage: DiskStorage,
+    /// Its raft stores, group `g` at `g`, all on one engine.
+    pub storages: Vec<DiskStorage>,
     /// Whether it was initialized (had a marker) before this start: an earlier run may have
     /// used it.
     pub initialized: bool,
 }
 
-/// Open the raft store in `dir` for node `node_id` of `cluster_id`, initializing a fresh dir
-/// from `bootstrap` (see `DiskStorage::create`) on `engine` (the default if `None`), and
-/// refusing a dir that is not this node's, whose store is not intact, that another process
-/// uses, or whose log is on another engine than the one asked for.
+/// Open the raft stores of `groups` groups in `dir` for node `node_id` of `cluster_id`,
+/// initializing a fresh dir from `bootstrap` (see `DiskStorage::create`; every group starts from
+/// it) on `engine` (the default if `None`), and refusing a dir that is not this node's, whose
+/// store is not intact, that another process uses, whose log is on another engine than the one
+/// asked for, or that holds another number of groups.
 pub fn open_data_dir(
     dir: &Path,
     cluster_id: &str,
     node_id: u64,
     bootstrap: Option<&raft::eraftpb::Snapshot>,
     engine: Option<LogEngine>,
+    groups: u32,
 ) -> Result<Opened, DirError> {
+    assert!(groups >= 1, "a node hosts at least one group");
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let d = dir.display().to_string();
     let Some(m) = read_marker(dir)? else {
@@ -234,8 +258,14 @@ pub fn open_data_dir(
             (found, asked) => found.or(asked).unwrap_or_default(),
         };
         let store = DiskStorage::create(dir, bootstrap, node_id, engine).map_err(unusable)?;
-        if !store.is_pristine().map_err(unusable)? {
-            return Err(DirError::NoMarker { dir: d });
+        let storages = (0..u64::from(groups))
+            .map(|g| store.group(g, bootstrap))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(unusable)?;
+        for s in &storages {
+            if !s.is_pristine().map_err(unusable)? {
+                return Err(DirError::NoMarker { dir: d });
+            }
         }
         write_marker(
             dir,
@@ -244,10 +274,11 @@ pub fn open_data_dir(
                 cluster_id: cluster_id.to_string(),
                 node_id,
                 log_engine: engine.name().to_string(),
+                groups,
             },
         )?;
         return Ok(Opened {
-            storage: store,
+            storages,
             initialized: false,
         });
     };
@@ -276,9 +307,20 @@ pub fn open_data_dir(
             asked,
         });
     }
+    if m.groups != groups {
+        return Err(DirError::OtherGroups {
+            dir: d,
+            found: m.groups,
+            asked: groups,
+        });
+    }
     let storage = DiskStorage::open_existing(dir, node_id, found).map_err(|e| store_err(&d, e))?;
+    let storages = (0..u64::from(groups))
+        .map(|g| storage.group_existing(g))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| store_err(&d, e))?;
     Ok(Opened {
-        storage,
+        storages,
         initialized: true,
     })
 }
@@ -324,9 +366,9 @@ mod tests {
     #[test]
     fn a_dir_in_use_by_another_process_is_refused_as_in_use_not_corrupt() {
         let dir = tempfile::tempdir().unwrap();
-        let open = open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb))
+        let open = open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb), 1)
             .expect("fresh dir");
-        let e = open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb))
+        let e = open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb), 1)
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::InUse { .. }), "{e}");
@@ -336,7 +378,7 @@ mod tests {
         );
         drop(open);
         drop(
-            open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb))
+            open_data_dir(dir.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb), 1)
                 .expect("free again"),
         );
     }
@@ -345,12 +387,12 @@ mod tests {
     fn a_marked_dir_refuses_another_node_a_missing_or_empty_store_and_an_unmarked_store() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        drop(open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb)).expect("fresh dir"));
+        drop(open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb), 1).expect("fresh dir"));
         drop(
-            open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb))
+            open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb), 1)
                 .expect("same node again"),
         );
-        let e = open_data_dir(p, "c", 2, Some(&boot()), Some(LogEngine::Redb))
+        let e = open_data_dir(p, "c", 2, Some(&boot()), Some(LogEngine::Redb), 1)
             .map(|_| ())
             .unwrap_err();
         assert!(
@@ -364,18 +406,18 @@ mod tests {
             ),
             "{e}"
         );
-        let e = open_data_dir(p, "d", 1, Some(&boot()), Some(LogEngine::Redb))
+        let e = open_data_dir(p, "d", 1, Some(&boot()), Some(LogEngine::Redb), 1)
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::OtherCluster { .. }), "{e}");
         let store = p.join("raft.redb");
         std::fs::File::create(&store).unwrap(); // truncated to 0 bytes
-        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb))
+        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb), 1)
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::Store { .. }), "{e}");
         std::fs::remove_file(&store).unwrap();
-        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb))
+        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb), 1)
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::Store { .. }), "{e}");
@@ -383,7 +425,7 @@ mod tests {
         // A store with state but no marker is refused; a pristine one is adopted.
         let other = tempfile::tempdir().unwrap();
         store_with_state(other.path(), LogEngine::Redb);
-        let e = open_data_dir(other.path(), "c", 1, None, Some(LogEngine::Redb))
+        let e = open_data_dir(other.path(), "c", 1, None, Some(LogEngine::Redb), 1)
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::NoMarker { .. }), "{e}");
@@ -404,17 +446,55 @@ mod tests {
     fn a_dir_keeps_its_engine_and_refuses_another() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        drop(open_data_dir(p, "c", 1, Some(&boot()), None).expect("fresh dir"));
+        drop(open_data_dir(p, "c", 1, Some(&boot()), None, 1).expect("fresh dir"));
         let m = read_marker(p).unwrap().unwrap();
         assert_eq!(m.log_engine, "raft-engine", "the default engine");
-        let opened = open_data_dir(p, "c", 1, Some(&boot()), None).expect("its own engine");
-        assert_eq!(opened.storage.engine(), LogEngine::RaftEngine);
+        let opened = open_data_dir(p, "c", 1, Some(&boot()), None, 1).expect("its own engine");
+        assert_eq!(opened.storages[0].engine(), LogEngine::RaftEngine);
         drop(opened);
-        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb))
+        let e = open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb), 1)
             .map(|_| ())
             .unwrap_err();
         assert!(matches!(e, DirError::OtherEngine { .. }), "{e}");
         assert!(e.to_string().contains("on raft-engine, not redb"), "{e}");
+    }
+
+    #[test]
+    fn a_dir_keeps_its_number_of_groups_each_on_the_one_engine() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        let opened = open_data_dir(p, "c", 1, Some(&boot()), None, 4).expect("fresh dir");
+        assert_eq!(opened.storages.len(), 4);
+        let vote = raft::eraftpb::HardState {
+            term: 5,
+            vote: 2,
+            commit: 1,
+            ..Default::default()
+        };
+        opened.storages[3].persist(&[], Some(&vote)).unwrap();
+        opened.storages[0].sync().unwrap();
+        drop(opened);
+        assert_eq!(read_marker(p).unwrap().unwrap().groups, 4);
+        let again = open_data_dir(p, "c", 1, Some(&boot()), None, 4).expect("reopened");
+        let hs = |g: usize| {
+            raft::Storage::initial_state(&again.storages[g])
+                .unwrap()
+                .hard_state
+        };
+        assert_eq!((hs(3).term, hs(3).vote), (5, 2), "group 3's own vote");
+        assert_eq!(hs(1).vote, 0, "group 1 untouched");
+        drop(again);
+        for asked in [1, 8] {
+            let e = open_data_dir(p, "c", 1, Some(&boot()), None, asked)
+                .map(|_| ())
+                .unwrap_err();
+            assert!(matches!(e, DirError::OtherGroups { found: 4, .. }), "{e}");
+        }
+        let redb = tempfile::tempdir().unwrap();
+        let e = open_data_dir(redb.path(), "c", 1, Some(&boot()), Some(LogEngine::Redb), 2)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(e.to_string().contains("redb holds one raft group"), "{e}");
     }
 
     #[test]
@@ -423,7 +503,7 @@ mod tests {
             let other = tempfile::tempdir().unwrap();
             store_with_state(other.path(), engine);
             for asked in [None, Some(engine)] {
-                let e = open_data_dir(other.path(), "c", 1, None, asked)
+                let e = open_data_dir(other.path(), "c", 1, None, asked, 1)
                     .map(|_| ())
                     .unwrap_err();
                 assert!(
@@ -438,10 +518,10 @@ mod tests {
     fn a_marker_from_before_the_engine_choice_means_redb() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
-        drop(open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb)).expect("fresh"));
+        drop(open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb), 1).expect("fresh"));
         let old = r#"{"format": 2, "cluster_id": "c", "node_id": 1}"#;
         std::fs::write(p.join(MARKER_FILE), old).unwrap();
-        let opened = open_data_dir(p, "c", 1, Some(&boot()), None).expect("an older dir");
-        assert_eq!(opened.storage.engine(), LogEngine::Redb);
+        let opened = open_data_dir(p, "c", 1, Some(&boot()), None, 1).expect("an older dir");
+        assert_eq!(opened.storages[0].engine(), LogEngine::Redb);
     }
 }

@@ -2,6 +2,7 @@
 //! transaction committed with `Durability::Immediate` (fsynced).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use protobuf::Message as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
@@ -182,5 +183,12 @@ impl LogStore for RedbLog {
             entries.push(Entry::parse_from_bytes(v.value())?);
         }
         Ok(entries)
+    }
+
+    fn group(&self, group: u64) -> Result<Arc<dyn LogStore>, DiskError> {
+        Err(
+            format!("redb holds one raft group, not group {group}: many groups need raft-engine")
+                .into(),
+        )
     }
 }

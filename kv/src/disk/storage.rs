@@ -37,6 +37,8 @@ struct Cache {
 pub struct DiskStorage {
     log: Arc<dyn LogStore>,
     engine: LogEngine,
+    /// The node the store belongs to.
+    node_id: u64,
     cache: Arc<RwLock<Cache>>,
     /// Bytes of the newest entries kept in memory (`TAIL_BYTES`; smaller in tests).
     tail_bytes: usize,
@@ -66,6 +68,37 @@ impl DiskStorage {
             LogEngine::RaftEngine => Arc::new(EngineLog::create(dir)?),
             LogEngine::Redb => Arc::new(RedbLog::create(dir)?),
         };
+        Self::initialized(log, bootstrap, node_id, engine)
+    }
+
+    /// Raft group `group`'s store on this one's engine (this store is group 0's), created from
+    /// `bootstrap` as [`DiskStorage::create`] does if it holds nothing yet. An engine that holds
+    /// one group (redb) refuses any other.
+    pub fn group(&self, group: u64, bootstrap: Option<&Snapshot>) -> Result<Self, StoreError> {
+        if group == 0 {
+            return Ok(self.clone());
+        }
+        let log = self.log.group(group).map_err(corrupt)?;
+        Self::initialized(log, bootstrap, self.node_id, self.engine)
+    }
+
+    /// Raft group `group`'s existing store on this one's engine: refused if it was never
+    /// initialized.
+    pub fn group_existing(&self, group: u64) -> Result<Self, StoreError> {
+        if group == 0 {
+            return Ok(self.clone());
+        }
+        let log = self.log.group(group).map_err(corrupt)?;
+        Self::checked(log, self.engine, self.node_id)
+    }
+
+    /// `log` initialized from `bootstrap` unless it already was, then opened.
+    fn initialized(
+        log: Arc<dyn LogStore>,
+        bootstrap: Option<&Snapshot>,
+        node_id: u64,
+        engine: LogEngine,
+    ) -> Result<Self, StoreError> {
         let meta = log.meta().map_err(corrupt)?;
         let mut w = Write::nothing();
         let (cs, hs);
@@ -118,6 +151,7 @@ impl DiskStorage {
         let storage = DiskStorage {
             log,
             engine,
+            node_id,
             cache: Arc::new(RwLock::new(Cache {
                 hard_state: HardState::default(),
                 conf_state: ConfState::default(),
@@ -185,7 +219,9 @@ impl DiskStorage {
         Ok(())
     }
 
-    /// Persist a `Ready`'s entries (replacing any conflicting suffix) and hard state, fsynced.
+    /// Persist a `Ready`'s entries (replacing any conflicting suffix) and hard state; durable at
+    /// the next [`DiskStorage::sync`] (one fsync for every group of the node), which must come
+    /// before anything that depends on them is sent or counted.
     ///
     /// A hard state that changes only the commit index, with no entries, is kept in memory (see
     /// [`DiskStorage::set_commit`]): raft needs the term and the vote durable before it speaks,
@@ -215,6 +251,7 @@ impl DiskStorage {
             entries,
             overwrites,
             hard_state,
+            sync: false,
             ..Write::nothing()
         })?;
         let mut c = self.cache.write();
@@ -223,6 +260,11 @@ impl DiskStorage {
             c.hard_state = hs.clone();
         }
         Ok(true)
+    }
+
+    /// Make every write of every group of this store's engine durable.
+    pub fn sync(&self) -> Result<(), DiskError> {
+        self.log.sync()
     }
 
     /// Record a newer commit index (from a `LightReady`), in memory: raft puts it in the next

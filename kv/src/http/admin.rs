@@ -79,9 +79,8 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
                 .and_then(Value::as_u64)
                 .ok_or_else(|| error(400, "bad_json", "expected {\"to\": N}"))?;
             c.app
-                .raft
-                .requests
-                .try_send(Request::Transfer { to })
+                .first()
+                .send(Request::Transfer { to })
                 .map_err(|_| error(503, "overloaded", "the raft thread's queue is full"))?;
             Ok(reply(202, json!({"transfer_to": to})))
         }
@@ -110,7 +109,7 @@ async fn members(c: &Ctx<'_>, body: Value) -> Result<Reply, Reply> {
         })?;
     let (tx, rx) = oneshot::channel();
     let req = Request::Members { changes, reply: tx };
-    Ok(match ask(c.app, req, rx).await? {
+    Ok(match ask(c.app.first(), req, rx).await? {
         MembersReply::Done { conf, index } => {
             let s = Status {
                 conf,
@@ -173,7 +172,7 @@ fn faults(c: &Ctx<'_>, what: &str, body: Value) -> Result<Reply, Reply> {
                 .get("rate")
                 .and_then(Value::as_f64)
                 .ok_or_else(|| error(400, "bad_json", "expected {\"rate\": F}"))?;
-            app.raft
+            app.first()
                 .clock
                 .set_rate(rate)
                 .map_err(|e| error(400, "bad_rate", e))?;

@@ -11,14 +11,14 @@ use crate::base::options::NodeOptions;
 use crate::disk::promise_file::PromiseRecord;
 use crate::peer::heard::Heard;
 use crate::peer::transport::Blocked;
-use crate::raft::shared::Shared;
+use crate::raft::shared::{Groups, Shared};
 use crate::raft::status::Status;
 use crate::state::kv_state::KvState;
 
 /// The HTTP side's view of a node.
 pub struct App {
-    /// The raft loop's shared state.
-    pub raft: Arc<Shared<KvState>>,
+    /// Every group's shared state.
+    pub groups: Arc<Groups<KvState>>,
     /// The node's options.
     pub opts: NodeOptions,
     /// HTTP limits.
@@ -42,9 +42,14 @@ pub struct App {
 }
 
 impl App {
-    /// The status the raft thread published last.
+    /// Group 0: sessions, locks, the address book, and the node-wide routes.
+    pub fn first(&self) -> &Arc<Shared<KvState>> {
+        self.groups.first()
+    }
+
+    /// Group 0's status, as the raft thread published it last.
     pub fn status(&self) -> Status {
-        self.raft.status.read().clone()
+        self.first().status.read().clone()
     }
 
     /// The leader to send clients to: `leader`, if a message from it arrived within
@@ -55,17 +60,23 @@ impl App {
         leader.filter(|&id| self.heard.ago_ms(id).is_some_and(|ms| ms <= window))
     }
 
-    /// Two of raft's heartbeat intervals and a tick: a leader sends a heartbeat every interval,
-    /// so a follower that heard nothing for this long has missed at least one.
+    /// Two of the leader's heartbeat intervals and a tick: a leader's node sends something every
+    /// interval, so a follower that heard nothing for this long has missed at least one. Per
+    /// group, the interval is raft's heartbeat; with shared liveness, a quiescent group sends
+    /// none, and the node's support heartbeat (a third of the promise, `--election-ms`) is what
+    /// comes.
     pub fn redirect_window_ms(&self) -> u64 {
         let (hb, tick) = (self.opts.heartbeat_ms, self.opts.tick_ms.max(1));
-        let interval = (hb / tick).max(1) * tick;
+        let interval = match self.opts.liveness {
+            raft_lease::multi::LivenessMode::PerGroup => (hb / tick).max(1) * tick,
+            raft_lease::multi::LivenessMode::Shared => (self.opts.election_ms / 3).max(hb),
+        };
         2 * interval + tick
     }
 
     /// Node `id`'s HTTP address: the address book's, else the one given with `--peer-http`.
     pub fn http_of(&self, id: u64) -> Option<String> {
-        let book = self.raft.members.read();
+        let book = self.first().members.read();
         book.addrs
             .get(&id)
             .and_then(|a| a.http.clone())

@@ -7,11 +7,11 @@ use tokio::sync::oneshot;
 
 use crate::base::budget::Ticket;
 use crate::base::conns::Phase;
-use crate::http::app::App;
 use crate::http::ctx::{not_leader, Ctx};
 use crate::http::outcome::outcome_reply;
 use crate::http::reply::{error, Reply};
 use crate::raft::requests::{Request, WriteReply};
+use crate::raft::shared::Shared;
 use crate::state::command::Command;
 use crate::state::kv_machine::KvCommand;
 use crate::state::kv_state::KvState;
@@ -22,13 +22,13 @@ const WAIT: Duration = Duration::from_secs(5);
 /// What a write costs in the in-flight budget besides its value.
 const WRITE_OVERHEAD_BYTES: u64 = 2048;
 
-/// Send `req` to the raft thread and wait for its answer.
+/// Send `req` for group `g` to the raft thread and wait for its answer.
 pub async fn ask<T>(
-    app: &App,
+    g: &Shared<KvState>,
     req: Request<KvState>,
     rx: oneshot::Receiver<T>,
 ) -> Result<T, Reply> {
-    match app.raft.requests.try_send(req) {
+    match g.send(req) {
         Ok(()) => {}
         Err(crossbeam_channel::TrySendError::Full(_)) => {
             return Err(error(
@@ -52,16 +52,19 @@ pub async fn ask<T>(
     }
 }
 
-/// Bytes for a write of a `len`-byte value, from the in-flight budget (503 when used up), and
-/// room in the state for it (507 when full).
-pub fn reserve(c: &Ctx<'_>, len: u64) -> Result<Ticket, Reply> {
+/// Bytes for a write of a `len`-byte value to group `g`, from the in-flight budget (503 when used
+/// up), and room in the state for it (507 when full). Each group may hold an equal share of
+/// `--max-state-bytes` (keys spread evenly over the groups; summing every group's size on every
+/// write would cost a pass over all of them).
+pub fn reserve(c: &Ctx<'_>, g: &Shared<KvState>, len: u64) -> Result<Ticket, Reply> {
     let app = c.app;
-    let state = app.raft.machine.read().bytes;
-    if len > 0 && state + app.inflight.used() + len > app.opts.max_state_bytes {
-        let detail = format!(
-            "the store holds {state} bytes of at most {}",
-            app.opts.max_state_bytes
-        );
+    let state = g.machine.read().bytes;
+    let share = app.opts.max_state_bytes / u64::from(app.groups.count());
+    if len > 0 && state + app.inflight.used() + len > share {
+        let detail = match app.groups.count() {
+            1 => format!("the store holds {state} bytes of at most {share}"),
+            n => format!("the key's group holds {state} bytes of its share {share} (1/{n})"),
+        };
         return Err(error(507, "state_full", detail));
     }
     app.inflight
@@ -75,16 +78,27 @@ pub fn reserve(c: &Ctx<'_>, len: u64) -> Result<Ticket, Reply> {
         })
 }
 
-/// Propose `cmd` with `value` and wait for it to apply.
+/// Propose `cmd` with `value` in group 0 (sessions and locks) and wait for it to apply.
 pub async fn write(
     c: &Ctx<'_>,
     cmd: Command,
     value: Vec<u8>,
     ticket: Option<Ticket>,
 ) -> Result<Reply, Reply> {
+    write_in(c, c.app.first(), cmd, value, ticket).await
+}
+
+/// Propose `cmd` with `value` in group `g` and wait for it to apply.
+pub async fn write_in(
+    c: &Ctx<'_>,
+    g: &Shared<KvState>,
+    cmd: Command,
+    value: Vec<u8>,
+    ticket: Option<Ticket>,
+) -> Result<Reply, Reply> {
     let ticket = match ticket {
         Some(t) => t,
-        None => reserve(c, 0)?,
+        None => reserve(c, g, 0)?,
     };
     let t = Instant::now();
     c.conn.set(Phase::Waiting);
@@ -95,7 +109,7 @@ pub async fn write(
         ticket: Some(ticket),
         sent_at: Instant::now(),
     };
-    Ok(match ask(c.app, req, rx).await? {
+    Ok(match ask(g, req, rx).await? {
         WriteReply::Done(outcome) => {
             c.app
                 .metrics

@@ -8,7 +8,9 @@ use serde_json::json;
 use crate::base::conns::Guard;
 use crate::http::app::App;
 use crate::http::reply::{error, error_with, Reply};
+use crate::raft::shared::Shared;
 use crate::state::keys::{self, NameError};
+use crate::state::kv_state::KvState;
 
 /// A query string, decoded.
 pub type Query = Vec<(String, String)>;
@@ -74,9 +76,14 @@ pub fn check_query(c: &Ctx<'_>, takes: &[&str]) -> Result<(), Reply> {
     Ok(())
 }
 
-/// Proceed on the leader; elsewhere, the redirect to it (or 503 when no leader is known).
+/// Proceed on group 0's leader; elsewhere, the redirect to it (or 503 when no leader is known).
 pub fn leader_only(c: &Ctx<'_>) -> Result<(), Reply> {
-    match c.app.raft.leadership.get() {
+    leader_only_in(c, c.app.first())
+}
+
+/// Proceed on group `g`'s leader; elsewhere, the redirect to it (or 503 when no leader is known).
+pub fn leader_only_in(c: &Ctx<'_>, g: &Shared<KvState>) -> Result<(), Reply> {
+    match g.leadership.get() {
         (true, _) => Ok(()),
         (false, leader) => Err(not_leader(c, leader)),
     }

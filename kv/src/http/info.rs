@@ -1,4 +1,4 @@
-//! `GET /status`, `GET /members` and `GET /metrics`.
+//! `GET /status`, `GET /members`, `GET /groups` and `GET /metrics`.
 
 use serde_json::{json, Value};
 
@@ -21,14 +21,51 @@ pub fn status(app: &App) -> Reply {
                "log_entries": s.log_entries, "insecure_peers": app.opts.insecure_peers,
                "member": is_member(&s.conf, app.opts.id), "last_heard_ms": last_heard_ms(app),
                "lease": {"state": state, "remaining_ms": remaining_ns / 1_000_000},
-               "promise": promise_json(app), "uptime_ms": app.promise.uptime_ms(&app.raft.clock),
-               "log_engine": app.opts.log_engine.map(|e| e.name())}),
+               "promise": promise_json(app), "uptime_ms": app.promise.uptime_ms(&app.first().clock),
+               "log_engine": app.opts.log_engine.map(|e| e.name()),
+               "groups": app.groups.count(), "groups_led": groups_led(app),
+               "liveness": liveness(app)}),
+    )
+}
+
+/// How many groups this node leads.
+fn groups_led(app: &App) -> usize {
+    app.groups
+        .all
+        .iter()
+        .filter(|g| g.leadership.get().0)
+        .count()
+}
+
+fn liveness(app: &App) -> &'static str {
+    match app.opts.liveness {
+        raft_lease::multi::LivenessMode::Shared => "shared",
+        raft_lease::multi::LivenessMode::PerGroup => "per_group",
+    }
+}
+
+/// `GET /groups`: every group's leader and term as this node knows them.
+pub fn groups(app: &App) -> Reply {
+    let list: Vec<Value> = app
+        .groups
+        .all
+        .iter()
+        .map(|g| {
+            let (here, leader) = g.leadership.get();
+            json!({"group": g.group, "leader_id": leader, "term": g.leadership.term(),
+                   "leader_here": here})
+        })
+        .collect();
+    reply(
+        200,
+        json!({"id": app.opts.id, "groups": app.groups.count(), "liveness": liveness(app),
+               "groups_led": groups_led(app), "list": list}),
     )
 }
 
 /// On a node that does not lead, how many ms ago it last heard from the leader it knows.
 fn last_heard_ms(app: &App) -> Option<u64> {
-    match app.raft.leadership.get() {
+    match app.first().leadership.get() {
         (false, Some(leader)) => app.heard.ago_ms(leader),
         _ => None,
     }
@@ -44,7 +81,7 @@ fn promise_json(app: &App) -> Value {
 
 pub fn members(app: &App) -> Reply {
     let s = app.status();
-    let book = app.raft.members.read().clone();
+    let book = app.first().members.read().clone();
     let mut body = s.conf_json();
     let list: Vec<Value> = book
         .addrs

@@ -13,9 +13,9 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::base::conns::Phase;
-use crate::http::ask::{ask, reserve, write};
+use crate::http::ask::{ask, reserve, write_in};
 use crate::http::body::read_body;
-use crate::http::ctx::{leader_only, not_leader, param, Ctx, Query};
+use crate::http::ctx::{leader_only_in, not_leader, param, Ctx, Query};
 use crate::http::reply::{error, error_with, reply, Reply};
 use crate::raft::requests::{ReadReply, Request};
 use crate::state::command::Command;
@@ -37,6 +37,7 @@ fn read_mode(q: &Query) -> Result<ReadMode, Reply> {
 
 pub async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
     let app = c.app;
+    let g = app.groups.of_key(&key);
     let raw = accepts_raw(&c.parts.headers);
     let mode = read_mode(&c.query)?;
     let t = Instant::now();
@@ -45,8 +46,8 @@ pub async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
     if mode != ReadMode::ReadIndex && !app.opts.unsafe_lease_based {
         // A clone per request: a handle counts its reads in itself and hands them to the node's
         // counters when dropped, so `raft_lease_reads_total` stays exact across worker threads.
-        let handle = app.raft.handle.clone();
-        let local = handle.read(|| app.raft.machine.read().kv.get(&key).cloned());
+        let handle = g.handle.clone();
+        let local = handle.read(|| g.machine.read().kv.get(&key).cloned());
         if let Ok(stored) = local {
             app.metrics
                 .lease_read_seconds
@@ -54,7 +55,7 @@ pub async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
             return Ok(value_reply(&key, stored, ReadKind::Lease, raw));
         }
         if mode == ReadMode::Lease {
-            let (is_leader, leader) = app.raft.leadership.get();
+            let (is_leader, leader) = g.leadership.get();
             if !is_leader {
                 return Err(not_leader(c, leader));
             }
@@ -65,14 +66,14 @@ pub async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
             ));
         }
     }
-    leader_only(c)?;
+    leader_only_in(c, g)?;
     let (tx, rx) = oneshot::channel();
     let req = Request::Read {
         query: key.clone(),
         mode,
         reply: tx,
     };
-    match ask(app, req, rx).await? {
+    match ask(g, req, rx).await? {
         ReadReply::Value { answer, kind } => {
             let h = match kind {
                 ReadKind::Lease | ReadKind::FollowerLease => &app.metrics.lease_read_seconds,
@@ -115,7 +116,8 @@ fn value_reply(key: &str, stored: Option<Stored>, kind: ReadKind, raw: bool) -> 
 }
 
 pub async fn put(c: &Ctx<'_>, key: String, body: Incoming) -> Result<Reply, Reply> {
-    leader_only(c)?;
+    let g = c.app.groups.of_key(&key);
+    leader_only_in(c, g)?;
     let session = match param(&c.query, "session").map(str::parse::<u64>) {
         None => None,
         Some(Ok(s)) => Some(s),
@@ -136,7 +138,17 @@ pub async fn put(c: &Ctx<'_>, key: String, body: Incoming) -> Result<Reply, Repl
     let claimed = hyper::body::Body::size_hint(&body)
         .upper()
         .unwrap_or(limit as u64);
-    let ticket = reserve(c, claimed.min(limit as u64) + key.len() as u64)?;
+    if (session.is_some() || fence.is_some()) && g.group != 0 {
+        let detail = format!(
+            "key {key:?} is in group {} of {}: sessions and locks live in group 0, so a write \
+             bound to a session or fenced by a lock is taken only for keys of group 0",
+            g.group,
+            c.app.groups.count()
+        );
+        let more = json!({"key": key, "group": g.group});
+        return Err(error_with(400, "not_in_group_0", detail, more));
+    }
+    let ticket = reserve(c, g, claimed.min(limit as u64) + key.len() as u64)?;
     let value = read_body(body, limit, c).await?;
     let cmd = Command::Put {
         key,
@@ -144,5 +156,5 @@ pub async fn put(c: &Ctx<'_>, key: String, body: Incoming) -> Result<Reply, Repl
         fence,
         now_ns: 0,
     };
-    write(c, cmd, value, Some(ticket)).await
+    write_in(c, g, cmd, value, Some(ticket)).await
 }

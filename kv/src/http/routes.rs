@@ -18,7 +18,7 @@ use hyper::{Method, Request as HttpRequest, Response};
 
 use crate::base::conns::Guard;
 use crate::http::app::App;
-use crate::http::ctx::{check_query, leader_only, method_not_allowed, name, Ctx};
+use crate::http::ctx::{check_query, leader_only_in, method_not_allowed, name, Ctx};
 use crate::http::reply::{error, Reply};
 use crate::http::{admin, ask, info, kv, sessions};
 use crate::state::command::Command;
@@ -49,8 +49,11 @@ pub async fn handle(rq: HttpRequest<Incoming>, app: &App, conn: &Guard) -> Respo
 async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     let path = c.parts.uri.path();
     Ok(match path {
-        "/status" | "/metrics" | "/members" => info_route(c, path)?,
-        p if p.starts_with("/kv/") => kv_route(c, &p[4..], body).await?,
+        "/status" | "/metrics" | "/members" | "/groups" => info_route(c, path)?,
+        p if p.starts_with("/kv/") => {
+            let r = kv_route(c, &p[4..], body).await;
+            in_group(c, &p[4..], r)?
+        }
         p if p.starts_with("/session") || p.starts_with("/lock/") => {
             sessions::route(c, body).await?
         }
@@ -62,7 +65,24 @@ async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     })
 }
 
-/// `GET /status`, `/metrics`, `/members`: no other method, no parameters.
+/// With many groups, every answer about a key names the key's group (`x-kv-group`), a redirect
+/// to that group's leader included.
+fn in_group(c: &Ctx<'_>, raw: &str, r: Result<Reply, Reply>) -> Result<Reply, Reply> {
+    let groups = c.app.groups.count();
+    let Ok(key) = keys::name(raw) else {
+        return r;
+    };
+    if groups == 1 {
+        return r;
+    }
+    let g = crate::state::placement::group_of(&key, groups).to_string();
+    match r {
+        Ok(r) => Ok(r.with_header("x-kv-group", g)),
+        Err(r) => Err(r.with_header("x-kv-group", g)),
+    }
+}
+
+/// `GET /status`, `/metrics`, `/members`, `/groups`: no other method, no parameters.
 fn info_route(c: &Ctx<'_>, path: &str) -> Result<Reply, Reply> {
     if c.parts.method != Method::GET {
         return Err(method_not_allowed(&c.parts.method, path, "GET"));
@@ -71,6 +91,7 @@ fn info_route(c: &Ctx<'_>, path: &str) -> Result<Reply, Reply> {
     Ok(match path {
         "/status" => info::status(c.app),
         "/metrics" => info::metrics(c.app),
+        "/groups" => info::groups(c.app),
         _ => info::members(c.app),
     })
 }
@@ -90,8 +111,9 @@ async fn kv_route(c: &Ctx<'_>, raw: &str, body: Incoming) -> Result<Reply, Reply
         }
         Method::DELETE => {
             check_query(c, &[])?;
-            leader_only(c)?;
-            ask::write(c, Command::Delete { key }, Vec::new(), None).await
+            let g = c.app.groups.of_key(&key);
+            leader_only_in(c, g)?;
+            ask::write_in(c, g, Command::Delete { key }, Vec::new(), None).await
         }
         _ => Err(method_not_allowed(m, "/kv/<key>", "GET, PUT, DELETE")),
     }

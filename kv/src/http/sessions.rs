@@ -62,7 +62,7 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
 /// if the lease is still valid (read first, validate second). Sessions a checkpoint names are
 /// answered once a replicated keep-alive has cleared it. `"via"` says which: `lease` or `raft`.
 async fn keepalive(c: &Ctx<'_>, ids: &[u64]) -> Result<Reply, Reply> {
-    let raft = &c.app.raft;
+    let raft = c.app.first();
     let term = raft.leadership.term();
     c.conn.set(Phase::Waiting);
     let refresh = || {

@@ -86,6 +86,7 @@ impl Procs {
             data_dir: dir.to_path_buf(),
             temp: false,
             base_port: Some(base_port),
+            groups: None,
             peer_delay_ms: 0,
             fault_injection: true,
             unsafe_lease_based,

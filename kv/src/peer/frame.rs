@@ -1,4 +1,5 @@
-//! Peer frames: a raft message as protobuf, cut into frames of at most `MAX_FRAME_BYTES`.
+//! Peer frames: a message (a node batch, see `raft_lease::multi::wire`) cut into frames of at
+//! most `MAX_FRAME_BYTES`.
 //!
 //! A frame is `[u32 big-endian length][u8 flags][length bytes]`; flag `FINAL` marks a message's
 //! last frame. A length above the frame limit, or a message growing past the message limit, is an
@@ -11,8 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use protobuf::Message as _;
-use raft::eraftpb::Message;
+use raft_lease::multi::wire::{self, BatchError};
+use raft_lease::multi::NodeBatch;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::time::timeout;
@@ -38,9 +39,9 @@ pub enum FrameError {
     /// Flags other than `FINAL`.
     #[error("unknown frame flags {0:#x}")]
     BadFlags(u8),
-    /// The bytes are not a raft message.
-    #[error("bad protobuf: {0}")]
-    Protobuf(#[from] protobuf::ProtobufError),
+    /// The bytes are not a node batch.
+    #[error("{0}")]
+    Batch(#[from] BatchError),
     /// A frame or a flush made no progress in time.
     #[error("a frame made no progress in time")]
     Stalled,
@@ -49,13 +50,13 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
-/// Write `msg` as one or more frames (not flushed), each within `per_frame`.
+/// Write the encoded message `bytes` as one or more frames (not flushed), each within
+/// `per_frame`.
 pub async fn write_message<W: AsyncWrite + Unpin>(
     w: &mut W,
-    msg: &Message,
+    bytes: &[u8],
     per_frame: Duration,
 ) -> Result<(), FrameError> {
-    let bytes = msg.write_to_bytes()?;
     let pieces = bytes.len().div_ceil(MAX_FRAME_BYTES).max(1);
     for i in 0..pieces {
         let piece = &bytes
@@ -79,7 +80,7 @@ pub async fn read_message<R: AsyncRead + Unpin>(
     r: &mut R,
     max_message: usize,
     budget: &Arc<Budget>,
-) -> Result<Option<(Message, Ticket)>, FrameError> {
+) -> Result<Option<(NodeBatch, Ticket)>, FrameError> {
     let mut buf = Vec::new();
     let mut ticket = budget.take(0).expect("zero bytes always fit");
     loop {
@@ -104,7 +105,7 @@ pub async fn read_message<R: AsyncRead + Unpin>(
         }
         read_piece(r, &mut buf, len, &mut ticket).await?;
         if flags & FINAL != 0 {
-            return Ok(Some((Message::parse_from_bytes(&buf)?, ticket)));
+            return Ok(Some((wire::decode(&buf)?, ticket)));
         }
     }
 }
@@ -132,6 +133,7 @@ async fn read_piece<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use raft::eraftpb::Message;
 
     const T: Duration = Duration::from_secs(1);
 
@@ -139,8 +141,19 @@ mod tests {
         Budget::new(1 << 30)
     }
 
-    fn read(wire: &[u8], max: usize) -> Result<Option<Message>, FrameError> {
-        run(read_message(&mut &wire[..], max, &budget())).map(|m| m.map(|(m, _)| m))
+    /// The raft messages of the batch read from `wire`.
+    fn read(wire: &[u8], max: usize) -> Result<Option<Vec<(u64, Message)>>, FrameError> {
+        run(read_message(&mut &wire[..], max, &budget())).map(|m| m.map(|(b, _)| b.raft))
+    }
+
+    /// `m` alone in a batch of group 0, encoded.
+    fn encoded(m: &Message) -> Vec<u8> {
+        wire::encode(&NodeBatch {
+            from: m.from,
+            to: m.to,
+            raft: vec![(0, m.clone())],
+            ..NodeBatch::default()
+        })
     }
 
     fn run<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -166,18 +179,18 @@ mod tests {
     fn a_message_larger_than_a_frame_travels_as_several_and_round_trips() {
         let m = big_snapshot(MAX_FRAME_BYTES * 2 + 10);
         let mut wire = Vec::new();
-        run(write_message(&mut wire, &m, T)).unwrap();
-        let encoded = m.write_to_bytes().unwrap().len();
+        let bytes = encoded(&m);
+        run(write_message(&mut wire, &bytes, T)).unwrap();
         assert_eq!(
             wire.len(),
-            encoded + 3 * 5,
+            bytes.len() + 3 * 5,
             "three frames with their headers"
         );
         assert_eq!(wire[4], 0, "the first frame is not the last");
         let got = read(&wire, 1 << 30).unwrap();
-        assert_eq!(got, Some(m));
+        assert_eq!(got, Some(vec![(0, m)]));
         let mut empty = Vec::new();
-        run(write_message(&mut empty, &Message::default(), T)).unwrap();
+        run(write_message(&mut empty, &[], T)).unwrap();
         assert_eq!(
             empty,
             [0, 0, 0, 0, FINAL],
@@ -197,8 +210,8 @@ mod tests {
             m.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeatResponse);
             m.context = ctx.into();
             let mut wire = Vec::new();
-            run(write_message(&mut wire, &m, T)).unwrap();
-            assert_eq!(read(&wire, 1 << 20).unwrap(), Some(m));
+            run(write_message(&mut wire, &encoded(&m), T)).unwrap();
+            assert_eq!(read(&wire, 1 << 20).unwrap(), Some(vec![(0, m)]));
         }
     }
 
@@ -212,7 +225,7 @@ mod tests {
         ));
         let m = big_snapshot(MAX_FRAME_BYTES * 2);
         let mut wire = Vec::new();
-        run(write_message(&mut wire, &m, T)).unwrap();
+        run(write_message(&mut wire, &encoded(&m), T)).unwrap();
         assert!(matches!(
             read(&wire, MAX_FRAME_BYTES),
             Err(FrameError::MessageTooLarge(..))
@@ -223,7 +236,7 @@ mod tests {
         ));
         assert!(matches!(
             read(&[0, 0, 0, 3, FINAL, 0xff, 0xff, 0xff][..], 1 << 30),
-            Err(FrameError::Protobuf(_))
+            Err(FrameError::Batch(_))
         ));
         // A frame that promises more than arrives is an error, not a hang or an allocation.
         assert!(matches!(
@@ -237,7 +250,7 @@ mod tests {
     fn reassembly_holds_bytes_in_the_budget_and_fails_when_it_is_used_up() {
         let m = big_snapshot(MAX_FRAME_BYTES * 2);
         let mut wire = Vec::new();
-        run(write_message(&mut wire, &m, T)).unwrap();
+        run(write_message(&mut wire, &encoded(&m), T)).unwrap();
         let small = Budget::new(MAX_FRAME_BYTES as u64);
         assert!(matches!(
             run(read_message(&mut &wire[..], 1 << 30, &small)),
@@ -248,7 +261,7 @@ mod tests {
         let (got, ticket) = run(read_message(&mut &wire[..], 1 << 30, &b))
             .unwrap()
             .unwrap();
-        assert_eq!(got, m);
+        assert_eq!(got.raft, vec![(0, m)]);
         assert!(b.used() >= (MAX_FRAME_BYTES * 2) as u64);
         drop(ticket);
         assert_eq!(b.used(), 0);

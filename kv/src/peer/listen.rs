@@ -1,5 +1,5 @@
 //! Peer transport, receiving side: accept peer connections, authenticate them (mutual TLS), and
-//! deliver the raft messages they carry to the raft thread's inbox.
+//! deliver the node batches they carry to the raft thread's inbox.
 //!
 //! Until a connection has authenticated (its TLS handshake done, or with `--insecure-peers` its
 //! first message read) it holds a place in a small table of pending handshakes, at most
@@ -9,10 +9,11 @@
 //! anyone who reaches the port cannot keep members from connecting. An authenticated connection
 //! takes one of [`peer::MAX_CONNECTIONS_PER_PEER`] places of its member instead.
 //!
-//! A message is dropped (and counted) unless it is addressed to this node, comes from a member in
-//! the address book (or one this node was started with) that was not removed, names the same
-//! sender as the certificate of the connection it came on, and is of a type peers send each
-//! other (never a proposal or a node-local message). Frames are bounded in size, and the bytes of
+//! A batch is dropped (and counted) unless it is addressed to this node, comes from a member in
+//! the address book (or one this node was started with) that was not removed, and names the same
+//! sender as the certificate of the connection it came on; a raft message in it is dropped unless
+//! it names the batch's sender and receiver and is of a type peers send each other (never a
+//! proposal or a node-local message). Frames are bounded in size, and the bytes of
 //! messages being received or waiting for the raft thread in the peer byte budget.
 
 use std::collections::HashMap;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use raft::eraftpb::{Message, MessageType};
+use raft_lease::multi::NodeBatch;
 use slog::{info, warn, Logger};
 use tokio::io::{AsyncRead, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -85,22 +87,74 @@ fn peer_type(t: MessageType) -> bool {
     )
 }
 
-/// Whether `msg`, received on a connection authenticated as `cert_id`, may reach raft.
-pub fn check(msg: &Message, cert_id: Option<u64>, cfg: &TransportConfig) -> Result<(), Reject> {
-    let member = cfg.members.read().accepts(msg.from, &cfg.started_with);
-    if msg.to != cfg.my_id || msg.from == cfg.my_id || !member {
+/// Whether a batch from `from` to `to`, received on a connection authenticated as `cert_id`,
+/// may reach the node.
+pub fn check_sender(
+    from: u64,
+    to: u64,
+    cert_id: Option<u64>,
+    cfg: &TransportConfig,
+) -> Result<(), Reject> {
+    let member = cfg.members.read().accepts(from, &cfg.started_with);
+    if to != cfg.my_id || from == cfg.my_id || !member {
         return Err(Reject::Misaddressed);
     }
-    if let Some(cert) = cert_id.filter(|&c| c != msg.from) {
+    if let Some(cert) = cert_id.filter(|&c| c != from) {
         return Err(Reject::Spoofed {
-            claimed: msg.from,
+            claimed: from,
             cert,
         });
     }
+    Ok(())
+}
+
+/// Whether `msg`, received on a connection authenticated as `cert_id`, may reach raft.
+pub fn check(msg: &Message, cert_id: Option<u64>, cfg: &TransportConfig) -> Result<(), Reject> {
+    check_sender(msg.from, msg.to, cert_id, cfg)?;
     if !peer_type(msg.get_msg_type()) {
         return Err(Reject::Type(msg.get_msg_type()));
     }
     Ok(())
+}
+
+/// `batch` with every raft message that may not reach raft taken out; `Err` if the batch itself
+/// may not reach the node, or carried nothing else. Every refusal is counted.
+fn checked(
+    mut batch: NodeBatch,
+    cert_id: Option<u64>,
+    cfg: &TransportConfig,
+) -> Result<NodeBatch, Reject> {
+    if let Err(r) = check_sender(batch.from, batch.to, cert_id, cfg) {
+        count(&r, cfg);
+        return Err(r);
+    }
+    let (from, to) = (batch.from, batch.to);
+    let mut first = None;
+    batch.raft.retain(|(_, m)| {
+        let verdict = match (m.from, m.to) {
+            (f, t) if f == from && t == to => check(m, cert_id, cfg),
+            _ => Err(Reject::Misaddressed),
+        };
+        if let Err(r) = verdict {
+            count(&r, cfg);
+            first.get_or_insert(r);
+            return false;
+        }
+        true
+    });
+    match first {
+        // A batch that carried nothing else but a refused message is refused as it.
+        Some(r) if batch.is_empty() => Err(r),
+        _ => Ok(batch),
+    }
+}
+
+fn count(reject: &Reject, cfg: &TransportConfig) {
+    match reject {
+        Reject::Spoofed { .. } => cfg.metrics.peer_spoofed.inc(),
+        Reject::Type(_) => cfg.metrics.peer_refused_types.inc(),
+        Reject::Misaddressed => cfg.metrics.bad_frames.inc(),
+    }
 }
 
 /// What every connection task needs.
@@ -209,7 +263,7 @@ async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
         read_message(&mut r, ctx.cfg.max_message_bytes, budget),
     )
     .await;
-    let (msg, ticket) = match first {
+    let (batch, ticket) = match first {
         Ok(Ok(Some(m))) => m,
         Ok(Err(e)) => {
             ctx.cfg.metrics.bad_frames.inc();
@@ -219,11 +273,11 @@ async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
         _ => return,
     };
     drop(pending);
-    let Some(_slot) = PeerSlot::take(&ctx.per_peer, msg.from) else {
+    let Some(_slot) = PeerSlot::take(&ctx.per_peer, batch.from) else {
         ctx.cfg.metrics.peer_refused.inc();
         return;
     };
-    deliver(msg, ticket, None, ctx, log, &mut false);
+    deliver(batch, ticket, None, ctx, log, &mut false);
     recv_loop(r, None, ctx, log).await
 }
 
@@ -236,7 +290,7 @@ async fn recv_loop<R: AsyncRead + Unpin>(
     let mut warned = false;
     loop {
         let read = read_message(&mut r, ctx.cfg.max_message_bytes, &ctx.cfg.peer_budget);
-        let (msg, ticket) = match timeout(peer::IDLE_TIMEOUT, read).await {
+        let (batch, ticket) = match timeout(peer::IDLE_TIMEOUT, read).await {
             Err(_) | Ok(Ok(None)) => return, // idle or closed
             Ok(Err(e)) => {
                 ctx.cfg.metrics.bad_frames.inc();
@@ -245,13 +299,13 @@ async fn recv_loop<R: AsyncRead + Unpin>(
             }
             Ok(Ok(Some(m))) => m,
         };
-        deliver(msg, ticket, cert_id, ctx, log, &mut warned);
+        deliver(batch, ticket, cert_id, ctx, log, &mut warned);
     }
 }
 
-/// Check `msg` and hand it to the raft thread with its bytes' ticket.
+/// Check `batch` and hand what passes to the raft thread with its bytes' ticket.
 fn deliver(
-    msg: Message,
+    batch: NodeBatch,
     ticket: Ticket,
     cert_id: Option<u64>,
     ctx: &Ctx,
@@ -259,24 +313,26 @@ fn deliver(
     warned: &mut bool,
 ) {
     let cfg = &ctx.cfg;
-    if let Err(reject) = check(&msg, cert_id, cfg) {
-        match reject {
-            Reject::Spoofed { .. } => cfg.metrics.peer_spoofed.inc(),
-            Reject::Type(_) => cfg.metrics.peer_refused_types.inc(),
-            Reject::Misaddressed => cfg.metrics.bad_frames.inc(),
+    let (from, to) = (batch.from, batch.to);
+    let batch = match checked(batch, cert_id, cfg) {
+        Ok(b) => b,
+        Err(reject) => {
+            if !std::mem::replace(warned, true) {
+                warn!(log, "peer message dropped"; "reason" => ?reject, "from" => from, "to" => to);
+            }
+            return;
         }
-        if !std::mem::replace(warned, true) {
-            warn!(log, "peer message dropped"; "reason" => ?reject, "from" => msg.from, "to" => msg.to);
-        }
+    };
+    batch
+        .raft
+        .iter()
+        .for_each(|(_, m)| cfg.metrics.received(m.get_msg_type()));
+    if crate::peer::transport::cut(&cfg.blocked, from, true) {
         return;
     }
-    cfg.metrics.received(msg.get_msg_type());
-    if crate::peer::transport::cut(&cfg.blocked, msg.from, true) {
-        return;
-    }
-    cfg.heard.record(msg.from);
+    cfg.heard.record(from);
     let inbound = Inbound {
-        msg,
+        batch,
         ticket: Some(ticket),
         received_at: std::time::Instant::now(),
     };
@@ -285,10 +341,10 @@ fn deliver(
     }
 }
 
-/// A peer message and the bytes it holds in the peer budget until it is stepped.
+/// A peer's batch and the bytes it holds in the peer budget until it is stepped.
 pub struct Inbound {
-    /// The message.
-    pub msg: Message,
+    /// The batch.
+    pub batch: NodeBatch,
     /// Its bytes in the peer budget.
     pub ticket: Option<Ticket>,
     /// When it was read off the connection.

@@ -1,5 +1,6 @@
-//! Peer transport, sending side: raft messages to each peer over one connection (mutual TLS
-//! unless `--insecure-peers`), as frames (see `frame`).
+//! Peer transport, sending side: one node batch per pass to each peer (the support session, the
+//! fortification messages and every group's raft messages, `raft_lease::multi::wire`), over one
+//! connection per peer (mutual TLS unless `--insecure-peers`), as frames (see `frame`).
 //!
 //! Each peer has a sender task with a bounded queue: the raft thread never blocks on a slow or
 //! dead peer. A message that is not delivered is **reported** to the raft thread: a snapshot as
@@ -17,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::RwLock;
-use raft::eraftpb::{Message, MessageType};
+use raft::eraftpb::MessageType;
+use raft_lease::multi::{wire, GroupId, NodeBatch};
 use slog::{debug, info, warn, Logger};
 use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::net::TcpStream;
@@ -31,9 +33,9 @@ use crate::peer::heard::Heard;
 use crate::peer::members::Members;
 use crate::tls::config::{peer_node_id, PeerTls};
 
-/// Messages queued per peer before new ones are dropped.
+/// Batches queued per peer before new ones are dropped.
 const QUEUE_LEN: usize = 4096;
-/// Messages written per flush at most.
+/// Batches written per flush at most.
 const BATCH: usize = 256;
 /// A frame (at most 1 MiB) or a flush that makes no progress for this long fails the connection.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(2);
@@ -57,22 +59,30 @@ pub fn cut(blocked: &Blocked, id: u64, inbound: bool) -> bool {
 /// What the transport tells the raft thread about messages it could not deliver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Report {
-    /// A snapshot to `to` was flushed (`delivered`) or lost.
+    /// A snapshot of group `group` to `to` was flushed (`delivered`) or lost.
     Snapshot {
+        /// The group.
+        group: GroupId,
         /// The peer.
         to: u64,
         /// Whether all its frames were flushed.
         delivered: bool,
     },
-    /// A message to `to` (an append) was lost.
+    /// A message of group `group` to `to` (an append) was lost.
     Unreachable {
+        /// The group.
+        group: GroupId,
         /// The peer.
         to: u64,
     },
 }
 
+/// A batch queued for a peer: its bytes, and what raft must hear of if it is lost.
 struct Outgoing {
-    msg: Message,
+    bytes: Vec<u8>,
+    /// The group and type of each raft message in it.
+    raft: Vec<(GroupId, MessageType)>,
+    to: u64,
     queued_at: Instant,
 }
 
@@ -139,22 +149,34 @@ impl Transport {
         }
     }
 
-    /// Queue `msg` for its peer. Never blocks; a message that cannot be queued is reported.
-    pub fn send(&mut self, msg: Message) {
-        self.cfg.metrics.sent(msg.get_msg_type());
-        if cut(&self.cfg.blocked, msg.to, false) {
-            return report_lost(&self.reports, &self.cfg.metrics, &msg);
+    /// Queue `batch` for its peer. Never blocks; a batch that cannot be queued is reported.
+    pub fn send(&mut self, batch: NodeBatch) {
+        let raft: Vec<(GroupId, MessageType)> = batch
+            .raft
+            .iter()
+            .map(|(g, m)| (*g, m.get_msg_type()))
+            .collect();
+        raft.iter().for_each(|(_, t)| self.cfg.metrics.sent(*t));
+        let to = batch.to;
+        let out = Outgoing {
+            bytes: Vec::new(),
+            raft,
+            to,
+            queued_at: Instant::now(),
+        };
+        if cut(&self.cfg.blocked, to, false) {
+            return report_lost(&self.reports, &self.cfg.metrics, &out);
         }
-        let Some(q) = self.queue(msg.to) else {
-            return report_lost(&self.reports, &self.cfg.metrics, &msg);
+        let Some(q) = self.queue(to) else {
+            return report_lost(&self.reports, &self.cfg.metrics, &out);
         };
         let out = Outgoing {
-            msg,
-            queued_at: Instant::now(),
+            bytes: wire::encode(&batch),
+            ..out
         };
         if let Err(TrySendError::Full(out) | TrySendError::Closed(out)) = q.try_send(out) {
             self.cfg.metrics.dropped_full.inc();
-            report_lost(&self.reports, &self.cfg.metrics, &out.msg);
+            report_lost(&self.reports, &self.cfg.metrics, &out);
         }
     }
 
@@ -174,20 +196,23 @@ impl Transport {
     }
 }
 
-/// Tell the raft thread that `msg` was lost.
-fn report_lost(reports: &Reports, metrics: &Metrics, msg: &Message) {
-    let report = match msg.get_msg_type() {
-        MessageType::MsgSnapshot => {
-            metrics.snapshots_lost.inc();
-            Report::Snapshot {
-                to: msg.to,
-                delivered: false,
+/// Tell the raft thread that the raft messages of `out` were lost.
+fn report_lost(reports: &Reports, metrics: &Metrics, out: &Outgoing) {
+    for &(group, t) in &out.raft {
+        let report = match t {
+            MessageType::MsgSnapshot => {
+                metrics.snapshots_lost.inc();
+                Report::Snapshot {
+                    group,
+                    to: out.to,
+                    delivered: false,
+                }
             }
-        }
-        MessageType::MsgAppend => Report::Unreachable { to: msg.to },
-        _ => return,
-    };
-    send_report(reports, report);
+            MessageType::MsgAppend => Report::Unreachable { group, to: out.to },
+            _ => continue,
+        };
+        send_report(reports, report);
+    }
 }
 
 fn send_report(reports: &Reports, r: Report) {
@@ -218,18 +243,18 @@ async fn send_loop(
                     backoff = Duration::from_millis(20);
                 }
                 Err(e) => {
-                    debug!(log, "peer unreachable; dropping message"; "error" => %e, "backoff_ms" => backoff.as_millis());
-                    report_lost(&reports, &cfg.metrics, &out.msg);
+                    debug!(log, "peer unreachable; dropping batch"; "error" => %e, "backoff_ms" => backoff.as_millis());
+                    report_lost(&reports, &cfg.metrics, &out);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             }
         }
-        let mut batch = vec![out.msg];
+        let mut batch = vec![out];
         while batch.len() < BATCH {
             match rx.try_recv() {
-                Ok(more) => batch.push(more.msg),
+                Ok(more) => batch.push(more),
                 Err(_) => break,
             }
         }
@@ -242,33 +267,39 @@ async fn send_loop(
     }
 }
 
-/// Write `batch` and flush, each frame within [`FRAME_TIMEOUT`]. A snapshot is flushed on its own
-/// and reported delivered; on failure, everything not yet reported is reported lost.
+/// Write `batch` and flush, each frame within [`FRAME_TIMEOUT`]. A batch with a snapshot is
+/// flushed on its own and its snapshots reported delivered; on failure, everything not yet
+/// reported is reported lost.
 async fn write_batch(
     w: &mut PeerWriter,
-    batch: &[Message],
+    batch: &[Outgoing],
     reports: &Reports,
     metrics: &Metrics,
 ) -> Result<(), FrameError> {
     let mut unflushed = 0;
-    for (i, m) in batch.iter().enumerate() {
-        let mut written = write_message(w, m, FRAME_TIMEOUT).await;
-        let snapshot = m.get_msg_type() == MessageType::MsgSnapshot;
+    for (i, out) in batch.iter().enumerate() {
+        let mut written = write_message(w, &out.bytes, FRAME_TIMEOUT).await;
+        let snapshots = out
+            .raft
+            .iter()
+            .filter(|(_, t)| *t == MessageType::MsgSnapshot);
+        let snapshot = snapshots.clone().next().is_some();
         if written.is_ok() && snapshot {
             written = flush(w).await;
         }
         if let Err(e) = written {
             batch[unflushed..]
                 .iter()
-                .for_each(|m| report_lost(reports, metrics, m));
+                .for_each(|out| report_lost(reports, metrics, out));
             return Err(e);
         }
-        if snapshot {
+        for &(group, _) in snapshots {
+            metrics.snapshots_delivered.inc();
             let delivered = Report::Snapshot {
-                to: m.to,
+                group,
+                to: out.to,
                 delivered: true,
             };
-            metrics.snapshots_delivered.inc();
             send_report(reports, delivered);
             unflushed = i + 1;
         }
@@ -276,7 +307,7 @@ async fn write_batch(
     if let Err(e) = flush(w).await {
         batch[unflushed..]
             .iter()
-            .for_each(|m| report_lost(reports, metrics, m));
+            .for_each(|out| report_lost(reports, metrics, out));
         return Err(e);
     }
     Ok(())

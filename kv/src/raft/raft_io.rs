@@ -1,5 +1,5 @@
-//! The raft loop's I/O for `LeaseNode::handle_ready`: the durable log, the transport, the state
-//! machine, the address book, and the requests waiting for their entries to apply.
+//! One group's I/O for the node's `Ready`s: its durable log, its state machine, the address book,
+//! and the requests waiting for their entries to apply. (Messages go out in the node's batches.)
 //!
 //! Snapshot data is an envelope (see `snapshot`): the address book, then the state machine's own
 //! snapshot.
@@ -9,16 +9,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChangeV2, Entry, EntryType, HardState, Message, Snapshot};
+use raft::eraftpb::{ConfChangeV2, Entry, EntryType, HardState, Snapshot};
 use raft_lease::drive::apply_conf_change_entry;
-use raft_lease::ReadyIo;
 use slog::{info, Logger};
 use tokio::sync::oneshot;
 
 use crate::base::budget::Ticket;
-use crate::base::clock::ScaledClock;
 use crate::disk::storage::{DiskError, DiskStorage};
-use crate::peer::transport::Transport;
 use crate::raft::machine::{Node, StateMachine};
 use crate::raft::requests::{MembersReply, WriteReply};
 use crate::raft::shared::Shared;
@@ -46,11 +43,10 @@ pub enum Waiter<O> {
     Members(oneshot::Sender<MembersReply>),
 }
 
-/// The loop's I/O and the waiters, as `handle_ready` sees them.
+/// One group's I/O and waiters.
 pub struct LoopIo<M: StateMachine> {
     storage: DiskStorage,
     shared: Arc<Shared<M>>,
-    transport: Transport,
     /// Requests waiting on the entry at an index: (the term it was proposed in, the waiter, when
     /// it was proposed).
     waiting: BTreeMap<u64, (u64, Waiter<M::Outcome>, Instant)>,
@@ -70,11 +66,10 @@ pub struct LoopIo<M: StateMachine> {
 }
 
 impl<M: StateMachine> LoopIo<M> {
-    /// The I/O of a loop whose state machine is in `shared`.
+    /// The I/O of a group whose state machine is in `shared`.
     pub fn new(
         storage: DiskStorage,
         shared: Arc<Shared<M>>,
-        transport: Transport,
         metrics: Arc<crate::base::metrics::Metrics>,
         logger: Logger,
     ) -> Self {
@@ -82,7 +77,6 @@ impl<M: StateMachine> LoopIo<M> {
         LoopIo {
             storage,
             shared,
-            transport,
             waiting: BTreeMap::new(),
             snapshot_index,
             applied_bytes: 0,
@@ -224,7 +218,9 @@ impl<M: StateMachine> LoopIo<M> {
             self.storage.set_conf_state(cs)?;
             if e.get_entry_type() == EntryType::EntryConfChangeV2 {
                 let cc = ConfChangeV2::parse_from_bytes(&e.data)?;
-                self.shared.members.write().apply(&cc, cs);
+                if self.shared.group == 0 {
+                    self.shared.members.write().apply(&cc, cs); // the book is group 0's
+                }
                 self.snapshot_due |= cc
                     .get_changes()
                     .iter()
@@ -283,16 +279,10 @@ impl<M: StateMachine> LoopIo<M> {
     }
 }
 
-impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
-    type Error = DiskError;
-
-    fn send(&mut self, msgs: Vec<Message>) {
-        for m in msgs {
-            self.transport.send(m);
-        }
-    }
-
-    fn install_snapshot(&mut self, _: &mut Node, snap: Snapshot) -> Result<(), DiskError> {
+/// What the node's `Ready`s ask of the group.
+impl<M: StateMachine> LoopIo<M> {
+    /// Install a snapshot from the leader: the log store, the state machine, the address book.
+    pub fn install_snapshot(&mut self, _: &mut Node, snap: Snapshot) -> Result<(), DiskError> {
         let (machine, book) = restore::<M>(&snap.data)?;
         self.storage.apply_snapshot(&snap)?;
         let index = snap.get_metadata().index;
@@ -300,8 +290,8 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
         self.snapshot_bytes = snap.data.len() as u64;
         self.applied_bytes = 0;
         *self.shared.machine.write() = machine;
-        if let Some(book) = book {
-            *self.shared.members.write() = book;
+        if let (Some(book), 0) = (book, self.shared.group) {
+            *self.shared.members.write() = book; // the book is group 0's
         }
         // Entries up to the snapshot applied inside it: whether a waiter's did is not known.
         let later = self.waiting.split_off(&(index + 1));
@@ -320,7 +310,8 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
         Ok(())
     }
 
-    fn apply(&mut self, node: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
+    /// Apply committed entries, answering the requests waiting on them.
+    pub fn apply(&mut self, node: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
         let normal = |e: &Entry| e.get_entry_type() == EntryType::EntryNormal;
         for run in entries.chunk_by(|a, b| normal(a) == normal(b)) {
             if normal(&run[0]) {
@@ -334,24 +325,18 @@ impl<M: StateMachine> ReadyIo<DiskStorage, Arc<ScaledClock>> for LoopIo<M> {
         Ok(())
     }
 
-    fn persist(
+    /// Write new entries and the hard state, durable at the node's next sync; whether anything
+    /// was written.
+    pub fn persist(
         &mut self,
-        _: &mut Node,
         entries: &[Entry],
         hs: Option<&HardState>,
-    ) -> Result<(), DiskError> {
-        if entries.is_empty() && hs.is_none() {
-            return Ok(());
-        }
-        let t = Instant::now();
-        if self.storage.persist(entries, hs)? {
-            let took = t.elapsed().as_secs_f64();
-            self.metrics.persist_seconds.observe(took);
-        }
-        Ok(())
+    ) -> Result<bool, DiskError> {
+        self.storage.persist(entries, hs)
     }
 
-    fn set_commit(&mut self, _: &mut Node, commit: u64) -> Result<(), DiskError> {
+    /// Record a newer commit index.
+    pub fn set_commit(&mut self, commit: u64) -> Result<(), DiskError> {
         self.storage.set_commit(commit)
     }
 }

@@ -1,29 +1,34 @@
-//! A raft loop to copy: one thread drives a `LeaseNode` over a durable log, a peer transport and
-//! a state machine of your own ([`StateMachine`]), and answers requests from other threads.
+//! A raft loop to copy: one thread drives every group of the node (a `MultiNode`) over one
+//! durable log engine, one peer transport and a state machine of your own per group
+//! ([`StateMachine`]), and answers requests from other threads.
 //!
-//! The KV's own parts (keys, sessions, locks) are in `state`; nothing here knows
-//! them. What the loop does, per pass:
-//! 1. wait for a peer message, a request, a transport report, or the next tick;
-//! 2. take **everything** already waiting (peer messages, requests, reports), up to a batch limit:
-//!    every pending write is proposed before the next `Ready`, so one fsync covers them all
-//!    (group commit);
-//! 3. tick if due, and let the state machine propose housekeeping on the leader;
-//! 4. process `Ready`s (send, apply, persist: `LeaseNode::handle_ready`), then compact if due;
-//! 5. hand back finished reads, and publish the status for the HTTP threads.
+//! The KV's own parts (keys, sessions, locks) are in `state`; nothing here knows them. What the
+//! loop does, per pass:
+//! 1. wait for a peer batch, a request, a transport report, or the next tick;
+//! 2. take **everything** already waiting (peer batches, requests, reports), up to a batch limit:
+//!    every pending write of every group is proposed before the next `Ready`s, so one fsync
+//!    covers them all (group commit, across groups);
+//! 3. tick if due, and let group 0's state machine propose housekeeping on its leader;
+//! 4. process every touched group's `Ready` (`MultiNode::handle_ready_and_send`): what may leave
+//!    at once goes to the transport (a leader's appends overlap its own fsync), then one fsync
+//!    for every group, then what waited for it; then compact groups that are due;
+//! 5. hand back finished reads, and publish who leads each touched group for the HTTP threads.
 //!
-//! Lease reads never come here: HTTP workers serve them through the `ReadHandle`. Writes are
-//! matched to their entries by (index, term), so an answer is exact even across leaders. When the
-//! loop stops, every request still waiting is answered `ShuttingDown`.
+//! Lease reads never come here: HTTP workers serve them through each group's `ReadHandle`.
+//! Writes are matched to their entries by (index, term), so an answer is exact even across
+//! leaders. When the loop stops, every request still waiting is answered `ShuttingDown`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{select, Receiver};
 use parking_lot::RwLock;
+use raft::eraftpb::{Entry, HardState, Snapshot};
 use raft::SnapshotStatus;
-use raft_lease::{LeaseConfig, LeaseNode, ReadError, ReadId, ReadMode};
+use raft_lease::multi::{GroupId, MultiApp, MultiConfig, MultiNode};
+use raft_lease::{ReadError, ReadId, ReadMode};
 use slog::{crit, info, warn, Logger};
 use tokio::sync::oneshot;
 
@@ -37,16 +42,19 @@ use crate::peer::transport::{Report, Transport};
 use crate::raft::admission::admissible;
 use crate::raft::machine::{Leading, Node, StateMachine};
 use crate::raft::raft_io::{LoopIo, Waiter};
-use crate::raft::requests::{MembersReply, ReadReply, Request, WriteReply};
-use crate::raft::shared::{Leadership, Shared};
+use crate::raft::requests::{MembersReply, ReadReply, Request, Routed, WriteReply};
+use crate::raft::shared::{Groups, Shared};
 use crate::raft::snapshot::restore;
+
+/// Every group of the node.
+pub type Multi = MultiNode<DiskStorage, Arc<ScaledClock>>;
 
 /// How the loop runs.
 #[derive(Debug, Clone, Copy)]
 pub struct LoopConfig {
     /// raft's tick interval.
     pub tick_ms: u64,
-    /// Snapshot and compact once this many entries applied since the last snapshot (see
+    /// Snapshot and compact a group once this many entries applied since its last snapshot (see
     /// `LoopIo::maybe_compact`, which also cuts after as many bytes of entries as the last
     /// snapshot held, and keeps up to 1,000 entries and about 16 MiB behind the snapshot for
     /// followers that lag a little).
@@ -61,11 +69,14 @@ pub struct LoopConfig {
 
 /// What the loop is given.
 pub struct Wiring {
-    /// The raft log store (opened, possibly bootstrapped).
-    pub storage: DiskStorage,
+    /// Every group's raft log store (opened, possibly bootstrapped), group `g` at `g`; all on one
+    /// engine.
+    pub storages: Vec<DiskStorage>,
+    /// How the node hosts its groups (its id, incarnation, liveness mode, raft and lease configs).
+    pub multi: MultiConfig,
     /// The sending side of the peer transport.
     pub transport: Transport,
-    /// Peer messages.
+    /// Peer batches.
     pub inbox: Receiver<Inbound>,
     /// What happened to messages the transport could not deliver.
     pub reports: Receiver<Report>,
@@ -85,19 +96,32 @@ type PendingRead<M> = (
     oneshot::Sender<ReadReply<<M as StateMachine>::Answer>>,
 );
 
-/// The raft thread's own state.
-pub struct RaftLoop<M: StateMachine> {
-    node: Node,
+/// One group's part of the loop.
+struct GroupLoop<M: StateMachine> {
     io: LoopIo<M>,
     shared: Arc<Shared<M>>,
-    inbox: Receiver<Inbound>,
-    reports: Receiver<Report>,
-    requests: Receiver<Request<M>>,
     reads: HashMap<ReadId, PendingRead<M>>,
     /// The (term, index) of the housekeeping entry in flight: one at a time.
     housekeeping: Option<(u64, u64)>,
+}
+
+/// The raft thread's own state.
+pub struct RaftLoop<M: StateMachine> {
+    multi: Multi,
+    /// Group `g` at `g`.
+    groups: Vec<GroupLoop<M>>,
+    /// Group 0's store: syncing it syncs the engine every group shares.
+    store: DiskStorage,
+    transport: Transport,
+    inbox: Receiver<Inbound>,
+    reports: Receiver<Report>,
+    requests: Receiver<Routed<M>>,
+    /// Groups stepped, asked or reported on in this pass: their leadership is published.
+    touched: BTreeSet<GroupId>,
+    /// Groups with reads waiting for raft.
+    reading: BTreeSet<GroupId>,
     /// When the oldest append with entries stepped in this pass arrived, on a follower: the time
-    /// from its arrival to its answer leaving is measured once the pass's `Ready` is handled.
+    /// from its arrival to its answer leaving is measured once the pass's `Ready`s are handled.
     append_arrived: Option<Instant>,
     cfg: LoopConfig,
     stop: Arc<AtomicBool>,
@@ -108,67 +132,122 @@ pub struct RaftLoop<M: StateMachine> {
 /// Why the loop could not start.
 pub type StartError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The node's `Ready` I/O: each group's own, and one sync for all.
+struct Apps<'a, M: StateMachine> {
+    groups: &'a mut [GroupLoop<M>],
+    store: &'a DiskStorage,
+    /// Time spent writing since the last sync, if anything was written: with the sync, the
+    /// log's time per round (an engine that defers syncs spends it in the sync; redb in the
+    /// writes).
+    writing: Option<Duration>,
+    metrics: &'a Metrics,
+}
+
+impl<M: StateMachine> Apps<'_, M> {
+    fn io(&mut self, group: GroupId) -> &mut LoopIo<M> {
+        &mut self.groups[group as usize].io
+    }
+}
+
+impl<M: StateMachine> MultiApp<DiskStorage, Arc<ScaledClock>> for Apps<'_, M> {
+    type Error = DiskError;
+
+    fn install_snapshot(&mut self, g: GroupId, n: &mut Node, s: Snapshot) -> Result<(), DiskError> {
+        self.io(g).install_snapshot(n, s)
+    }
+
+    fn apply(&mut self, g: GroupId, n: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
+        self.io(g).apply(n, entries)
+    }
+
+    fn persist(
+        &mut self,
+        g: GroupId,
+        _: &mut Node,
+        entries: &[Entry],
+        hs: Option<&HardState>,
+    ) -> Result<(), DiskError> {
+        let t = Instant::now();
+        if self.io(g).persist(entries, hs)? {
+            self.writing = Some(self.writing.unwrap_or_default() + t.elapsed());
+        }
+        Ok(())
+    }
+
+    fn set_commit(&mut self, g: GroupId, _: &mut Node, commit: u64) -> Result<(), DiskError> {
+        self.io(g).set_commit(commit)
+    }
+
+    fn sync(&mut self) -> Result<(), DiskError> {
+        let Some(writing) = self.writing.take() else {
+            return Ok(());
+        };
+        let t = Instant::now();
+        self.store.sync()?;
+        let took = writing + t.elapsed();
+        self.metrics.persist_seconds.observe(took.as_secs_f64());
+        Ok(())
+    }
+}
+
 impl<M: StateMachine> RaftLoop<M> {
-    /// Rebuild the state from the storage's latest snapshot, and create the node.
+    /// Rebuild every group's state from its latest snapshot, and host the groups.
     pub fn open(
-        rc: raft::Config,
-        lease: LeaseConfig,
         cfg: LoopConfig,
         w: Wiring,
         logger: Logger,
-    ) -> Result<(RaftLoop<M>, Arc<Shared<M>>), StartError> {
-        let (machine, book) = match w.storage.latest_snapshot()? {
-            Some(s) => restore::<M>(&s.data)?,
-            None => (M::restore(&[])?, None),
-        };
-        if let Some(book) = book {
-            *w.members.write() = book;
-        }
-        let rc = raft::Config {
-            applied: machine.applied(),
-            ..rc
-        };
-        let node = LeaseNode::new(
-            &rc,
-            w.storage.clone(),
-            lease,
-            cfg.tick_ms,
-            w.clock.clone(),
-            &logger,
-        )?;
+    ) -> Result<(RaftLoop<M>, Arc<Groups<M>>), StartError> {
+        assert!(!w.storages.is_empty(), "a node hosts at least one group");
+        let store = w.storages[0].clone();
+        let mut multi = MultiNode::new(w.multi, std::iter::empty(), w.clock.clone(), &logger)?;
         let (req_tx, req_rx) = crossbeam_channel::bounded(cfg.queue_len);
-        let shared = Arc::new(Shared {
-            handle: node.read_handle(),
-            clock: w.clock,
-            machine: RwLock::new(machine),
-            leadership: Leadership::default(),
-            status: RwLock::default(),
-            members: w.members,
-            requests: req_tx,
-        });
-        let io = LoopIo::new(
-            w.storage,
-            shared.clone(),
-            w.transport,
-            w.metrics.clone(),
-            logger.clone(),
-        );
+        let mut groups = Vec::with_capacity(w.storages.len());
+        for (gid, storage) in w.storages.into_iter().enumerate() {
+            let gid = gid as GroupId;
+            let (machine, book) = match storage.latest_snapshot()? {
+                Some(s) => restore::<M>(&s.data)?,
+                None => (M::restore(&[])?, None),
+            };
+            if let (Some(book), 0) = (book, gid) {
+                *w.members.write() = book; // the address book is group 0's
+            }
+            multi.add_group_applied(gid, storage.clone(), machine.applied())?;
+            let handle = multi.group(gid).expect("just added").read_handle();
+            let shared = Arc::new(Shared::new(
+                gid,
+                machine,
+                handle,
+                w.members.clone(),
+                w.clock.clone(),
+                req_tx.clone(),
+            ));
+            let log = logger.new(slog::o!("group" => gid));
+            let io = LoopIo::new(storage, shared.clone(), w.metrics.clone(), log);
+            groups.push(GroupLoop {
+                io,
+                shared,
+                reads: HashMap::new(),
+                housekeeping: None,
+            });
+        }
+        let all = groups.iter().map(|g| g.shared.clone()).collect();
         let l = RaftLoop {
-            node,
-            io,
-            shared: shared.clone(),
+            multi,
+            groups,
+            store,
+            transport: w.transport,
             inbox: w.inbox,
             reports: w.reports,
             requests: req_rx,
-            reads: HashMap::new(),
-            housekeeping: None,
+            touched: BTreeSet::new(),
+            reading: BTreeSet::new(),
             append_arrived: None,
             cfg,
             stop: w.stop,
             metrics: w.metrics,
             logger,
         };
-        Ok((l, shared))
+        Ok((l, Arc::new(Groups { all })))
     }
 
     /// Run until stopped. A storage failure is fatal: the node stops rather than risk safety,
@@ -183,10 +262,12 @@ impl<M: StateMachine> RaftLoop<M> {
             let now = Instant::now();
             let ticked = now >= next_tick;
             if ticked {
-                self.node.tick();
+                self.multi.tick();
                 next_tick = (next_tick + tick).max(now); // missed ticks are dropped, not burst
                 self.housekeeping();
-                self.io.publish_progress(&self.node);
+                self.groups[0]
+                    .io
+                    .publish_progress(self.multi.group(0).expect("group 0"));
             }
             if let Err(e) = self.handle_ready() {
                 crit!(self.logger, "storage failed; stopping"; "error" => %e);
@@ -215,7 +296,7 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
-    /// Take everything already waiting, a batch per channel: one `Ready` (one fsync) for all.
+    /// Take everything already waiting, a batch per channel: one fsync for all.
     fn drain(&mut self) {
         for _ in 0..self.cfg.max_batch {
             let Ok(m) = self.inbox.try_recv() else { break };
@@ -232,7 +313,7 @@ impl<M: StateMachine> RaftLoop<M> {
             let Ok(r) = self.requests.try_recv() else {
                 break;
             };
-            proposed += matches!(r, Request::Propose { .. }) as u64;
+            proposed += matches!(r.req, Request::Propose { .. }) as u64;
             self.request(r);
         }
         if proposed > 0 {
@@ -240,46 +321,72 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
-    /// Step a peer message, unless it is one no correct peer sends (see [`admissible`]).
+    /// Step a peer batch, without the raft messages no correct peer sends (see [`admissible`])
+    /// or of a group not hosted here.
     fn step(&mut self, m: Inbound) {
-        let checked = match self.cfg.admission_checks {
-            true => admissible(&self.node, &m.msg),
-            false => Ok(()),
-        };
-        if let Err(why) = checked {
+        let Inbound {
+            mut batch,
+            ticket,
+            received_at,
+        } = m;
+        let (multi, checks) = (&self.multi, self.cfg.admission_checks);
+        let mut dropped = Vec::new();
+        batch.raft.retain(|(gid, msg)| {
+            let checked = match (multi.group(*gid), checks) {
+                (None, _) => Err("a message for a group not hosted here"),
+                (Some(node), true) => admissible(node, msg),
+                (Some(_), false) => Ok(()),
+            };
+            if let Err(why) = checked {
+                dropped.push((why, *gid, msg.from, msg.get_msg_type(), msg.term));
+            }
+            checked.is_ok()
+        });
+        for (why, group, from, t, term) in dropped {
             self.metrics.peer_inadmissible.inc();
-            warn!(self.logger, "peer message dropped"; "why" => why, "from" => m.msg.from,
-                  "type" => ?m.msg.get_msg_type(), "term" => m.msg.term);
-            return;
+            warn!(self.logger, "peer message dropped"; "why" => why, "group" => group,
+                  "from" => from, "type" => ?t, "term" => term);
         }
-        let append = m.msg.get_msg_type() == raft::eraftpb::MessageType::MsgAppend;
-        if append && !m.msg.entries.is_empty() {
-            let oldest = self
-                .append_arrived
-                .map_or(m.received_at, |t| t.min(m.received_at));
-            self.append_arrived = Some(oldest);
+        for (gid, msg) in &batch.raft {
+            self.touched.insert(*gid);
+            let append = msg.get_msg_type() == raft::eraftpb::MessageType::MsgAppend;
+            if append && !msg.entries.is_empty() {
+                let oldest = self
+                    .append_arrived
+                    .map_or(received_at, |t| t.min(received_at));
+                self.append_arrived = Some(oldest);
+            }
         }
-        let _ = self.node.step(m.msg); // raft refuses what it must (a removed peer, say)
-        drop(m.ticket); // its bytes leave the peer budget once raft has the message
+        self.touched.extend(batch.fortify.iter().map(|f| f.group()));
+        self.multi.step(batch); // raft refuses what it must (a removed peer, say)
+        drop(ticket); // its bytes leave the peer budget once raft has the batch
     }
 
     /// Tell raft what the transport could not deliver.
     fn report(&mut self, r: Report) {
         match r {
-            Report::Snapshot { to, delivered } => {
-                let status = if delivered {
-                    SnapshotStatus::Finish
-                } else {
-                    SnapshotStatus::Failure
+            Report::Snapshot {
+                group,
+                to,
+                delivered,
+            } => {
+                let status = match delivered {
+                    true => SnapshotStatus::Finish,
+                    false => SnapshotStatus::Failure,
                 };
-                self.node.report_snapshot(to, status);
+                self.multi.report_snapshot(group, to, status);
             }
-            Report::Unreachable { to } => self.node.report_unreachable(to),
+            Report::Unreachable { group, to } => self.multi.report_unreachable(group, to),
         }
     }
 
-    fn request(&mut self, r: Request<M>) {
-        match r {
+    fn request(&mut self, r: Routed<M>) {
+        let Routed { group, req } = r;
+        if self.multi.group(group).is_none() {
+            return refuse_unhosted(req);
+        }
+        self.touched.insert(group);
+        match req {
             Request::Propose {
                 cmd,
                 reply,
@@ -288,23 +395,29 @@ impl<M: StateMachine> RaftLoop<M> {
             } => {
                 let queued = sent_at.elapsed().as_secs_f64();
                 self.metrics.write_queue_seconds.observe(queued);
-                self.propose(cmd, reply, ticket)
+                self.propose(group, cmd, reply, ticket)
             }
-            Request::Read { query, mode, reply } => self.read(query, mode, reply),
-            Request::Members { changes, reply } => self.change_members(&changes, reply),
-            Request::Transfer { to } => self.node.transfer_leader(to),
+            Request::Read { query, mode, reply } => self.read(group, query, mode, reply),
+            Request::Members { changes, reply } => self.change_members(group, &changes, reply),
+            Request::Transfer { to } => self.multi.transfer_leader(group, to),
         }
     }
 
-    fn leading(&self) -> Option<Leading> {
-        self.node.is_leader().then(|| Leading {
-            term: self.node.raw().raft.term,
-            now_ns: raft_lease::Clock::now_ns(&*self.shared.clock),
+    fn node(&self, group: GroupId) -> &Node {
+        self.multi.group(group).expect("a hosted group")
+    }
+
+    fn leading(&self, group: GroupId) -> Option<Leading> {
+        let node = self.node(group);
+        node.is_leader().then(|| Leading {
+            term: node.raw().raft.term,
+            now_ns: raft_lease::Clock::now_ns(&*self.groups[group as usize].shared.clock),
         })
     }
 
     fn propose(
         &mut self,
+        group: GroupId,
         cmd: M::Command,
         reply: oneshot::Sender<WriteReply<M::Outcome>>,
         ticket: Option<Ticket>,
@@ -312,13 +425,13 @@ impl<M: StateMachine> RaftLoop<M> {
         if reply.is_closed() {
             return; // the client gave up while it was queued: never propose it
         }
-        let Some(at) = self.leading() else {
-            let _ = reply.send(WriteReply::NotLeader {
-                leader: self.node.leader_id(),
-            });
+        let Some(at) = self.leading(group) else {
+            let leader = self.node(group).leader_id();
+            let _ = reply.send(WriteReply::NotLeader { leader });
             return;
         };
-        let data = match self.shared.machine.read().prepare(cmd, &at) {
+        let g = &self.groups[group as usize];
+        let data = match g.shared.machine.read().prepare(cmd, &at) {
             Ok(d) => d,
             Err(refusal) => {
                 let _ = reply.send(WriteReply::Refused(refusal));
@@ -326,21 +439,24 @@ impl<M: StateMachine> RaftLoop<M> {
             }
         };
         self.metrics.proposals.inc();
-        match self.propose_entry(data) {
-            Ok(index) => self.io.wait(index, at.term, Waiter::Write(reply, ticket)),
+        match self.propose_entry(group, data) {
+            Ok(index) => {
+                let w = Waiter::Write(reply, ticket);
+                self.groups[group as usize].io.wait(index, at.term, w)
+            }
             Err(why) => {
                 let _ = reply.send(WriteReply::NotApplied(why));
             }
         }
     }
 
-    /// Propose `data`; the index raft gave it.
-    fn propose_entry(&mut self, data: Vec<u8>) -> Result<u64, String> {
-        let before = self.node.raw().raft.raft_log.last_index();
-        self.node
-            .propose(vec![], data)
+    /// Propose `data` in `group`; the index raft gave it.
+    fn propose_entry(&mut self, group: GroupId, data: Vec<u8>) -> Result<u64, String> {
+        let before = self.node(group).raw().raft.raft_log.last_index();
+        self.multi
+            .propose(group, data)
             .map_err(|e| format!("raft refused the proposal: {e}"))?;
-        let index = self.node.raw().raft.raft_log.last_index();
+        let index = self.node(group).raw().raft.raft_log.last_index();
         if index == before {
             return Err("raft dropped the proposal".into());
         }
@@ -350,13 +466,15 @@ impl<M: StateMachine> RaftLoop<M> {
 
     fn read(
         &mut self,
+        group: GroupId,
         query: M::Query,
         mode: ReadMode,
         reply: oneshot::Sender<ReadReply<M::Answer>>,
     ) {
-        match self.node.read(mode) {
+        match self.multi.read(group, mode) {
             Ok(id) => {
-                self.reads.insert(id, (query, reply));
+                self.groups[group as usize].reads.insert(id, (query, reply));
+                self.reading.insert(group);
             }
             Err(ReadError::NotLeader { leader_hint }) => {
                 let _ = reply.send(ReadReply::NotLeader {
@@ -369,36 +487,46 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
-    fn change_members(&mut self, changes: &[Change], reply: oneshot::Sender<MembersReply>) {
-        if !self.node.is_leader() {
-            let _ = reply.send(MembersReply::NotLeader {
-                leader: self.node.leader_id(),
-            });
+    fn change_members(
+        &mut self,
+        group: GroupId,
+        changes: &[Change],
+        reply: oneshot::Sender<MembersReply>,
+    ) {
+        let node = self.node(group);
+        if !node.is_leader() {
+            let leader = node.leader_id();
+            let _ = reply.send(MembersReply::NotLeader { leader });
             return;
         }
-        let raft = &self.node.raw().raft;
+        let raft = &node.raw().raft;
         let cs = raft.prs().conf().to_conf_state();
         if raft.has_pending_conf() || !cs.voters_outgoing.is_empty() {
             let why = "another membership change is in progress; retry when it has applied";
             let _ = reply.send(MembersReply::Refused(why.into()));
             return;
         }
-        let (cc, context) = match self.shared.members.read().conf_change(&cs, changes) {
+        let (mut cc, context) = match self.groups[0]
+            .shared
+            .members
+            .read()
+            .conf_change(&cs, changes)
+        {
             Ok(c) => c,
             Err(e) => {
                 let _ = reply.send(MembersReply::Invalid(e));
                 return;
             }
         };
-        let term = raft.term;
-        let before = raft.raft_log.last_index();
-        let mut cc = cc;
+        let (term, before) = (raft.term, raft.raft_log.last_index());
         cc.set_context(context.into());
-        match self.node.propose_conf_change(vec![], cc) {
-            Ok(()) if self.node.raw().raft.raft_log.last_index() > before => {
-                let index = self.node.raw().raft.raft_log.last_index();
-                info!(self.logger, "membership change proposed"; "index" => index, "changes" => ?changes);
-                self.io.wait(index, term, Waiter::Members(reply));
+        match self.multi.propose_conf_change(group, cc) {
+            Ok(()) if self.node(group).raw().raft.raft_log.last_index() > before => {
+                let index = self.node(group).raw().raft.raft_log.last_index();
+                info!(self.logger, "membership change proposed"; "group" => group,
+                      "index" => index, "changes" => ?changes);
+                let w = Waiter::Members(reply);
+                self.groups[group as usize].io.wait(index, term, w);
             }
             Ok(()) => {
                 let _ = reply.send(MembersReply::Refused("raft dropped the change".into()));
@@ -409,93 +537,146 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
-    /// The state machine's own entries on the leader (sessions' takeover and expiry in the KV),
-    /// one in flight at a time.
+    /// Group 0's state machine's own entries on its leader (sessions' takeover and expiry in the
+    /// KV; sessions live in group 0), one in flight at a time.
     fn housekeeping(&mut self) {
-        let Some(at) = self.leading() else {
-            self.housekeeping = None;
+        let Some(at) = self.leading(0) else {
+            self.groups[0].housekeeping = None;
             return;
         };
-        let applied = self.node.raw().raft.raft_log.applied;
-        if self
-            .housekeeping
+        let applied = self.node(0).raw().raft.raft_log.applied;
+        let g = &mut self.groups[0];
+        if g.housekeeping
             .is_some_and(|(term, index)| term == at.term && index > applied)
         {
             return;
         }
-        let Some(data) = self.shared.machine.write().housekeeping(&at) else {
+        let Some(data) = g.shared.machine.write().housekeeping(&at) else {
             return;
         };
-        if let Ok(index) = self.propose_entry(data) {
-            self.housekeeping = Some((at.term, index));
+        if let Ok(index) = self.propose_entry(0, data) {
+            self.groups[0].housekeeping = Some((at.term, index));
+            self.touched.insert(0);
         }
     }
 
     fn handle_ready(&mut self) -> Result<(), DiskError> {
-        self.node.handle_ready(&mut self.io)?;
-        self.io.maybe_compact(self.cfg.snapshot_every)
+        let mut apps = Apps {
+            groups: &mut self.groups,
+            store: &self.store,
+            writing: None,
+            metrics: &self.metrics,
+        };
+        let transport = &mut self.transport;
+        self.multi
+            .handle_ready_and_send(&mut apps, &mut |b| transport.send(b))?;
+        for gid in std::mem::take(&mut self.touched) {
+            self.groups[gid as usize]
+                .io
+                .maybe_compact(self.cfg.snapshot_every)?;
+            self.touched.insert(gid);
+        }
+        Ok(())
     }
 
     fn serve_reads(&mut self) {
-        if self.reads.is_empty() && self.node.pending_reads() == 0 {
-            return;
-        }
-        let machine = self.shared.machine.read();
-        let reads = &self.reads;
-        let served = self
-            .node
-            .serve_reads(|id| reads.get(&id).map(|(q, _)| machine.query(q)));
-        drop(machine);
-        for s in served {
-            let Some((_, reply)) = self.reads.remove(&s.id) else {
-                continue;
-            };
-            let answer = match s.result {
-                Ok((Some(answer), kind)) => ReadReply::Value { answer, kind },
-                Ok((None, _)) => continue, // not ours: unreachable, every read id is ours
-                Err(ReadError::NotLeader { leader_hint }) => ReadReply::NotLeader {
-                    leader: leader_hint,
-                },
-                Err(ReadError::LeaseNotHeld) => ReadReply::LeaseNotHeld,
-            };
-            let _ = reply.send(answer);
+        for gid in std::mem::take(&mut self.reading) {
+            let g = &mut self.groups[gid as usize];
+            let machine = g.shared.machine.read();
+            let reads = &g.reads;
+            let served = self
+                .multi
+                .serve_reads(gid, |id| reads.get(&id).map(|(q, _)| machine.query(q)));
+            drop(machine);
+            for s in served {
+                let Some((_, reply)) = g.reads.remove(&s.id) else {
+                    continue;
+                };
+                let answer = match s.result {
+                    Ok((Some(answer), kind)) => ReadReply::Value { answer, kind },
+                    Ok((None, _)) => continue, // not ours: unreachable, every read id is ours
+                    Err(ReadError::NotLeader { leader_hint }) => ReadReply::NotLeader {
+                        leader: leader_hint,
+                    },
+                    Err(ReadError::LeaseNotHeld) => ReadReply::LeaseNotHeld,
+                };
+                let _ = reply.send(answer);
+            }
+            if !g.reads.is_empty() {
+                self.reading.insert(gid);
+            }
         }
     }
 
-    /// Publish who leads after every pass, and the whole status every tick or when that changed.
+    /// Publish who leads every group touched in this pass (every group on a tick), and group
+    /// 0's whole status every tick or when its leadership changed.
     fn publish(&mut self, ticked: bool) {
-        let (is_leader, term) = (self.node.is_leader(), self.node.raw().raft.term);
-        let leader = self.node.leader_id();
-        let changed = self.shared.leadership.get() != (is_leader, leader)
-            || self.shared.leadership.term() != term;
-        self.shared.leadership.set(is_leader, leader, term);
-        self.io.on_role(is_leader, term);
-        if ticked || changed {
-            self.io.publish(&self.node);
+        let touched = std::mem::take(&mut self.touched);
+        let all = 0..self.groups.len() as GroupId;
+        let gids: Box<dyn Iterator<Item = GroupId>> = match ticked {
+            true => Box::new(all),
+            false => Box::new(touched.into_iter()),
+        };
+        for gid in gids {
+            let node = self.multi.group(gid).expect("a hosted group");
+            let g = &mut self.groups[gid as usize];
+            let (is_leader, term) = (node.is_leader(), node.raw().raft.term);
+            let leader = node.leader_id();
+            let leadership = &g.shared.leadership;
+            let changed = leadership.get() != (is_leader, leader) || leadership.term() != term;
+            leadership.set(is_leader, leader, term);
+            g.io.on_role(is_leader, term);
+            if (gid == 0 && ticked) || changed {
+                g.io.publish(node);
+            }
         }
     }
 
     /// Answer everything still waiting: the node is stopping.
     fn shutdown(&mut self) {
-        for (_, (_, reply)) in self.reads.drain() {
-            let _ = reply.send(ReadReply::ShuttingDown);
-        }
-        while let Ok(r) = self.requests.try_recv() {
-            match r {
-                Request::Propose { reply, .. } => {
-                    let _ = reply.send(WriteReply::Unknown("the node is stopping".into()));
-                }
-                Request::Read { reply, .. } => {
-                    let _ = reply.send(ReadReply::ShuttingDown);
-                }
-                Request::Members { reply, .. } => {
-                    let _ = reply.send(MembersReply::Unknown("the node is stopping".into()));
-                }
-                Request::Transfer { .. } => {}
+        for g in &mut self.groups {
+            for (_, (_, reply)) in g.reads.drain() {
+                let _ = reply.send(ReadReply::ShuttingDown);
             }
         }
-        self.io
-            .fail_all("the node is stopping before the entry's fate was known");
+        while let Ok(r) = self.requests.try_recv() {
+            answer_stopping(r.req);
+        }
+        for g in &mut self.groups {
+            g.io.fail_all("the node is stopping before the entry's fate was known");
+        }
         info!(self.logger, "raft thread stopped");
+    }
+}
+
+/// Answer a request the node cannot take: it is stopping.
+fn answer_stopping<M: StateMachine>(req: Request<M>) {
+    match req {
+        Request::Propose { reply, .. } => {
+            let _ = reply.send(WriteReply::Unknown("the node is stopping".into()));
+        }
+        Request::Read { reply, .. } => {
+            let _ = reply.send(ReadReply::ShuttingDown);
+        }
+        Request::Members { reply, .. } => {
+            let _ = reply.send(MembersReply::Unknown("the node is stopping".into()));
+        }
+        Request::Transfer { .. } => {}
+    }
+}
+
+/// Answer a request for a group this node does not host (none leads it here).
+fn refuse_unhosted<M: StateMachine>(req: Request<M>) {
+    match req {
+        Request::Propose { reply, .. } => {
+            let _ = reply.send(WriteReply::NotLeader { leader: None });
+        }
+        Request::Read { reply, .. } => {
+            let _ = reply.send(ReadReply::NotLeader { leader: None });
+        }
+        Request::Members { reply, .. } => {
+            let _ = reply.send(MembersReply::NotLeader { leader: None });
+        }
+        Request::Transfer { .. } => {}
     }
 }

@@ -106,3 +106,11 @@ pub enum Request<M: StateMachine> {
         to: u64,
     },
 }
+
+/// A request for one group's replica.
+pub struct Routed<M: StateMachine> {
+    /// The group.
+    pub group: raft_lease::multi::GroupId,
+    /// The request.
+    pub req: Request<M>,
+}

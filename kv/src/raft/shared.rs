@@ -1,18 +1,21 @@
-//! What the raft loop shares with the HTTP threads: the state machine, who leads, the status, the
-//! address book, the read handle and the clock, and the queue of requests to the raft thread.
+//! What the raft loop shares with the HTTP threads, per group ([`Shared`]: the state machine,
+//! who leads, the status, the read handle) and for the node ([`Groups`]: every group, where a key
+//! belongs, the address book, the clock, and the queue of requests to the raft thread).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Sender, TrySendError};
 use parking_lot::RwLock;
+use raft_lease::multi::GroupId;
 use raft_lease::ReadHandle;
 
 use crate::base::clock::ScaledClock;
 use crate::peer::members::Members;
 use crate::raft::machine::StateMachine;
-use crate::raft::requests::Request;
+use crate::raft::requests::{Request, Routed};
 use crate::raft::status::Status;
+use crate::state::placement::group_of;
 
 /// Who leads, as of the raft thread's last pass (read on every request, so kept in atomics).
 #[derive(Debug, Default)]
@@ -47,20 +50,77 @@ impl Leadership {
     }
 }
 
-/// What the loop shares with the HTTP threads.
+/// What the loop shares with the HTTP threads about one group.
 pub struct Shared<M: StateMachine> {
+    /// The group.
+    pub group: GroupId,
     /// The state machine: written by the raft thread, read by lease reads.
     pub machine: RwLock<M>,
     /// Who leads, after every pass.
     pub leadership: Leadership,
-    /// The node's status: published every tick, and at once when leadership changes.
+    /// The group's status: published every tick (group 0) or when it changed, and at once when
+    /// leadership changes.
     pub status: RwLock<Status>,
-    /// The address book.
-    pub members: Arc<RwLock<Members>>,
     /// Lease reads on any thread.
     pub handle: ReadHandle<Arc<ScaledClock>>,
-    /// The lease clock.
+    /// The address book (the node's).
+    pub members: Arc<RwLock<Members>>,
+    /// The lease clock (the node's).
     pub clock: Arc<ScaledClock>,
-    /// Requests to the raft thread.
-    pub requests: Sender<Request<M>>,
+    /// Requests to the raft thread (the node's queue).
+    requests: Sender<Routed<M>>,
+}
+
+impl<M: StateMachine> Shared<M> {
+    /// The group's shared state, with no status yet.
+    pub fn new(
+        group: GroupId,
+        machine: M,
+        handle: ReadHandle<Arc<ScaledClock>>,
+        members: Arc<RwLock<Members>>,
+        clock: Arc<ScaledClock>,
+        requests: Sender<Routed<M>>,
+    ) -> Self {
+        Shared {
+            group,
+            machine: RwLock::new(machine),
+            leadership: Leadership::default(),
+            status: RwLock::default(),
+            handle,
+            members,
+            clock,
+            requests,
+        }
+    }
+
+    /// Queue `req` for the raft thread, for this group. Never blocks.
+    pub fn send(&self, req: Request<M>) -> Result<(), TrySendError<Routed<M>>> {
+        self.requests.try_send(Routed {
+            group: self.group,
+            req,
+        })
+    }
+}
+
+/// Every group of the node, by id from 0, and where keys belong.
+pub struct Groups<M: StateMachine> {
+    /// Group `g` is `all[g]`.
+    pub all: Vec<Arc<Shared<M>>>,
+}
+
+impl<M: StateMachine> Groups<M> {
+    /// The group that holds `key`.
+    pub fn of_key(&self, key: &str) -> &Arc<Shared<M>> {
+        &self.all[group_of(key, self.count()) as usize]
+    }
+
+    /// Group 0: sessions, locks, and the node-wide routes.
+    pub fn first(&self) -> &Arc<Shared<M>> {
+        &self.all[0]
+    }
+
+    /// How many groups the node hosts.
+    pub fn count(&self) -> u32 {
+        self.all.len() as u32
+    }
 }

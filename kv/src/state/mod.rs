@@ -5,5 +5,6 @@ pub mod command;
 pub mod keys;
 pub mod kv_machine;
 pub mod kv_state;
+pub mod placement;
 pub mod sessions_local;
 pub mod snapshot;

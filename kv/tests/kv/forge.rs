@@ -7,7 +7,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use protobuf::Message as _;
 use raft::eraftpb::{Entry, Message, MessageType};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -27,9 +26,15 @@ pub enum Cred {
     Member(u64),
 }
 
-/// One frame holding all of `msg`.
+/// One frame holding `msg` alone in a node batch, as raft group 0's (the group of a store of
+/// one group).
 pub fn frame(msg: &Message) -> Vec<u8> {
-    let bytes = msg.write_to_bytes().unwrap();
+    let bytes = raft_lease::multi::wire::encode(&raft_lease::multi::NodeBatch {
+        from: msg.from,
+        to: msg.to,
+        raft: vec![(0, msg.clone())],
+        ..Default::default()
+    });
     let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
     out.push(1); // the message's final (only) frame
     out.extend_from_slice(&bytes);

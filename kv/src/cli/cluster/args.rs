@@ -20,6 +20,10 @@ pub struct ClusterArgs {
     /// what the data dir holds).
     #[arg(long)]
     pub base_port: Option<u16>,
+    /// Passed to every node: raft groups per node, keys spread over them (default 1; a data
+    /// dir keeps the number it was made with).
+    #[arg(long)]
+    pub groups: Option<u32>,
     /// Passed to every node: extra one-way delay on peer messages.
     #[arg(long, default_value_t = 0)]
     pub peer_delay_ms: u64,

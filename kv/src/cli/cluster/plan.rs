@@ -97,6 +97,9 @@ impl Plan {
         common.push("--admin-token-file".into());
         common.push(admin_token_file(dir)?.display().to_string());
         common.extend(["--peer-delay-ms".into(), args.peer_delay_ms.to_string()]);
+        if let Some(n) = args.groups {
+            common.extend(["--groups".into(), n.to_string()]);
+        }
         let flags = [
             (args.fault_injection, "--fault-injection"),
             (args.unsafe_lease_based, "--unsafe-lease-based"),

@@ -1,0 +1,166 @@
+//! A store of many raft groups on real processes (`--groups`, shared liveness): each key in its
+//! group, leaders spread over the nodes, redirects to the key's group's leader, lease reads on
+//! every group, and a leader of many groups killed and restarted with no acknowledged write lost.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use crate::cluster::{http, http_follow, http_raw, json, others, Cluster};
+
+const GROUPS: u64 = 8;
+
+/// Every group's leader, once each group has exactly one node that says it leads it, among
+/// `among` (within `secs`).
+fn leaders(c: &Cluster, among: &[u64], secs: u64) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let mut led: Vec<Vec<u64>> = vec![Vec::new(); GROUPS as usize];
+        for &id in among {
+            let Some((200, body)) = http(c.port(id), "GET", "/groups", b"") else {
+                continue;
+            };
+            for g in json(&body)["list"].as_array().expect("a list") {
+                if g["leader_here"] == true {
+                    led[g["group"].as_u64().unwrap() as usize].push(id);
+                }
+            }
+        }
+        if led.iter().all(|l| l.len() == 1) {
+            return led.into_iter().map(|l| l[0]).collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "groups not each led once within {secs} s: {led:?}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// (status, the `x-kv-group` header, body) of one request to `port`.
+fn with_group(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, Option<u64>, String) {
+    let (code, head, body) = http_raw(port, method, path, body, &[]).expect("an answer");
+    let group = head.lines().find_map(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("x-kv-group:")
+            .and_then(|v| v.trim().parse().ok())
+    });
+    (code, group, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A PUT through any node, following redirects, until it is answered 200 (within 10 s).
+fn put_anywhere(c: &Cluster, via: u64, key: &str, value: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = http_follow(c.port(via), "PUT", &format!("/kv/{key}"), value.as_bytes());
+        if let Some((200, _)) = got {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "PUT {key}: {got:?}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A read through raft through any node, following redirects, until it is answered 200 (within
+/// 10 s): the value.
+fn get_anywhere(c: &Cluster, via: u64, key: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = http_follow(c.port(via), "GET", &format!("/kv/{key}?read=index"), b"");
+        if let Some((200, body)) = &got {
+            return json(body)["value"].as_str().unwrap_or_default().to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "GET {key}: {got:?}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn many_groups_place_each_key_in_one_spread_leaders_and_redirect_per_group() {
+    let c = Cluster::start(3, &["--groups", "8"]);
+    let led = leaders(&c, &[1, 2, 3], 20);
+    let nodes: BTreeSet<u64> = led.iter().copied().collect();
+    assert!(nodes.len() >= 2, "every group led by one node: {led:?}");
+    let s = json(&http(c.port(1), "GET", "/status", b"").unwrap().1);
+    assert_eq!(
+        (s["groups"].as_u64(), s["liveness"].as_str()),
+        (Some(GROUPS), Some("shared"))
+    );
+    let mut seen = BTreeSet::new();
+    for i in 0..40 {
+        let key = format!("k{i}");
+        let (_, group, _) = with_group(c.port(1), "GET", &format!("/kv/{key}?read=index"), b"");
+        let g = group.expect("a key's answers name its group");
+        seen.insert(g);
+        let leader = led[g as usize];
+        // The group's leader takes the write and serves it from its lease, with no round.
+        let (code, got, body) = with_group(c.port(leader), "PUT", &format!("/kv/{key}"), b"v");
+        assert_eq!((code, got), (200, Some(g)), "{body}");
+        let (code, _, body) =
+            with_group(c.port(leader), "GET", &format!("/kv/{key}?read=lease"), b"");
+        assert_eq!(
+            (code, json(&body)["read"].as_str()),
+            (200, Some("lease")),
+            "{body}"
+        );
+        // Another node redirects to that group's leader, whoever leads the node's other groups.
+        let other = others(leader)[0];
+        let (code, head, _) =
+            http_raw(c.port(other), "PUT", &format!("/kv/{key}"), b"w", &[]).unwrap();
+        let location = format!("127.0.0.1:{}", c.port(leader));
+        assert_eq!(code, 307, "{head}");
+        assert!(head.contains(&location), "{head}");
+    }
+    assert!(seen.len() >= 6, "40 keys in only {seen:?} of 8 groups");
+    // Sessions and locks live in group 0: a session-bound write elsewhere is refused, typed.
+    let key = (0..)
+        .map(|i| format!("s{i}"))
+        .find(|k| with_group(c.port(1), "GET", &format!("/kv/{k}?read=index"), b"").1 != Some(0));
+    let key = key.unwrap();
+    let (code, _, body) = with_group(c.port(1), "PUT", &format!("/kv/{key}?session=1"), b"v");
+    let code_ok = code == 400 || code == 307;
+    assert!(code_ok, "{code} {body}");
+    if code == 400 {
+        assert_eq!(json(&body)["error"]["code"], "not_in_group_0", "{body}");
+    }
+}
+
+#[test]
+fn a_node_leading_many_groups_killed_and_restarted_loses_no_acknowledged_write() {
+    let mut c = Cluster::start(3, &["--groups", "8"]);
+    let led = leaders(&c, &[1, 2, 3], 20);
+    let acked: Vec<(String, String)> = (0..48)
+        .map(|i| (format!("key-{i}"), format!("value-{i}")))
+        .collect();
+    for (k, v) in &acked {
+        put_anywhere(&c, 1, k, v);
+    }
+    let busiest = (1..=3)
+        .max_by_key(|id| led.iter().filter(|l| *l == id).count())
+        .unwrap();
+    c.kill9(busiest);
+    let survivors = others(busiest);
+    let after = leaders(&c, &survivors, 20);
+    assert!(after.iter().all(|l| *l != busiest));
+    for (k, v) in &acked {
+        assert_eq!(&get_anywhere(&c, survivors[0], k), v, "{k}");
+    }
+    put_anywhere(&c, survivors[0], "after-failover", "yes");
+    c.spawn(busiest);
+    leaders(&c, &[1, 2, 3], 20);
+    // The restarted node holds every group again: through it, each write reads back.
+    for (k, v) in acked
+        .iter()
+        .chain([&("after-failover".into(), "yes".into())])
+    {
+        assert_eq!(&get_anywhere(&c, busiest, k), v, "{k}");
+    }
+}
