@@ -957,6 +957,11 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         self.groups.keys().copied().collect()
     }
 
+    /// The groups ticked here (not quiescent): the only ones whose leadership a tick may move.
+    pub fn awake_groups(&self) -> impl Iterator<Item = GroupId> + '_ {
+        self.awake.iter().copied()
+    }
+
     /// Whether group `gid` is quiescent here (not ticked).
     pub fn is_quiescent(&self, gid: GroupId) -> bool {
         self.groups.get(&gid).is_some_and(|g| g.quiescent)

@@ -20,6 +20,11 @@ impl Counter {
         self.0.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Add `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// The count.
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
@@ -172,6 +177,10 @@ pub struct Metrics {
     pub peer_spoofed: Counter,
     /// Peer messages of a type peers never send (proposals, node-local types).
     pub peer_refused_types: Counter,
+    /// Node batches queued for peers (one per peer per pass at most).
+    pub batches_sent: Counter,
+    /// Messages in those batches: raft, support and fortification, one by one.
+    pub peer_messages_sent: Counter,
     sent: [Counter; MSG_TYPES],
     received: [Counter; MSG_TYPES],
 }
@@ -195,6 +204,8 @@ impl Default for Metrics {
             peer_tls_failures: Counter::default(),
             peer_spoofed: Counter::default(),
             peer_refused_types: Counter::default(),
+            batches_sent: Counter::default(),
+            peer_messages_sent: Counter::default(),
             peer_inadmissible: Counter::default(),
             peer_write_failures: Counter::default(),
             snapshots_delivered: Counter::default(),
@@ -482,6 +493,16 @@ impl Metrics {
                 "kv_snapshots_lost_total",
                 "Snapshots lost on the way to a peer (a full queue, a failed or stalled connection).",
                 self.snapshots_lost.get(),
+            ),
+            (
+                "kv_peer_batches_sent_total",
+                "Node batches queued for peers (every group's raft messages, the support session and fortification, per peer and pass).",
+                self.batches_sent.get(),
+            ),
+            (
+                "kv_peer_messages_sent_total",
+                "Messages in those batches, one by one: raft, support and fortification.",
+                self.peer_messages_sent.get(),
             ),
             (
                 "kv_peer_write_failures_total",

@@ -40,7 +40,7 @@ fn ticks_per_s() -> f64 {
 }
 
 /// user + system CPU seconds of the process `pid` (`self` for this one).
-fn process_cpu_s(pid: &str) -> Option<f64> {
+pub fn process_cpu_s(pid: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: the fields start after the last ')'.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();

@@ -68,6 +68,13 @@ pub struct BenchArgs {
     /// default engine).
     #[arg(long)]
     log_engine: Option<LogEngine>,
+    /// Instead of the cells: this many groups per node, in shared liveness then per-group
+    /// liveness (idle cost, leases, first reads, memory, failover; see `bench::groups`).
+    #[arg(long)]
+    groups: Option<u32>,
+    /// With `--groups`: seconds of the idle period.
+    #[arg(long, default_value_t = 60)]
+    idle_s: u64,
 }
 
 /// `kv bench`.
@@ -98,8 +105,42 @@ pub fn run(args: BenchArgs) -> i32 {
     }
 }
 
+/// `--groups`: each liveness mode in turn on three processes, then the table and the ratios.
+fn groups(args: &BenchArgs, groups: u32, dir: &std::path::Path) -> Result<(), (i32, String)> {
+    use crate::bench::groups::{header, measure};
+    println!(
+        "kv bench --groups {groups}: 3 nodes, {} s idle, shared liveness then per-group",
+        args.idle_s
+    );
+    let mut cells = Vec::new();
+    for mode in ["shared", "per-group"] {
+        let cell = measure(&dir.join(mode), args.base_port, groups, mode, args.idle_s)
+            .map_err(|e| (1, format!("{mode}: {e}")))?;
+        if cells.is_empty() {
+            println!("{}", header());
+        }
+        println!("{}", cell.line());
+        cells.push(cell);
+    }
+    let (s, p) = (&cells[0], &cells[1]);
+    println!(
+        "shared/per-group: idle CPU {:.3}x, messages {:.4}x",
+        s.idle_cpu_per_node / p.idle_cpu_per_node.max(f64::MIN_POSITIVE),
+        s.msgs_per_s_per_node / p.msgs_per_s_per_node.max(f64::MIN_POSITIVE)
+    );
+    if let Some(path) = &args.json {
+        let json: Vec<_> = cells.iter().map(|c| c.to_json()).collect();
+        let text = serde_json::to_string_pretty(&json).expect("cells serialize");
+        std::fs::write(path, text + "\n").map_err(|e| (1, format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
 /// The fsync probe, then each engine's cluster in turn, then the report.
 fn all(args: &BenchArgs, dir: &std::path::Path) -> Result<(), (i32, String)> {
+    if let Some(n) = args.groups {
+        return groups(args, n, dir);
+    }
     let fdatasync = crate::bench::fsync::fdatasync_us(dir, 200).map_err(|e| (1, e.to_string()))?;
     let engines = match (args.log_engine, args.sessions) {
         (Some(e), _) => vec![e],

@@ -3,6 +3,7 @@
 
 pub mod cpu;
 pub mod fsync;
+pub mod groups;
 pub mod load;
 pub mod report;
 pub mod sessions;

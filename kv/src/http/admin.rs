@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use crate::http::ask::ask;
 use crate::http::body::json_body;
 use crate::http::ctx::{check_query, leader_only, method_not_allowed, not_leader, Ctx};
-use crate::http::reply::{error, reply, Reply};
+use crate::http::reply::{error, error_with, reply, Reply};
 use crate::peer::members::Change;
 use crate::raft::requests::{MembersReply, Request};
 use crate::raft::status::Status;
@@ -66,6 +66,12 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     match what {
         "members" => {
             authorize(c, false)?;
+            if c.app.groups.count() > 1 {
+                let detail = "membership changes on a store of many groups are not supported \
+                              yet: every group would have to follow the change";
+                let more = json!({"groups": c.app.groups.count()});
+                return Err(error_with(501, "not_supported", detail, more));
+            }
             leader_only(c)?;
             let expected = "{\"changes\": [{\"op\", \"id\", \"peer\", \"http\"}, ...]}";
             members(c, json_body(body, c, expected).await?).await

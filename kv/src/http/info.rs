@@ -53,7 +53,7 @@ pub fn groups(app: &App) -> Reply {
         .map(|g| {
             let (here, leader) = g.leadership.get();
             json!({"group": g.group, "leader_id": leader, "term": g.leadership.term(),
-                   "leader_here": here})
+                   "leader_here": here, "leased": here && g.handle.lease_held()})
         })
         .collect();
     reply(

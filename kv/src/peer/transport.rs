@@ -157,6 +157,8 @@ impl Transport {
             .map(|(g, m)| (*g, m.get_msg_type()))
             .collect();
         raft.iter().for_each(|(_, t)| self.cfg.metrics.sent(*t));
+        self.cfg.metrics.batches_sent.inc();
+        self.cfg.metrics.peer_messages_sent.add(batch.len() as u64);
         let to = batch.to;
         let out = Outgoing {
             bytes: Vec::new(),

@@ -608,15 +608,15 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
-    /// Publish who leads every group touched in this pass (every group on a tick), and group
+    /// Publish who leads every group touched in this pass (and, on a tick, every group ticked:
+    /// a quiescent group's leadership moves only with a message, which touches it), and group
     /// 0's whole status every tick or when its leadership changed.
     fn publish(&mut self, ticked: bool) {
-        let touched = std::mem::take(&mut self.touched);
-        let all = 0..self.groups.len() as GroupId;
-        let gids: Box<dyn Iterator<Item = GroupId>> = match ticked {
-            true => Box::new(all),
-            false => Box::new(touched.into_iter()),
-        };
+        let mut gids = std::mem::take(&mut self.touched);
+        if ticked {
+            gids.extend(self.multi.awake_groups());
+            gids.insert(0);
+        }
         for gid in gids {
             let node = self.multi.group(gid).expect("a hosted group");
             let g = &mut self.groups[gid as usize];
