@@ -5,6 +5,7 @@ pub mod admin_token;
 pub mod budget;
 pub mod clock;
 pub mod conns;
+pub mod disk_stall;
 pub mod limits;
 pub mod log;
 pub mod log_engine;

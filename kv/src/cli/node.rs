@@ -282,6 +282,7 @@ fn start(
         signal_hook::flag::register(sig, stop.clone()).map_err(fatal)?;
     }
     let tcfg = transport_config(&opts, tls, log);
+    let disk_stall = Arc::new(crate::base::disk_stall::DiskStall::default());
     let (metrics, members) = (tcfg.metrics.clone(), tcfg.members.clone());
     let (inbox_tx, inbox) = crossbeam_channel::bounded(8192);
     let (reports_tx, reports) = crossbeam_channel::bounded(8192);
@@ -315,6 +316,7 @@ fn start(
         clock: boot.clock.clone(),
         stop: stop.clone(),
         metrics: metrics.clone(),
+        disk_stall: disk_stall.clone(),
     };
     let cfg = LoopConfig {
         tick_ms: opts.tick_ms,
@@ -334,6 +336,7 @@ fn start(
         limits: args.http_limits.clone(),
         metrics,
         blocked: tcfg.blocked.clone(),
+        disk_stall,
         peer_delay_ms: tcfg.peer_delay_ms.clone(),
         heard: tcfg.heard.clone(),
         scheme: if http_tls.is_some() { "https" } else { "http" },

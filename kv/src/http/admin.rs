@@ -1,7 +1,8 @@
 //! `/admin`: membership (`/admin/members`) and leadership (`/admin/transfer`) for a request that
 //! carries the node's admin token (`Authorization: Bearer <token>`), and fault injection
-//! (`/admin/partition`, `/admin/heal`, `/admin/clock`, `/admin/delay`) only with
-//! `--fault-injection` as well. `/admin/partition {"peers": [N, ...], "direction": "both" | "out" |
+//! (`/admin/partition`, `/admin/heal`, `/admin/clock`, `/admin/delay`, `/admin/stall-disk`) only
+//! with `--fault-injection` as well. `/admin/stall-disk {"stalled": true}` holds the raft log's
+//! syncs until `{"stalled": false}` (see `base::disk_stall`). `/admin/partition {"peers": [N, ...], "direction": "both" | "out" |
 //! "in"}` drops this node's messages to and from those peers, only to them, or only from them.
 
 use hyper::body::Incoming;
@@ -90,7 +91,7 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
                 .map_err(|_| error(503, "overloaded", "the raft thread's queue is full"))?;
             Ok(reply(202, json!({"transfer_to": to})))
         }
-        "partition" | "heal" | "clock" | "delay" => {
+        "partition" | "heal" | "clock" | "delay" | "stall-disk" => {
             authorize(c, true)?;
             let body = if what == "heal" {
                 Value::Null
@@ -162,6 +163,14 @@ fn faults(c: &Ctx<'_>, what: &str, body: Value) -> Result<Reply, Reply> {
         "heal" => {
             app.blocked.write().clear();
             reply(200, json!({"blocked": []}))
+        }
+        "stall-disk" => {
+            let stalled = body
+                .get("stalled")
+                .and_then(Value::as_bool)
+                .ok_or_else(|| error(400, "bad_json", "expected {\"stalled\": true|false}"))?;
+            app.disk_stall.set(stalled);
+            reply(200, json!({"disk_stalled": stalled}))
         }
         "delay" => {
             let ms = body

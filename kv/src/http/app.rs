@@ -27,6 +27,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// Peers cut off by fault injection.
     pub blocked: Blocked,
+    /// The stalled-disk fault (fault injection sets it).
+    pub disk_stall: Arc<crate::base::disk_stall::DiskStall>,
     /// The transport's extra one-way delay, in ms (fault injection changes it).
     pub peer_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     /// When each peer was last heard from (the peer listener records it).

@@ -34,6 +34,7 @@ use tokio::sync::oneshot;
 
 use crate::base::budget::Ticket;
 use crate::base::clock::ScaledClock;
+use crate::base::disk_stall::DiskStall;
 use crate::base::metrics::Metrics;
 use crate::disk::storage::{DiskError, DiskStorage};
 use crate::peer::listen::Inbound;
@@ -88,6 +89,8 @@ pub struct Wiring {
     pub stop: Arc<AtomicBool>,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// The stalled-disk fault: syncs of the log wait while it is set.
+    pub disk_stall: Arc<DiskStall>,
 }
 
 /// A read waiting for raft: what to read, and where to answer.
@@ -112,6 +115,7 @@ pub struct RaftLoop<M: StateMachine> {
     groups: Vec<GroupLoop<M>>,
     /// Group 0's store: syncing it syncs the engine every group shares.
     store: DiskStorage,
+    disk_stall: Arc<DiskStall>,
     transport: Transport,
     inbox: Receiver<Inbound>,
     reports: Receiver<Report>,
@@ -136,6 +140,7 @@ pub type StartError = Box<dyn std::error::Error + Send + Sync>;
 struct Apps<'a, M: StateMachine> {
     groups: &'a mut [GroupLoop<M>],
     store: &'a DiskStorage,
+    disk_stall: &'a DiskStall,
     /// Time spent writing since the last sync, if anything was written: with the sync, the
     /// log's time per round (an engine that defers syncs spends it in the sync; redb in the
     /// writes).
@@ -183,6 +188,7 @@ impl<M: StateMachine> MultiApp<DiskStorage, Arc<ScaledClock>> for Apps<'_, M> {
             return Ok(());
         };
         let t = Instant::now();
+        self.disk_stall.wait();
         self.store.sync()?;
         let took = writing + t.elapsed();
         self.metrics.persist_seconds.observe(took.as_secs_f64());
@@ -235,6 +241,7 @@ impl<M: StateMachine> RaftLoop<M> {
             multi,
             groups,
             store,
+            disk_stall: w.disk_stall,
             transport: w.transport,
             inbox: w.inbox,
             reports: w.reports,
@@ -564,6 +571,7 @@ impl<M: StateMachine> RaftLoop<M> {
         let mut apps = Apps {
             groups: &mut self.groups,
             store: &self.store,
+            disk_stall: &self.disk_stall,
             writing: None,
             metrics: &self.metrics,
         };

@@ -164,3 +164,66 @@ fn a_node_leading_many_groups_killed_and_restarted_loses_no_acknowledged_write()
         assert_eq!(&get_anywhere(&c, busiest, k), v, "{k}");
     }
 }
+
+/// A leader whose log writes stall (`/admin/stall-disk`) is not counted on for long: the thread
+/// stuck in the sync is the one that sends its heartbeats, so its support runs out, its leases
+/// end (it serves no lease read after), and every group it led is led elsewhere within
+/// `P + election timeout + 1 s`; once its disk answers again it catches up.
+#[test]
+fn a_leader_whose_disk_stalls_loses_its_leases_and_its_groups_fail_over() {
+    let c = Cluster::start(3, &["--groups", "8", "--fault-injection"]);
+    let led = leaders(&c, &[1, 2, 3], 20);
+    let busiest = (1..=3)
+        .max_by_key(|id| led.iter().filter(|l| *l == id).count())
+        .unwrap();
+    let g = led.iter().position(|l| *l == busiest).unwrap() as u64;
+    let key = (0..)
+        .map(|i| format!("stall-{i}"))
+        .find(|k| with_group(c.port(1), "GET", &format!("/kv/{k}?read=index"), b"").1 == Some(g))
+        .unwrap();
+    put_anywhere(&c, busiest, &key, "before");
+    let (code, body) = http(
+        c.port(busiest),
+        "POST",
+        "/admin/stall-disk",
+        br#"{"stalled": true}"#,
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    // A write makes the raft thread sync, and there it stays (the write times out, 504).
+    let port = c.port(busiest);
+    let path = format!("/kv/{key}");
+    let write = std::thread::spawn(move || http(port, "PUT", &path, b"during").map(|r| r.0));
+    let after = leaders(&c, &others(busiest), 20);
+    assert!(after.iter().all(|l| *l != busiest), "{after:?}");
+    assert_ne!(
+        write.join().unwrap(),
+        Some(200),
+        "a write acknowledged through a stalled disk"
+    );
+    let (code, body) = http(
+        c.port(busiest),
+        "GET",
+        &format!("/kv/{key}?read=lease"),
+        b"",
+    )
+    .unwrap();
+    assert_ne!(code, 200, "a lease read on the stalled node: {body}");
+    let groups = json(&http(c.port(busiest), "GET", "/groups", b"").unwrap().1);
+    let leased = groups["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["leased"] == true)
+        .count();
+    assert_eq!(leased, 0, "{groups}");
+    http(
+        c.port(busiest),
+        "POST",
+        "/admin/stall-disk",
+        br#"{"stalled": false}"#,
+    )
+    .unwrap();
+    put_anywhere(&c, busiest, &key, "after");
+    assert_eq!(get_anywhere(&c, busiest, &key), "after");
+}
