@@ -185,6 +185,13 @@ impl Nemesis {
                 self.signal(id, libc::SIGCONT);
                 (vec![id], done)
             }
+            Fault::StallDisk { who, ms } => {
+                let id = self.resolve(who, l);
+                self.admin(id, "/admin/stall-disk", json!({"stalled": true}));
+                sleep_ms(ms);
+                self.admin(id, "/admin/stall-disk", json!({"stalled": false}));
+                (vec![id], done)
+            }
             Fault::Kill { who, down_ms } => {
                 let id = self.resolve(who, l);
                 self.procs.lock().kill9(id);

@@ -43,6 +43,10 @@ pub struct NemesisArgs {
     /// Founding nodes: 3 or 5.
     #[arg(long, default_value_t = 3, value_parser = parse_nodes)]
     pub nodes: u64,
+    /// Raft groups per node (keys spread over them; shared liveness above 1). A store of many
+    /// groups refuses membership changes, so those faults are left out.
+    #[arg(long, default_value_t = 1)]
+    pub groups: u32,
     /// Write the JSON report here.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -84,7 +88,8 @@ pub fn run(a: NemesisArgs) -> i32 {
     let duration = Duration::from_secs(a.duration_s.unwrap_or(if a.quick { 75 } else { 600 }));
     let nodes = if a.quick { 3 } else { a.nodes };
     println!(
-        "nemesis: seed {seed}, {nodes} nodes, {} s of faults",
+        "nemesis: seed {seed}, {nodes} nodes, {} groups, {} s of faults",
+        a.groups,
         duration.as_secs()
     );
     let (dir, _temp) = match procs::run_dir(a.keep_dir.as_ref()) {
@@ -95,7 +100,10 @@ pub fn run(a: NemesisArgs) -> i32 {
         }
     };
     // Compact often, so that a follower left behind catches up by snapshot.
-    let node_args = vec!["--snapshot-every".to_string(), "200".to_string()];
+    let mut node_args = vec!["--snapshot-every".to_string(), "200".to_string()];
+    if a.groups > 1 {
+        node_args.extend(["--groups".to_string(), a.groups.to_string()]);
+    }
     let procs = match procs::Procs::start(&dir, nodes, seed, a.unsafe_lease_based, node_args) {
         Ok(p) => p,
         Err(e) => {
@@ -274,6 +282,7 @@ fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>
         election_ms: ELECTION_MS,
         rho: RHO,
         control_rate: a.clock_rate,
+        membership: a.groups == 1,
     };
     let steps = schedule::schedule(seed, 100_000, &params);
     let t0 = Instant::now();

@@ -49,6 +49,8 @@ pub enum Fault {
     /// A follower left behind until the log is compacted past it, then killed and restarted
     /// `restarts` times while it catches up by snapshot.
     Lagging { behind_ms: u64, restarts: u32 },
+    /// The node's raft log syncs held for `ms` (a disk that stops answering).
+    StallDisk { who: Who, ms: u64 },
 }
 
 impl Fault {
@@ -66,6 +68,7 @@ impl Fault {
             Fault::RemoveAddBack { .. } => "remove_add_back",
             Fault::Replace { .. } => "replace",
             Fault::Lagging { .. } => "lagging_snapshot",
+            Fault::StallDisk { .. } => "stall_disk",
         }
     }
 
@@ -105,6 +108,8 @@ pub struct Params {
     pub rho: f64,
     /// With `Some(r)`, every clock fault runs the leader at `r` and cuts it off (the control).
     pub control_rate: Option<f64>,
+    /// Whether membership changes are drawn (not on a store of many groups, which refuses them).
+    pub membership: bool,
 }
 
 fn draw(kind: usize, rng: &mut ChaCha8Rng, p: &Params) -> Fault {
@@ -157,6 +162,10 @@ fn draw(kind: usize, rng: &mut ChaCha8Rng, p: &Params) -> Fault {
         9 => Fault::Replace {
             who: Who::Follower(rng.gen_range(0..8)),
         },
+        10 => Fault::StallDisk {
+            who: who(rng),
+            ms: hold(rng),
+        },
         _ => Fault::Lagging {
             behind_ms: rng.gen_range(e * 2..=e * 4),
             restarts: rng.gen_range(1..=3),
@@ -165,16 +174,23 @@ fn draw(kind: usize, rng: &mut ChaCha8Rng, p: &Params) -> Fault {
 }
 
 /// How many kinds there are.
-pub const KINDS: usize = 11;
+pub const KINDS: usize = 12;
+
+/// The membership kinds (remove and add back, replace).
+const MEMBERSHIP: [usize; 2] = [8, 9];
 
 /// The schedule for `seed`: every kind once in a seeded order, then kinds at random, `count`
-/// faults in all. About one fault in four that may overlap is run in the background.
+/// faults in all (without membership changes unless `p.membership`). About one fault in four
+/// that may overlap is run in the background.
 pub fn schedule(seed: u64, count: usize, p: &Params) -> Vec<Step> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut kinds: Vec<usize> = (0..KINDS).collect();
+    let allowed: Vec<usize> = (0..KINDS)
+        .filter(|k| p.membership || !MEMBERSHIP.contains(k))
+        .collect();
+    let mut kinds = allowed.clone();
     kinds.shuffle(&mut rng);
     while kinds.len() < count {
-        kinds.push(rng.gen_range(0..KINDS));
+        kinds.push(*allowed.choose(&mut rng).expect("kinds"));
     }
     kinds.truncate(count);
     kinds
@@ -201,6 +217,7 @@ mod tests {
             election_ms: 1000,
             rho: 0.1,
             control_rate: None,
+            membership: true,
         };
         let a = schedule(7, 30, &p);
         assert_eq!(a, schedule(7, 30, &p));
@@ -228,5 +245,14 @@ mod tests {
         assert!(schedule(7, 30, &c)
             .iter()
             .any(|s| matches!(s.fault, Fault::Clock { rate, isolate: true, .. } if rate == 0.05)));
+        let groups = Params {
+            membership: false,
+            ..p
+        };
+        let g = schedule(7, 40, &groups);
+        assert!(g
+            .iter()
+            .all(|s| !matches!(s.fault.kind(), "remove_add_back" | "replace")));
+        assert!(g.iter().any(|s| s.fault.kind() == "stall_disk"));
     }
 }
