@@ -24,6 +24,7 @@ pub fn status(app: &App) -> Reply {
                "promise": promise_json(app), "uptime_ms": app.promise.uptime_ms(&app.first().clock),
                "log_engine": app.opts.log_engine.map(|e| e.name()),
                "groups": app.groups.count(), "groups_led": groups_led(app),
+               "groups_awake": app.groups.awake.load(std::sync::atomic::Ordering::Relaxed),
                "liveness": liveness(app), "disk_stalled": app.disk_stall.is_stalled()}),
     )
 }

@@ -124,6 +124,8 @@ pub struct RaftLoop<M: StateMachine> {
     touched: BTreeSet<GroupId>,
     /// Groups with reads waiting for raft.
     reading: BTreeSet<GroupId>,
+    /// What the HTTP threads see of every group.
+    shared: Arc<Groups<M>>,
     /// When the oldest append with entries stepped in this pass arrived, on a follower: the time
     /// from its arrival to its answer leaving is measured once the pass's `Ready`s are handled.
     append_arrived: Option<Instant>,
@@ -237,6 +239,10 @@ impl<M: StateMachine> RaftLoop<M> {
             });
         }
         let all = groups.iter().map(|g| g.shared.clone()).collect();
+        let shared = Arc::new(Groups {
+            all,
+            awake: Default::default(),
+        });
         let l = RaftLoop {
             multi,
             groups,
@@ -252,9 +258,10 @@ impl<M: StateMachine> RaftLoop<M> {
             cfg,
             stop: w.stop,
             metrics: w.metrics,
+            shared: shared.clone(),
             logger,
         };
-        Ok((l, Arc::new(Groups { all })))
+        Ok((l, shared))
     }
 
     /// Run until stopped. A storage failure is fatal: the node stops rather than risk safety,
@@ -624,6 +631,10 @@ impl<M: StateMachine> RaftLoop<M> {
         if ticked {
             gids.extend(self.multi.awake_groups());
             gids.insert(0);
+            let awake = self.multi.awake_groups().count() as u64;
+            self.shared
+                .awake
+                .store(awake, std::sync::atomic::Ordering::Relaxed);
         }
         for gid in gids {
             let node = self.multi.group(gid).expect("a hosted group");

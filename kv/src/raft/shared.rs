@@ -106,6 +106,8 @@ impl<M: StateMachine> Shared<M> {
 pub struct Groups<M: StateMachine> {
     /// Group `g` is `all[g]`.
     pub all: Vec<Arc<Shared<M>>>,
+    /// Groups ticked on this node (not quiescent), as of the raft thread's last tick.
+    pub awake: AtomicU64,
 }
 
 impl<M: StateMachine> Groups<M> {
