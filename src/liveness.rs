@@ -169,10 +169,18 @@ impl Requester {
 
     /// Heartbeats due at `now_ns`, one per peer at most. Each send time is `now_ns`, read before
     /// the caller sends them.
+    ///
+    /// When one peer is due, every peer due within half an interval goes too (a heartbeat sent
+    /// early only renews sooner): the peers' answers then come together, and a node of many
+    /// groups extends the leases resting on them once per round rather than once per peer.
     pub fn due(&mut self, now_ns: u64) -> Vec<(NodeId, SupportMsg)> {
         let (interval_ns, lease_ns) = (self.interval_ns, self.lease_ns);
         let mut out = Vec::new();
-        for (&peer, a) in self.peers.iter_mut().filter(|(_, a)| a.next_ns <= now_ns) {
+        if self.peers.values().all(|a| a.next_ns > now_ns) {
+            return out;
+        }
+        let horizon_ns = now_ns.saturating_add(interval_ns / 2);
+        for (&peer, a) in self.peers.iter_mut().filter(|(_, a)| a.next_ns <= horizon_ns) {
             a.last_seq += 1;
             a.sent_ns.insert(a.last_seq, now_ns);
             // A heartbeat sent more than L ago can extend nothing.
@@ -451,7 +459,19 @@ pub fn lease_until_ns(
         if set.is_empty() {
             return u64::MAX;
         }
-        let mut untils: Vec<u64> = set.iter().map(|&v| until(v)).collect();
+        // On the stack for the usual sizes: this runs for every group at every support round.
+        let mut small = [0u64; 9];
+        let mut large = Vec::new();
+        let untils: &mut [u64] = match set.len() <= small.len() {
+            true => &mut small[..set.len()],
+            false => {
+                large.resize(set.len(), 0);
+                &mut large
+            }
+        };
+        for (slot, &v) in untils.iter_mut().zip(set) {
+            *slot = until(v);
+        }
         untils.sort_unstable_by(|a, b| b.cmp(a));
         untils[set.len() / 2] // the quorum-th largest: a majority is supported until then
     };

@@ -155,8 +155,18 @@ pub struct MultiNode<S: Storage, C: Clock + Clone> {
     dirty: BTreeSet<GroupId>,
     /// Groups not quiescent: the ones ticked.
     awake: BTreeSet<GroupId>,
-    /// The peers were last scanned for at this local instant (they change with membership).
+    /// Groups this replica led after their last `Ready`, with the lease it last extended to (a
+    /// hint for the passes over the groups led at every round of support, kept apart from the
+    /// groups so that a pass over thousands of leases that still last touches little memory;
+    /// the pass checks again: leadership moves only in a `Ready`'s wake, and a group that just
+    /// became leader has its lease extended as it fortifies).
+    led: BTreeMap<GroupId, u64>,
+    /// The peers were last scanned for at this local instant; `None`: due (they change with
+    /// membership).
     peers_scanned_ns: Option<u64>,
+    /// Peers whose support was renewed since the last tick: the leases resting on them are
+    /// extended at the next tick.
+    support_renewed: BTreeSet<NodeId>,
     /// Replicas released by a withdrawal, to campaign at a jittered instant: (instant, group).
     campaigns: Vec<(u64, GroupId)>,
     /// Terms given up: their release is sent again with every round of support heartbeats
@@ -198,6 +208,8 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             dirty: BTreeSet::new(),
             awake: BTreeSet::new(),
             peers_scanned_ns: None,
+            support_renewed: BTreeSet::new(),
+            led: BTreeMap::new(),
             campaigns: Vec::new(),
             given_up: Vec::new(),
             removed: BTreeMap::new(),
@@ -292,6 +304,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             },
         );
         self.awake.remove(&gid);
+        self.led.remove(&gid);
         self.dirty.remove(&gid);
         self.campaigns.retain(|&(_, c)| c != gid);
         self.peers_scanned_ns = None;
@@ -320,6 +333,10 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     pub fn tick(&mut self) {
         let now_ns = self.clock.now_ns();
         if self.mode == LivenessMode::Shared {
+            let renewed = std::mem::take(&mut self.support_renewed);
+            if !renewed.is_empty() {
+                self.extend_leases_resting_on(&renewed, false);
+            }
             self.send_support(now_ns);
             self.withdraw_expired(now_ns);
             self.start_due_campaigns(now_ns);
@@ -339,11 +356,10 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     }
 
     fn send_support(&mut self, now_ns: u64) {
-        let interval_ns = self.derived.promise_ns / 3;
-        if self
-            .peers_scanned_ns
-            .is_none_or(|t| t.saturating_add(interval_ns) <= now_ns)
-        {
+        // Peers change only with a group's members (refreshed after every `Ready` and step) or
+        // with a group added or removed, each of which clears the scan: a scan costs a pass over
+        // every group's members, so it is not repeated otherwise.
+        if self.peers_scanned_ns.is_none() {
             for peer in self.peers() {
                 self.requester.add_peer(peer);
             }
@@ -452,7 +468,14 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             answer => {
                 let withdrawn = matches!(answer, SupportMsg::Withdrawn { .. });
                 if self.requester.on_answer(from, answer, now_ns) {
-                    self.extend_leases_resting_on(from, withdrawn);
+                    match withdrawn {
+                        true => self.extend_leases_resting_on(&BTreeSet::from([from]), true),
+                        // Renewed: extended at the next tick, once for every peer that answered
+                        // meanwhile (a pass over the groups per answer would cost twice as much).
+                        false => {
+                            self.support_renewed.insert(from);
+                        }
+                    }
                 }
             }
         }
@@ -641,25 +664,46 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         }
     }
 
-    /// Recompute and extend the lease of every group led here that counts on `peer`. After a
-    /// withdrawal those groups wake, to fortify again under the next epoch.
-    fn extend_leases_resting_on(&mut self, peer: NodeId, withdrawn: bool) {
+    /// Recompute and extend the lease of every group led here that counts on one of `peers`.
+    /// After a withdrawal those groups wake, to fortify again under the next epoch.
+    ///
+    /// On a renewal, a lease that outlasts the next round of support by a quarter of a round is
+    /// left as it is (it is extended at the next round, from the support then): with thousands
+    /// of groups this halves the work, and an extension skipped only ever leaves a lease
+    /// shorter than it could be.
+    fn extend_leases_resting_on(&mut self, peers: &BTreeSet<NodeId>, withdrawn: bool) {
+        let now_ns = self.clock.now_ns();
+        let interval_ns = self.derived.promise_ns / 3;
+        let keep_until_ns = now_ns.saturating_add(interval_ns + interval_ns / 4);
+        let counts_on = |g: &Group<S, C>| peers.iter().any(|p| g.fortified.contains_key(p));
+        let groups = &self.groups;
         let led: Vec<GroupId> = self
-            .groups
+            .led
             .iter()
-            .filter(|(_, g)| g.node.is_leader() && g.fortified.contains_key(&peer))
+            .filter(|(_, &until_ns)| withdrawn || until_ns <= keep_until_ns)
             .map(|(&gid, _)| gid)
+            .filter(|gid| {
+                groups
+                    .get(gid)
+                    .is_some_and(|g| g.node.is_leader() && counts_on(g))
+            })
             .collect();
         for gid in led {
             if withdrawn {
                 self.wake(gid);
             }
-            self.extend_lease(gid);
+            self.extend_lease_at(gid, now_ns);
         }
     }
 
     fn extend_lease(&mut self, gid: GroupId) {
         let now_ns = self.clock.now_ns();
+        self.extend_lease_at(gid, now_ns);
+    }
+
+    /// Recompute group `gid`'s lease from its fortifications and the support under them, with
+    /// the clock read at `now_ns`, and extend it.
+    fn extend_lease_at(&mut self, gid: GroupId, now_ns: u64) {
         let Some(g) = self.groups.get_mut(&gid).filter(|g| g.node.is_leader()) else {
             return;
         };
@@ -674,7 +718,10 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let voters = (&members.voters[..], &members.outgoing[..]);
         let until_ns = lease_until_ns(self.id, voters, &g.fortified, support);
         let term = g.node.raw().raft.term;
-        g.node.extend_lease_to(term, until_ns);
+        g.node.extend_lease_to_at(term, until_ns, now_ns);
+        if let Some(hint) = self.led.get_mut(&gid) {
+            *hint = g.node.lease_usable_until_ns().unwrap_or(0);
+        }
     }
 
     // ----- clients -----------------------------------------------------------------------------
@@ -802,8 +849,14 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let Some(g) = self.groups.get_mut(&gid) else {
             return;
         };
-        if g.node.is_leader() {
-            g.clear_fortified_if_new_term();
+        match g.node.is_leader() {
+            true => {
+                g.clear_fortified_if_new_term();
+                self.led.entry(gid).or_insert(0);
+            }
+            false => {
+                self.led.remove(&gid);
+            }
         }
         let more = g.node.has_ready();
         if let Some(term) = g.take_stepped_down() {

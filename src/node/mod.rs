@@ -392,18 +392,30 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// fortified to it and supported that long (see [`crate::liveness`]). Capped at `now + L`;
     /// ignored when not leading, fenced, or in another term than `term`.
     pub fn extend_lease_to(&mut self, term: u64, until_ns: u64) {
+        let now_ns = self.clock.now_ns();
+        self.extend_lease_to_at(term, until_ns, now_ns);
+    }
+
+    /// The instant the leader's lease may be used until, if it holds one in its term (it may
+    /// have passed).
+    pub(crate) fn lease_usable_until_ns(&self) -> Option<u64> {
+        self.lease.usable_until_ns()
+    }
+
+    /// [`Self::extend_lease_to`] with the clock read at `now_ns` by the caller (a node of many
+    /// groups extends thousands of leases with one reading).
+    pub(crate) fn extend_lease_to_at(&mut self, term: u64, until_ns: u64, now_ns: u64) {
         let r = &self.raw.raft;
         if r.state != StateRole::Leader || r.term != term || until_ns == 0 {
             return;
         }
-        let now_ns = self.clock.now_ns();
         let capped_ns = until_ns.min(now_ns.saturating_add(self.derived.lease_ns));
         if let Some(sent_at_ns) = capped_ns.checked_sub(self.derived.lease_ns) {
             // The leader counts itself in the quorum, so it keeps the promise too.
             let id = self.raw.raft.id;
             self.promise.on_leader_message(id, now_ns);
-            self.on_quorum_ack(sent_at_ns, self.derived.lease_ns);
-            self.publish();
+            self.on_quorum_ack_at(sent_at_ns, self.derived.lease_ns, now_ns);
+            self.publish_at(now_ns);
         }
     }
 

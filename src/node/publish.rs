@@ -44,6 +44,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     pub(super) fn publish(&mut self) {
         let now_ns = self.clock.now_ns();
+        self.publish_at(now_ns);
+    }
+
+    /// [`Self::publish`] with the clock read at `now_ns` (no later than the lease was computed
+    /// at, so a lease held then is held at it).
+    pub(super) fn publish_at(&mut self, now_ns: u64) {
         let held = self.lease_held_at(now_ns);
         let until_ns = match self.lease.usable_until_ns() {
             Some(until_ns) if held => until_ns,

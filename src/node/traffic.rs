@@ -154,6 +154,11 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// their promises back `lease_ns` past it.
     pub(super) fn on_quorum_ack(&mut self, sent_at_ns: u64, lease_ns: u64) {
         let now_ns = self.clock.now_ns();
+        self.on_quorum_ack_at(sent_at_ns, lease_ns, now_ns);
+    }
+
+    /// [`Self::on_quorum_ack`] with the clock read at `now_ns`.
+    pub(super) fn on_quorum_ack_at(&mut self, sent_at_ns: u64, lease_ns: u64, now_ns: u64) {
         assert!(
             sent_at_ns <= now_ns,
             "a round acknowledged before it was sent: t0 {sent_at_ns} ns, now {now_ns} ns"

@@ -1,8 +1,8 @@
 //! `kv bench --groups N`: a store of many groups on three real processes, in shared liveness and
 //! in per-group liveness one after the other in the same run, each measured the same way:
 //!
-//! - **idle**: after every group is led with a lease and `2 × election timeout` more (quiescent
-//!   groups in shared mode), the nodes' CPU (from `/proc`) and the messages they send (raft,
+//! - **idle**: after every group is led with a lease and, in shared mode, every group quiescent
+//!   on every node (in per-group mode, `2 × election timeout` more), the nodes' CPU (from `/proc`) and the messages they send (raft,
 //!   support and fortification, counted one by one) over `--idle-s`, per node;
 //! - **leases**: the share of groups whose leader holds a lease at the end of the idle period;
 //! - **first reads**: one `GET ?read=auto` on every group's leader, and how many fell back to a
@@ -182,6 +182,30 @@ fn all_leased(n: &Nodes, among: &[u64], groups: u32, secs: u64) -> Result<(), St
     }
 }
 
+/// Wait until no node ticks any group (every group quiescent; within `secs`).
+fn quiesced(n: &Nodes, secs: u64) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let awake: Vec<u64> = (1..=3)
+            .map(|id| {
+                let a = request(&n.addr(id), "GET", "/status", b"", &[]);
+                let v: Value = a
+                    .ok()
+                    .and_then(|a| serde_json::from_str(&a.body).ok())
+                    .unwrap_or(Value::Null);
+                v["groups_awake"].as_u64().unwrap_or(u64::MAX)
+            })
+            .collect();
+        if awake.iter().all(|&a| a == 0) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("groups still awake after {secs} s: {awake:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Messages node `addr` has sent (`kv_peer_messages_sent_total`).
 fn messages_sent(addr: &str) -> Result<f64, String> {
     let a = request(addr, "GET", "/metrics", b"", &[]).map_err(|e| e.to_string())?;
@@ -317,7 +341,10 @@ fn measure_on(
     idle_s: u64,
 ) -> Result<GroupsCell, String> {
     all_leased(n, &[1, 2, 3], groups, 300)?;
-    std::thread::sleep(Duration::from_millis(2 * ELECTION_MS)); // quiescence
+    match mode {
+        "shared" => quiesced(n, 120)?,
+        _ => std::thread::sleep(Duration::from_millis(2 * ELECTION_MS)),
+    }
     let (cpu, msgs) = idle(n, idle_s)?;
     let l = leaders(n, &[1, 2, 3]);
     let leased = l.values().filter(|(_, held)| *held).count() as f64 / f64::from(groups);
