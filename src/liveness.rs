@@ -180,7 +180,11 @@ impl Requester {
             return out;
         }
         let horizon_ns = now_ns.saturating_add(interval_ns / 2);
-        for (&peer, a) in self.peers.iter_mut().filter(|(_, a)| a.next_ns <= horizon_ns) {
+        for (&peer, a) in self
+            .peers
+            .iter_mut()
+            .filter(|(_, a)| a.next_ns <= horizon_ns)
+        {
             a.last_seq += 1;
             a.sent_ns.insert(a.last_seq, now_ns);
             // A heartbeat sent more than L ago can extend nothing.

@@ -440,18 +440,20 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
 
     // ----- messages ----------------------------------------------------------------------------
 
-    /// A batch from a peer node arrived.
+    /// A batch from a peer node arrived: its support session, then its raft messages, then its
+    /// fortification (a new leader's request to fortify often comes with its first append,
+    /// which makes the leader known to the replica).
     pub fn step(&mut self, batch: NodeBatch) {
         let now_ns = self.clock.now_ns();
         let from = batch.from;
         for msg in batch.support {
             self.on_support(from, msg, now_ns);
         }
-        for msg in batch.fortify {
-            self.on_fortify(from, msg, now_ns);
-        }
         for (gid, m) in batch.raft {
             self.step_raft(gid, m);
+        }
+        for msg in batch.fortify {
+            self.on_fortify(from, msg, now_ns);
         }
     }
 
@@ -732,9 +734,11 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     /// durable (the persisted messages, `advance`, the light `Ready`s). A round repeats while a
     /// group has another `Ready`.
     ///
-    /// If `app` fails, the error is returned at once; every group touched stays due for the next
-    /// call, and the members of each group handled are read again all the same (a configuration
-    /// it applied before the failure is in force).
+    /// If `app` fails, the error is returned at once, and the node must stop (as a `LeaseNode`
+    /// whose `handle_ready` failed must): every `Ready` begun in the round is dropped, with
+    /// entries of it already handed to `app`. The groups touched stay due and the members of
+    /// each group handled are read again all the same (a configuration it applied before the
+    /// failure is in force), so that what is inspected afterwards is not stale.
     pub fn handle_ready<A: MultiApp<S, C>>(&mut self, app: &mut A) -> Result<(), A::Error> {
         self.ready_rounds::<A, fn(NodeBatch)>(app, None)
     }

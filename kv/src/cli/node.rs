@@ -239,7 +239,9 @@ fn boot(opts: &NodeOptions, log: &Logger) -> Result<Boot, Exit> {
         opts.log_engine,
         opts.groups,
     )?;
-    let incarnation = crate::disk::incarnation::next(&opts.data_dir)?;
+    // Only shared liveness counts incarnations; a dir made before there was a choice has none.
+    let shared = opts.liveness == raft_lease::multi::LivenessMode::Shared;
+    let incarnation = crate::disk::incarnation::next(&opts.data_dir, opened.initialized && shared)?;
     let clock = Arc::new(ScaledClock::new());
     let promise = PromiseRecord::open(
         &opts.data_dir,

@@ -34,6 +34,10 @@ const CONF_STATE: &[u8] = b"conf_state";
 const SNAPSHOT: &[u8] = b"snapshot";
 /// The raft id of the node the store belongs to (u64, big-endian).
 const NODE_ID: &[u8] = b"node_id";
+/// Rewritten by every [`LogStore::sync`]: a batch with something in it, written with `sync`,
+/// is what makes raft-engine fsync (its own `Engine::sync` writes an empty batch, which 0.4.2
+/// returns from before syncing anything).
+const SYNCED: &[u8] = b"synced";
 /// Entries read per call while scanning the log at open.
 const SCAN_CHUNK: u64 = 1024;
 
@@ -323,10 +327,15 @@ impl LogStore for EngineLog {
     }
 
     fn sync(&self) -> Result<(), DiskError> {
+        let mut batch = LogBatch::default();
+        batch.put(self.meta, SYNCED.to_vec(), Vec::new())?;
         // The engine panics when an fsync fails: the node must stop, with an error.
         let engine = &self.engine;
-        let synced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| engine.sync()));
-        synced.map_err(|_| "the log engine panicked syncing (a failed fsync?)")??;
+        let synced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            engine.write(&mut batch, true)
+        }));
+        let written = synced.map_err(|_| "the log engine panicked syncing (a failed fsync?)")??;
+        assert!(written > 0, "a sync wrote nothing, so it synced nothing");
         Ok(())
     }
 
@@ -472,5 +481,32 @@ mod tests {
             EngineLog::open_existing(dir.path()).map(|_| ()),
             Err(StoreError::Missing)
         ));
+    }
+
+    /// raft-engine 0.4.2's `Engine::sync` writes an empty batch and returns before syncing: a
+    /// round's sync must write a batch of its own, with `sync`, after the unsynced ones.
+    #[test]
+    fn a_rounds_sync_writes_a_synced_batch_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EngineLog::create(dir.path()).unwrap();
+        let g = log.group(3).unwrap();
+        let unsynced = Write {
+            entries: &entries(1..=3),
+            sync: false,
+            ..Write::nothing()
+        };
+        g.write(&unsynced).unwrap();
+        assert!(log.engine.get(META, SYNCED).is_none());
+        log.sync().unwrap();
+        assert!(
+            log.engine.get(META, SYNCED).is_some(),
+            "the sync wrote nothing"
+        );
+        let empty = log.engine.write(&mut LogBatch::default(), true).unwrap();
+        assert_eq!(
+            empty, 0,
+            "raft-engine writes (and syncs) nothing for an empty batch"
+        );
+        assert_eq!(g.read_range(1, 4, None).unwrap(), entries(1..=3));
     }
 }

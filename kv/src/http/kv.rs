@@ -117,7 +117,6 @@ fn value_reply(key: &str, stored: Option<Stored>, kind: ReadKind, raw: bool) -> 
 
 pub async fn put(c: &Ctx<'_>, key: String, body: Incoming) -> Result<Reply, Reply> {
     let g = c.app.groups.of_key(&key);
-    leader_only_in(c, g)?;
     let session = match param(&c.query, "session").map(str::parse::<u64>) {
         None => None,
         Some(Ok(s)) => Some(s),
@@ -148,6 +147,7 @@ pub async fn put(c: &Ctx<'_>, key: String, body: Incoming) -> Result<Reply, Repl
         let more = json!({"key": key, "group": g.group});
         return Err(error_with(400, "not_in_group_0", detail, more));
     }
+    leader_only_in(c, g)?;
     let ticket = reserve(c, g, claimed.min(limit as u64) + key.len() as u64)?;
     let value = read_body(body, limit, c).await?;
     let cmd = Command::Put {

@@ -27,7 +27,7 @@ use crossbeam_channel::{select, Receiver};
 use parking_lot::RwLock;
 use raft::eraftpb::{Entry, HardState, Snapshot};
 use raft::SnapshotStatus;
-use raft_lease::multi::{GroupId, MultiApp, MultiConfig, MultiNode};
+use raft_lease::multi::{GroupId, MultiApp, MultiConfig, MultiNode, NodeBatch};
 use raft_lease::{ReadError, ReadId, ReadMode};
 use slog::{crit, info, warn, Logger};
 use tokio::sync::oneshot;
@@ -49,6 +49,12 @@ use crate::raft::snapshot::restore;
 
 /// Every group of the node.
 pub type Multi = MultiNode<DiskStorage, Arc<ScaledClock>>;
+
+/// With every group quiescent (shared liveness, nothing to do), the loop ticks this many times
+/// less often: a tick then only runs the support session (heartbeats every third of the promise,
+/// withdrawals of support that ran out), for which a few tens of milliseconds do not matter, and
+/// any message, request or read wakes the loop at once as always.
+const QUIET_TICKS: u32 = 5;
 
 /// How the loop runs.
 #[derive(Debug, Clone, Copy)]
@@ -277,7 +283,9 @@ impl<M: StateMachine> RaftLoop<M> {
             let ticked = now >= next_tick;
             if ticked {
                 self.multi.tick();
-                next_tick = (next_tick + tick).max(now); // missed ticks are dropped, not burst
+                let quiet = self.multi.awake_groups().next().is_none();
+                let step = if quiet { tick * QUIET_TICKS } else { tick };
+                next_tick = (next_tick + step).max(now); // missed ticks are dropped, not burst
                 self.housekeeping();
                 self.groups[0]
                     .io
@@ -295,6 +303,9 @@ impl<M: StateMachine> RaftLoop<M> {
             }
             self.serve_reads();
             self.publish(ticked);
+            if next_tick > Instant::now() + tick && self.multi.awake_groups().next().is_some() {
+                next_tick = Instant::now() + tick; // a group woke: tick it at the usual pace
+            }
         }
         self.shutdown();
         result
@@ -335,34 +346,33 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
-    /// Step a peer batch, without the raft messages no correct peer sends (see [`admissible`])
-    /// or of a group not hosted here.
+    /// Step a peer batch: each raft message checked just before it is stepped (one that no
+    /// correct peer sends, see [`admissible`], is dropped: an earlier message of the same batch
+    /// may have changed what is admissible), and nothing of a group not hosted here.
     fn step(&mut self, m: Inbound) {
         let Inbound {
             mut batch,
             ticket,
             received_at,
         } = m;
-        let (multi, checks) = (&self.multi, self.cfg.admission_checks);
-        let mut dropped = Vec::new();
-        batch.raft.retain(|(gid, msg)| {
-            let checked = match (multi.group(*gid), checks) {
-                (None, _) => Err("a message for a group not hosted here"),
-                (Some(node), true) => admissible(node, msg),
-                (Some(_), false) => Ok(()),
-            };
-            if let Err(why) = checked {
-                dropped.push((why, *gid, msg.from, msg.get_msg_type(), msg.term));
+        let (from, to) = (batch.from, batch.to);
+        let multi = &self.multi;
+        batch.fortify.retain(|f| multi.group(f.group()).is_some());
+        self.touched.extend(batch.fortify.iter().map(|f| f.group()));
+        let one = |m| NodeBatch {
+            from,
+            to,
+            raft: vec![m],
+            ..NodeBatch::default()
+        };
+        for (gid, msg) in std::mem::take(&mut batch.raft) {
+            if let Err(why) = self.admit(gid, &msg) {
+                self.metrics.peer_inadmissible.inc();
+                warn!(self.logger, "peer message dropped"; "why" => why, "group" => gid,
+                      "from" => msg.from, "type" => ?msg.get_msg_type(), "term" => msg.term);
+                continue;
             }
-            checked.is_ok()
-        });
-        for (why, group, from, t, term) in dropped {
-            self.metrics.peer_inadmissible.inc();
-            warn!(self.logger, "peer message dropped"; "why" => why, "group" => group,
-                  "from" => from, "type" => ?t, "term" => term);
-        }
-        for (gid, msg) in &batch.raft {
-            self.touched.insert(*gid);
+            self.touched.insert(gid);
             let append = msg.get_msg_type() == raft::eraftpb::MessageType::MsgAppend;
             if append && !msg.entries.is_empty() {
                 let oldest = self
@@ -370,10 +380,21 @@ impl<M: StateMachine> RaftLoop<M> {
                     .map_or(received_at, |t| t.min(received_at));
                 self.append_arrived = Some(oldest);
             }
+            self.multi.step(one((gid, msg))); // raft refuses what it must (a removed peer, say)
         }
-        self.touched.extend(batch.fortify.iter().map(|f| f.group()));
-        self.multi.step(batch); // raft refuses what it must (a removed peer, say)
+        // The support session and fortification after the raft messages they came with: a new
+        // leader's first append makes it known before its request to fortify is judged.
+        self.multi.step(batch);
         drop(ticket); // its bytes leave the peer budget once raft has the batch
+    }
+
+    /// Whether raft message `msg` of group `gid` may be stepped now.
+    fn admit(&self, gid: GroupId, msg: &raft::eraftpb::Message) -> Result<(), &'static str> {
+        match (self.multi.group(gid), self.cfg.admission_checks) {
+            (None, _) => Err("a message for a group not hosted here"),
+            (Some(node), true) => admissible(node, msg),
+            (Some(_), false) => Ok(()),
+        }
     }
 
     /// Tell raft what the transport could not deliver.

@@ -137,6 +137,19 @@ pub fn send(c: &Cluster, to: u64, cred: Cred, msgs: &[Message]) -> bool {
         .is_ok()
 }
 
+/// Send the node batch `batch` (encoded whole, in one frame) to node `to` over a fresh
+/// connection; whether the bytes could be written.
+pub fn send_batch(c: &Cluster, to: u64, cred: Cred, batch: &raft_lease::multi::NodeBatch) -> bool {
+    let Ok(mut w) = connect(c, to, cred) else {
+        return false;
+    };
+    let bytes = raft_lease::multi::wire::encode(batch);
+    let mut out = (bytes.len() as u32).to_be_bytes().to_vec();
+    out.push(1);
+    out.extend_from_slice(&bytes);
+    w.write_all(&out).and_then(|_| w.flush()).is_ok()
+}
+
 /// Heartbeat acknowledgement contexts: a follower's acknowledgement with the promise it made
 /// (25 bytes), one claiming an absurd promise, an older build's bare context, and garbage.
 pub fn ack_contexts() -> Vec<Vec<u8>> {
