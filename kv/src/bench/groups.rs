@@ -269,11 +269,13 @@ fn first_reads(n: &Nodes, groups: u32) -> Result<u64, String> {
     let mut fallbacks = 0;
     for (g, key) in key_per_group(groups).iter().enumerate() {
         let leader = leaders.get(&(g as u64)).map_or(1, |l| l.0);
-        if !clients.contains_key(&leader) {
-            let c = Client::connect(&n.addr(leader), Duration::from_secs(10));
-            clients.insert(leader, c.map_err(|e| e.to_string())?);
-        }
-        let c = clients.get_mut(&leader).expect("connected");
+        let c = match clients.entry(leader) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let c = Client::connect(&n.addr(leader), Duration::from_secs(10));
+                e.insert(c.map_err(|e| e.to_string())?)
+            }
+        };
         let a = c
             .request("GET", &format!("/kv/{key}?read=auto"), b"", &[])
             .map_err(|e| e.to_string())?;
