@@ -49,6 +49,12 @@ impl App {
         self.groups.first()
     }
 
+    /// The group that holds `key` (see `state::placement`).
+    pub fn group_of(&self, key: &str) -> &Arc<Shared<KvState>> {
+        let g = crate::state::placement::group_of(key, self.groups.count());
+        self.groups.get(g)
+    }
+
     /// Group 0's status, as the raft thread published it last.
     pub fn status(&self) -> Status {
         self.first().status.read().clone()

@@ -37,7 +37,7 @@ fn read_mode(q: &Query) -> Result<ReadMode, Reply> {
 
 pub async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
     let app = c.app;
-    let g = app.groups.of_key(&key);
+    let g = app.group_of(&key);
     let raw = accepts_raw(&c.parts.headers);
     let mode = read_mode(&c.query)?;
     let t = Instant::now();
@@ -116,7 +116,7 @@ fn value_reply(key: &str, stored: Option<Stored>, kind: ReadKind, raw: bool) -> 
 }
 
 pub async fn put(c: &Ctx<'_>, key: String, body: Incoming) -> Result<Reply, Reply> {
-    let g = c.app.groups.of_key(&key);
+    let g = c.app.group_of(&key);
     let session = match param(&c.query, "session").map(str::parse::<u64>) {
         None => None,
         Some(Ok(s)) => Some(s),

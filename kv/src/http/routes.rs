@@ -111,7 +111,7 @@ async fn kv_route(c: &Ctx<'_>, raw: &str, body: Incoming) -> Result<Reply, Reply
         }
         Method::DELETE => {
             check_query(c, &[])?;
-            let g = c.app.groups.of_key(&key);
+            let g = c.app.group_of(&key);
             leader_only_in(c, g)?;
             ask::write_in(c, g, Command::Delete { key }, Vec::new(), None).await
         }

@@ -15,7 +15,6 @@ use crate::peer::members::Members;
 use crate::raft::machine::StateMachine;
 use crate::raft::requests::{Request, Routed};
 use crate::raft::status::Status;
-use crate::state::placement::group_of;
 
 /// Who leads, as of the raft thread's last pass (read on every request, so kept in atomics).
 #[derive(Debug, Default)]
@@ -102,7 +101,7 @@ impl<M: StateMachine> Shared<M> {
     }
 }
 
-/// Every group of the node, by id from 0, and where keys belong.
+/// Every group of the node, by id from 0.
 pub struct Groups<M: StateMachine> {
     /// Group `g` is `all[g]`.
     pub all: Vec<Arc<Shared<M>>>,
@@ -111,9 +110,9 @@ pub struct Groups<M: StateMachine> {
 }
 
 impl<M: StateMachine> Groups<M> {
-    /// The group that holds `key`.
-    pub fn of_key(&self, key: &str) -> &Arc<Shared<M>> {
-        &self.all[group_of(key, self.count()) as usize]
+    /// Group `g` (of [`Groups::count`]).
+    pub fn get(&self, g: GroupId) -> &Arc<Shared<M>> {
+        &self.all[g as usize]
     }
 
     /// Group 0: sessions, locks, and the node-wide routes.
