@@ -60,7 +60,7 @@ pub struct GroupsCell {
 }
 
 impl GroupsCell {
-    /// The cell as the JSON the readers expect.
+    /// The cell as JSON (`kv bench --groups --json`).
     pub fn to_json(&self) -> Value {
         json!({"mode": self.mode, "groups": self.groups,
                "idle_cpu_per_node": self.idle_cpu_per_node,
