@@ -75,21 +75,27 @@ impl DiskStorage {
     /// `bootstrap` as [`DiskStorage::create`] does if it holds nothing yet. An engine that holds
     /// one group (redb) refuses any other.
     pub fn group(&self, group: u64, bootstrap: Option<&Snapshot>) -> Result<Self, StoreError> {
-        if group == 0 {
-            return Ok(self.clone());
+        match self.other_group(group)? {
+            None => Ok(self.clone()),
+            Some(log) => Self::initialized(log, bootstrap, self.node_id, self.engine),
         }
-        let log = self.log.group(group).map_err(corrupt)?;
-        Self::initialized(log, bootstrap, self.node_id, self.engine)
     }
 
     /// Raft group `group`'s existing store on this one's engine: refused if it was never
     /// initialized.
     pub fn group_existing(&self, group: u64) -> Result<Self, StoreError> {
-        if group == 0 {
-            return Ok(self.clone());
+        match self.other_group(group)? {
+            None => Ok(self.clone()),
+            Some(log) => Self::checked(log, self.engine, self.node_id),
         }
-        let log = self.log.group(group).map_err(corrupt)?;
-        Self::checked(log, self.engine, self.node_id)
+    }
+
+    /// The log store of group `group` on this engine; `None` for group 0, this store's own.
+    fn other_group(&self, group: u64) -> Result<Option<Arc<dyn LogStore>>, StoreError> {
+        match group {
+            0 => Ok(None),
+            g => self.log.group(g).map(Some).map_err(corrupt),
+        }
     }
 
     /// `log` initialized from `bootstrap` unless it already was, then opened.

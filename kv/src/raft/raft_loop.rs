@@ -606,11 +606,10 @@ impl<M: StateMachine> RaftLoop<M> {
         let transport = &mut self.transport;
         self.multi
             .handle_ready_and_send(&mut apps, &mut |b| transport.send(b))?;
-        for gid in std::mem::take(&mut self.touched) {
+        for &gid in &self.touched {
             self.groups[gid as usize]
                 .io
                 .maybe_compact(self.cfg.snapshot_every)?;
-            self.touched.insert(gid);
         }
         Ok(())
     }
