@@ -237,12 +237,6 @@ impl NodeArgs {
                 "--groups above 1 needs --log-engine raft-engine: redb holds one group".into(),
             );
         }
-        if self.groups > 1 && join.is_some() {
-            return Err(
-                "--join with --groups above 1: adding a node to every group is not supported yet"
-                    .into(),
-            );
-        }
         let liveness = match self.liveness {
             Some(Liveness::Shared) => raft_lease::multi::LivenessMode::Shared,
             Some(Liveness::PerGroup) => raft_lease::multi::LivenessMode::PerGroup,

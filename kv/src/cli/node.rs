@@ -99,11 +99,19 @@ fn founding_members(o: &NodeOptions) -> Members {
             )
         })
         .collect();
+    let founding = raft::eraftpb::ConfState {
+        voters: o.peers.keys().copied().collect(),
+        ..Default::default()
+    };
     Members {
         addrs,
         removed: Default::default(),
+        conf: Some(crate::peer::follow::Followed::of(FOUNDING_INDEX, &founding)),
     }
 }
+
+/// The index of the cluster's first snapshot: the version of the founding configuration.
+const FOUNDING_INDEX: u64 = 1;
 
 /// The cluster's first snapshot, the same on every founding node: index 1, term 1, the voters
 /// of `--peers`, their addresses, an empty store. A joining node starts with none.
@@ -112,14 +120,15 @@ fn bootstrap(o: &NodeOptions) -> Option<Snapshot> {
         return None;
     }
     let mut state = KvState::new();
-    state.advance(1);
-    let data = crate::raft::snapshot::envelope(&founding_members(o), &state.snapshot());
+    state.advance(FOUNDING_INDEX);
+    let data =
+        crate::raft::snapshot::envelope(&founding_members(o), FOUNDING_INDEX, &state.snapshot());
     let mut s = Snapshot {
         data: data.into(),
         ..Default::default()
     };
     let m = s.mut_metadata();
-    (m.index, m.term) = (1, 1);
+    (m.index, m.term) = (FOUNDING_INDEX, 1);
     m.mut_conf_state().voters = o.peers.keys().copied().collect();
     Some(s)
 }

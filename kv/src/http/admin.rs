@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use crate::http::ask::ask;
 use crate::http::body::json_body;
 use crate::http::ctx::{check_query, leader_only, method_not_allowed, not_leader, Ctx};
-use crate::http::reply::{error, error_with, reply, Reply};
+use crate::http::reply::{error, reply, Reply};
 use crate::peer::members::Change;
 use crate::raft::requests::{MembersReply, Request};
 use crate::raft::status::Status;
@@ -67,12 +67,6 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     match what {
         "members" => {
             authorize(c, false)?;
-            if c.app.groups.count() > 1 {
-                let detail = "membership changes on a store of many groups are not supported \
-                              yet: every group would have to follow the change";
-                let more = json!({"groups": c.app.groups.count()});
-                return Err(error_with(501, "not_supported", detail, more));
-            }
             leader_only(c)?;
             let expected = "{\"changes\": [{\"op\", \"id\", \"peer\", \"http\"}, ...]}";
             members(c, json_body(body, c, expected).await?).await
@@ -124,6 +118,8 @@ async fn members(c: &Ctx<'_>, body: Value) -> Result<Reply, Reply> {
             };
             let mut body = s.conf_json();
             body["index"] = index.into();
+            // Group 0 has the change; every other group's leader moves it there next.
+            body["groups"] = c.app.groups.count().into();
             reply(200, body)
         }
         MembersReply::Invalid(e) => error(400, "bad_change", e.to_string()),

@@ -25,6 +25,7 @@ pub fn status(app: &App) -> Reply {
                "log_engine": app.opts.log_engine.map(|e| e.name()),
                "groups": app.groups.count(), "groups_led": groups_led(app),
                "groups_awake": app.groups.awake.load(std::sync::atomic::Ordering::Relaxed),
+               "groups_behind_membership": app.groups.behind.load(std::sync::atomic::Ordering::Relaxed),
                "liveness": liveness(app), "disk_stalled": app.disk_stall.is_stalled()}),
     )
 }
@@ -45,7 +46,8 @@ fn liveness(app: &App) -> &'static str {
     }
 }
 
-/// `GET /groups`: every group's leader and term as this node knows them.
+/// `GET /groups`: every group's leader and term as this node knows them, and its configuration
+/// as applied here.
 pub fn groups(app: &App) -> Reply {
     let list: Vec<Value> = app
         .groups
@@ -53,8 +55,9 @@ pub fn groups(app: &App) -> Reply {
         .iter()
         .map(|g| {
             let (here, leader) = g.leadership.get();
+            let conf = g.status.read().conf_json();
             json!({"group": g.group, "leader_id": leader, "term": g.leadership.term(),
-                   "leader_here": here, "leased": here && g.handle.lease_held()})
+                   "leader_here": here, "leased": here && g.handle.lease_held(), "conf": conf})
         })
         .collect();
     reply(

@@ -328,6 +328,27 @@ impl Nemesis {
         false
     }
 
+    /// Wait until no member has a group whose configuration is not group 0's (a store of many
+    /// groups follows a membership change group by group, as an operator waits for before the
+    /// next); what it took, for the outcome ("" at once).
+    fn wait_followed(&self, secs: u64) -> String {
+        let t0 = Instant::now();
+        let behind = |id| {
+            self.status(id)
+                .is_none_or(|s| s["groups_behind_membership"].as_u64() != Some(0))
+        };
+        while self.members().into_iter().any(behind) {
+            if t0.elapsed() > Duration::from_secs(secs) {
+                return format!("; groups not all following group 0 after {secs} s");
+            }
+            sleep_ms(100);
+        }
+        match t0.elapsed().as_millis() {
+            0..=1 => String::new(),
+            ms => format!("; every group followed in {ms} ms"),
+        }
+    }
+
     fn set_targets(&self, remove: u64, add: Option<u64>) {
         let mut t = self.targets.write();
         t.retain(|&i| i != remove);
@@ -354,6 +375,7 @@ impl Nemesis {
         }
         self.wait_voter(id, false, 30);
         self.set_targets(id, None);
+        let followed = self.wait_followed(60);
         // Let it apply its own removal (so it asks to join again), then stop it.
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline && self.status(id).is_some_and(|s| s["member"] == true) {
@@ -361,7 +383,7 @@ impl Nemesis {
         }
         self.procs.lock().kill9(id);
         sleep_ms(500);
-        (vec![id], self.join(id))
+        (vec![id], format!("{}{followed}", self.join(id)))
     }
 
     /// Start `id` with `--join` through the leader and wait until it votes.
@@ -375,10 +397,10 @@ impl Nemesis {
         self.used.lock().insert(id);
         let ok = self.wait_voter(id, true, 60);
         self.set_targets(0, Some(id));
-        if ok {
-            "done".into()
-        } else {
-            "not a voter again within 60 s".into()
+        let followed = self.wait_followed(60);
+        match ok {
+            true => format!("done{followed}"),
+            false => format!("not a voter again within 60 s{followed}"),
         }
     }
 
@@ -399,6 +421,7 @@ impl Nemesis {
         self.set_targets(old, None);
         let outcome = self.join(new);
         self.wait_voter(old, false, 30);
+        let outcome = format!("{outcome}{}", self.wait_followed(60));
         self.procs.lock().kill9(old);
         (vec![old, new], outcome)
     }

@@ -108,7 +108,7 @@ pub struct Params {
     pub rho: f64,
     /// With `Some(r)`, every clock fault runs the leader at `r` and cuts it off (the control).
     pub control_rate: Option<f64>,
-    /// Whether membership changes are drawn (not on a store of many groups, which refuses them).
+    /// Whether membership changes are drawn.
     pub membership: bool,
 }
 

@@ -14,6 +14,8 @@ use raft::eraftpb::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::peer::follow::Followed;
+
 /// Where a member listens.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Addrs {
@@ -30,6 +32,10 @@ pub struct Members {
     pub addrs: BTreeMap<u64, Addrs>,
     /// Nodes removed from the cluster: their peer connections are refused.
     pub removed: BTreeSet<u64>,
+    /// Group 0's configuration and its version, which every other group follows (`None` in a
+    /// book written before groups followed group 0, until its next membership change).
+    #[serde(default)]
+    pub conf: Option<Followed>,
 }
 
 /// What an operator asks for one node.
@@ -172,10 +178,12 @@ impl Members {
         Ok(())
     }
 
-    /// Record an applied membership change whose result is `cs`: the addresses it carries, and
-    /// the nodes that are in no configuration any more. A node removed while entering a joint
-    /// configuration is still an outgoing voter: it counts until raft leaves the joint one.
-    pub fn apply(&mut self, cc: &ConfChangeV2, cs: &ConfState) {
+    /// Record an applied membership change at `index` whose result is `cs`: the addresses it
+    /// carries, the nodes that are in no configuration any more, and the configuration other
+    /// groups follow. A node removed while entering a joint configuration is still an outgoing
+    /// voter: it counts until raft leaves the joint one.
+    pub fn apply(&mut self, index: u64, cc: &ConfChangeV2, cs: &ConfState) {
+        self.conf = Some(Followed::of(index, cs));
         let ctx: Context = serde_json::from_slice(cc.get_context()).unwrap_or_default();
         for c in cc.get_changes() {
             if c.get_change_type() != ConfChangeType::RemoveNode {
@@ -281,7 +289,7 @@ mod tests {
         with_ctx.set_context(ctx.into());
         let mut grown = cs();
         grown.learners = vec![4];
-        applied.apply(&with_ctx, &grown);
+        applied.apply(5, &with_ctx, &grown);
         assert_eq!(applied.addrs[&4].peer, "h:7004");
         let errors = [
             (vec![], ChangeError::Empty),
@@ -319,14 +327,21 @@ mod tests {
             learners: vec![4],
             ..Default::default()
         };
-        applied.apply(&rm, &joint);
+        applied.apply(6, &rm, &joint);
+        assert!(applied
+            .conf
+            .as_ref()
+            .is_some_and(|c| c.joint && c.version == 6));
         assert!(applied.accepts(3, &BTreeMap::new()), "an outgoing voter");
         let left = ConfState {
             voters: vec![1],
             learners: vec![4],
             ..Default::default()
         };
-        applied.apply(&ConfChangeV2::default(), &left);
+        applied.apply(7, &ConfChangeV2::default(), &left);
+        let followed = applied.conf.clone().expect("recorded");
+        assert_eq!((followed.version, followed.joint), (7, false));
+        assert!(followed.matches(&left));
         assert!(!applied.accepts(3, &BTreeMap::new()));
         assert!(applied.accepts(1, &BTreeMap::new()));
         assert!(!applied.accepts(9, &BTreeMap::new()));

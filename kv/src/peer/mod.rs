@@ -1,8 +1,9 @@
-//! Peers: the replicated address book, frames on the wire, the sending transport, the
+//! Peers: the replicated address book, the configuration every group follows, frames on the wire, the sending transport, the
 //! listener that admits peer messages, and when each peer was last heard from.
 
 #[cfg(test)]
 pub mod ack_contexts;
+pub mod follow;
 pub mod frame;
 pub mod heard;
 pub mod listen;

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use protobuf::Message as _;
-use raft::eraftpb::{ConfChangeV2, Entry, EntryType, HardState, Snapshot};
+use raft::eraftpb::{ConfChangeV2, ConfState, Entry, EntryType, HardState, Snapshot};
 use raft_lease::drive::apply_conf_change_entry;
 use slog::{info, Logger};
 use tokio::sync::oneshot;
 
 use crate::base::budget::Ticket;
 use crate::disk::storage::{DiskError, DiskStorage};
+use crate::peer::follow::{admits, version_of, Followed};
 use crate::raft::machine::{Node, StateMachine};
 use crate::raft::requests::{MembersReply, WriteReply};
 use crate::raft::shared::Shared;
@@ -59,6 +60,11 @@ pub struct LoopIo<M: StateMachine> {
     snapshot_bytes: u64,
     /// Take a snapshot at the next chance (a node was added: it should catch up from a recent one).
     snapshot_due: bool,
+    /// The version of group 0's configuration this group last followed (group 0: unused), as of
+    /// the applied index; kept in snapshots (see `peer::follow`).
+    follows: u64,
+    /// A membership change applied since the status was last published.
+    conf_changed: bool,
     was_leader: (bool, u64),
     progress: BTreeMap<u64, crate::raft::status::PeerProgress>,
     metrics: Arc<crate::base::metrics::Metrics>,
@@ -69,6 +75,7 @@ impl<M: StateMachine> LoopIo<M> {
     /// The I/O of a group whose state machine is in `shared`.
     pub fn new(
         storage: DiskStorage,
+        follows: u64,
         shared: Arc<Shared<M>>,
         metrics: Arc<crate::base::metrics::Metrics>,
         logger: Logger,
@@ -82,6 +89,8 @@ impl<M: StateMachine> LoopIo<M> {
             applied_bytes: 0,
             snapshot_bytes: 0,
             snapshot_due: false,
+            follows,
+            conf_changed: false,
             was_leader: (false, 0),
             progress: BTreeMap::new(),
             metrics,
@@ -161,6 +170,7 @@ impl<M: StateMachine> LoopIo<M> {
         }
         let data = envelope(
             &self.shared.members.read(),
+            self.follows,
             &self.shared.machine.read().snapshot(),
         );
         let keep = self.keep_entries(applied, every);
@@ -212,45 +222,94 @@ impl<M: StateMachine> LoopIo<M> {
         }
     }
 
+    /// Apply a membership entry (another group's change that follows an older configuration of
+    /// group 0 than this group last followed is skipped: see `peer::follow`), and answer the
+    /// request waiting on it.
     fn apply_conf_change(&mut self, node: &mut Node, e: &Entry) -> Result<(), DiskError> {
-        let cs = apply_conf_change_entry(node, e)?;
-        if let Some(cs) = &cs {
-            self.storage.set_conf_state(cs)?;
-            if e.get_entry_type() == EntryType::EntryConfChangeV2 {
-                let cc = ConfChangeV2::parse_from_bytes(&e.data)?;
-                if self.shared.group == 0 {
-                    self.shared.members.write().apply(&cc, cs); // the book is group 0's
-                }
-                self.snapshot_due |= cc
-                    .get_changes()
-                    .iter()
-                    .any(|c| c.get_change_type() != raft::eraftpb::ConfChangeType::RemoveNode);
+        let cc = match e.get_entry_type() {
+            EntryType::EntryConfChangeV2 => Some(ConfChangeV2::parse_from_bytes(&e.data)?),
+            _ => None,
+        };
+        let stale =
+            self.shared.group != 0 && cc.as_ref().is_some_and(|cc| !admits(self.follows, cc));
+        let cs = match stale {
+            false => apply_conf_change_entry(node, e)?,
+            true => {
+                info!(self.logger, "an older configuration of group 0 skipped"; "index" => e.index,
+                      "follows" => self.follows, "version" => cc.as_ref().and_then(version_of));
+                None
             }
-            info!(self.logger, "membership applied"; "index" => e.index, "voters" => ?cs.voters,
-                  "learners" => ?cs.learners, "voters_outgoing" => ?cs.voters_outgoing);
+        };
+        if let Some(cs) = &cs {
+            self.record_conf(e.index, cc.as_ref(), cs)?;
         }
         self.shared.machine.write().skip(e.index);
-        if let Some((term, w, _)) = self.waiting.remove(&e.index) {
-            let reply = match (w, &cs) {
-                (Waiter::Members(reply), Some(cs)) if term == e.term => (reply, Some(cs.clone())),
-                (Waiter::Members(reply), _) => (reply, None),
-                (Waiter::Write(reply, _), _) => {
-                    let _ = reply.send(WriteReply::NotApplied(
-                        "replaced by a membership change".into(),
-                    ));
-                    return Ok(());
-                }
-            };
-            let answer = match reply.1 {
-                Some(conf) => MembersReply::Done {
-                    conf,
-                    index: e.index,
-                },
-                None => MembersReply::Refused("raft refused to apply the change".into()),
-            };
-            let _ = reply.0.send(answer);
-        }
+        self.answer_members(e, cs);
         Ok(())
+    }
+
+    /// Keep the configuration `cs` that the change `cc` (at `index`) left: on disk, in group 0's
+    /// address book, or as the version this group now follows.
+    fn record_conf(
+        &mut self,
+        index: u64,
+        cc: Option<&ConfChangeV2>,
+        cs: &ConfState,
+    ) -> Result<(), DiskError> {
+        self.storage.set_conf_state(cs)?;
+        self.conf_changed = true;
+        match (self.shared.group, cc) {
+            (0, Some(cc)) => self.shared.members.write().apply(index, cc, cs), // the book is group 0's
+            (0, None) => self.shared.members.write().conf = Some(Followed::of(index, cs)),
+            (_, cc) => {
+                if let Some(v) = cc.and_then(version_of) {
+                    debug_assert!(v > self.follows, "only a newer configuration is followed");
+                    self.follows = v;
+                }
+            }
+        }
+        self.snapshot_due |= cc.is_some_and(|cc| {
+            cc.get_changes()
+                .iter()
+                .any(|c| c.get_change_type() != raft::eraftpb::ConfChangeType::RemoveNode)
+        });
+        info!(self.logger, "membership applied"; "index" => index, "voters" => ?cs.voters,
+              "learners" => ?cs.learners, "voters_outgoing" => ?cs.voters_outgoing,
+              "follows" => self.follows);
+        Ok(())
+    }
+
+    /// Answer the membership request waiting on `e`, if any, with the configuration it left.
+    fn answer_members(&mut self, e: &Entry, cs: Option<ConfState>) {
+        let Some((term, w, _)) = self.waiting.remove(&e.index) else {
+            return;
+        };
+        let reply = match w {
+            Waiter::Members(reply) => reply,
+            Waiter::Write(reply, _) => {
+                let why = "replaced by a membership change";
+                let _ = reply.send(WriteReply::NotApplied(why.into()));
+                return;
+            }
+        };
+        let answer = match cs {
+            Some(conf) if term == e.term => MembersReply::Done {
+                conf,
+                index: e.index,
+            },
+            _ => MembersReply::Refused("raft refused to apply the change".into()),
+        };
+        let _ = reply.send(answer);
+    }
+
+    /// The version of group 0's configuration this group last followed.
+    pub fn follows(&self) -> u64 {
+        self.follows
+    }
+
+    /// Whether a membership change applied since the last call.
+    pub fn take_conf_changed(&mut self) -> bool {
+        std::mem::take(&mut self.conf_changed)
     }
 
     /// Apply a run of normal entries under one write lock of the state machine.
@@ -283,16 +342,18 @@ impl<M: StateMachine> LoopIo<M> {
 impl<M: StateMachine> LoopIo<M> {
     /// Install a snapshot from the leader: the log store, the state machine, the address book.
     pub fn install_snapshot(&mut self, _: &mut Node, snap: Snapshot) -> Result<(), DiskError> {
-        let (machine, book) = restore::<M>(&snap.data)?;
+        let (machine, env) = restore::<M>(&snap.data)?;
         self.storage.apply_snapshot(&snap)?;
         let index = snap.get_metadata().index;
         self.snapshot_index = index;
         self.snapshot_bytes = snap.data.len() as u64;
         self.applied_bytes = 0;
         *self.shared.machine.write() = machine;
-        if let (Some(book), 0) = (book, self.shared.group) {
-            *self.shared.members.write() = book; // the book is group 0's
+        if self.shared.group == 0 {
+            *self.shared.members.write() = env.book; // the book is group 0's
         }
+        self.follows = env.follows;
+        self.conf_changed = true;
         // Entries up to the snapshot applied inside it: whether a waiter's did is not known.
         let later = self.waiting.split_off(&(index + 1));
         let covered = std::mem::replace(&mut self.waiting, later);

@@ -47,6 +47,8 @@ use crate::raft::requests::{MembersReply, ReadReply, Request, Routed, WriteReply
 use crate::raft::shared::{Groups, Shared};
 use crate::raft::snapshot::restore;
 
+mod following;
+
 /// Every group of the node.
 pub type Multi = MultiNode<DiskStorage, Arc<ScaledClock>>;
 
@@ -130,6 +132,8 @@ pub struct RaftLoop<M: StateMachine> {
     touched: BTreeSet<GroupId>,
     /// Groups with reads waiting for raft.
     reading: BTreeSet<GroupId>,
+    /// Moving the groups led here to group 0's configuration.
+    following: following::Following,
     /// What the HTTP threads see of every group.
     shared: Arc<Groups<M>>,
     /// When the oldest append with entries stepped in this pass arrived, on a follower: the time
@@ -218,12 +222,13 @@ impl<M: StateMachine> RaftLoop<M> {
         let mut groups = Vec::with_capacity(w.storages.len());
         for (gid, storage) in w.storages.into_iter().enumerate() {
             let gid = gid as GroupId;
-            let (machine, book) = match storage.latest_snapshot()? {
-                Some(s) => restore::<M>(&s.data)?,
+            let (machine, env) = match storage.latest_snapshot()? {
+                Some(s) => restore::<M>(&s.data).map(|(m, env)| (m, Some(env)))?,
                 None => (M::restore(&[])?, None),
             };
-            if let (Some(book), 0) = (book, gid) {
-                *w.members.write() = book; // the address book is group 0's
+            let follows = env.as_ref().map_or(0, |env| env.follows);
+            if let (Some(env), 0) = (env, gid) {
+                *w.members.write() = env.book; // the address book is group 0's
             }
             multi.add_group_applied(gid, storage.clone(), machine.applied())?;
             let handle = multi.group(gid).expect("just added").read_handle();
@@ -236,7 +241,7 @@ impl<M: StateMachine> RaftLoop<M> {
                 req_tx.clone(),
             ));
             let log = logger.new(slog::o!("group" => gid));
-            let io = LoopIo::new(storage, shared.clone(), w.metrics.clone(), log);
+            let io = LoopIo::new(storage, follows, shared.clone(), w.metrics.clone(), log);
             groups.push(GroupLoop {
                 io,
                 shared,
@@ -248,6 +253,7 @@ impl<M: StateMachine> RaftLoop<M> {
         let shared = Arc::new(Groups {
             all,
             awake: Default::default(),
+            behind: Default::default(),
         });
         let l = RaftLoop {
             multi,
@@ -260,6 +266,7 @@ impl<M: StateMachine> RaftLoop<M> {
             requests: req_rx,
             touched: BTreeSet::new(),
             reading: BTreeSet::new(),
+            following: Default::default(),
             append_arrived: None,
             cfg,
             stop: w.stop,
@@ -287,6 +294,7 @@ impl<M: StateMachine> RaftLoop<M> {
                 let step = if quiet { tick * QUIET_TICKS } else { tick };
                 next_tick = (next_tick + step).max(now); // missed ticks are dropped, not burst
                 self.housekeeping();
+                self.follow_group_0();
                 self.groups[0]
                     .io
                     .publish_progress(self.multi.group(0).expect("group 0"));
@@ -665,7 +673,10 @@ impl<M: StateMachine> RaftLoop<M> {
             let changed = leadership.get() != (is_leader, leader) || leadership.term() != term;
             leadership.set(is_leader, leader, term);
             g.io.on_role(is_leader, term);
-            if (gid == 0 && ticked) || changed {
+            if changed && is_leader {
+                self.following.led(gid);
+            }
+            if g.io.take_conf_changed() || (gid == 0 && ticked) || changed {
                 g.io.publish(node);
             }
         }

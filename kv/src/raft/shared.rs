@@ -107,6 +107,9 @@ pub struct Groups<M: StateMachine> {
     pub all: Vec<Arc<Shared<M>>>,
     /// Groups ticked on this node (not quiescent), as of the raft thread's last tick.
     pub awake: AtomicU64,
+    /// Groups hosted here whose configuration, as applied here, is not group 0's yet (counted on
+    /// the raft thread's ticks while a change spreads; see `peer::follow`).
+    pub behind: AtomicU64,
 }
 
 impl<M: StateMachine> Groups<M> {

@@ -285,3 +285,88 @@ fn a_members_messages_for_groups_not_hosted_here_are_dropped_and_harmless() {
     let log = std::fs::read_to_string(c.log_path(1)).unwrap();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// Wait until every node of `nodes` has every group at exactly `voters` (no learner, not joint)
+/// and counts no group behind group 0's configuration (within 60 s).
+fn wait_every_group(c: &Cluster, nodes: &[u64], voters: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let want = serde_json::json!({"voters": voters, "learners": [], "voters_outgoing": [],
+                                  "joint": false});
+    loop {
+        let off: Vec<(u64, Option<u64>)> = nodes
+            .iter()
+            .flat_map(|&id| {
+                let groups = http(c.port(id), "GET", "/groups", b"").map(|(_, b)| json(&b));
+                let status = crate::cluster::status(c.port(id));
+                let behind = status.and_then(|s| s["groups_behind_membership"].as_u64());
+                let list = groups.map(|g| g["list"].as_array().cloned().unwrap_or_default());
+                let wrong = list.map_or(vec![None], |l| {
+                    let bad = l.iter().filter(|g| g["conf"] != want);
+                    bad.map(|g| g["group"].as_u64()).collect()
+                });
+                let behind = (behind != Some(0)).then_some(None);
+                wrong.into_iter().chain(behind).map(move |g| (id, g))
+            })
+            .collect();
+        if off.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "(node, group) not at {voters:?} within 60 s: {off:?}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `POST /admin/members` through node `via`, redirected to group 0's leader: 200.
+fn change_members(c: &Cluster, via: u64, changes: serde_json::Value) {
+    let body = serde_json::json!({ "changes": changes }).to_string();
+    let got = http_follow(c.port(via), "POST", "/admin/members", body.as_bytes());
+    assert!(matches!(got, Some((200, _))), "{got:?}");
+}
+
+/// Membership changes reach every group: the operator changes group 0, and each other group's
+/// leader moves its group to group 0's configuration. A node joins (every group adds it and it
+/// catches up by snapshot, then serves every key); then a node that leads groups is removed
+/// (each group it led is led elsewhere and drops it); no acknowledged write is lost.
+#[test]
+fn membership_changes_reach_every_group_a_joiner_serves_all_and_a_removed_leader_leaves_all() {
+    let mut c = Cluster::start(3, &["--groups", "8"]);
+    leaders(&c, &[1, 2, 3], 20);
+    let acked: Vec<(String, String)> = (0..32)
+        .map(|i| (format!("key-{i}"), format!("value-{i}")))
+        .collect();
+    for (k, v) in &acked {
+        put_anywhere(&c, 1, k, v);
+    }
+    c.add_slot(4);
+    c.spawn_join(4, 1);
+    wait_every_group(&c, &[1, 2, 3, 4], &[1, 2, 3, 4]);
+    for (k, v) in &acked {
+        assert_eq!(&get_anywhere(&c, 4, k), v, "{k} through the joiner");
+    }
+    // Remove a node that leads groups but not group 0 (group 0's leader may not remove itself).
+    let led = leaders(&c, &[1, 2, 3, 4], 20);
+    let gone = (1..=4)
+        .filter(|&id| id != led[0])
+        .max_by_key(|id| led.iter().filter(|l| *l == id).count())
+        .unwrap();
+    let rest: Vec<u64> = (1..=4).filter(|&id| id != gone).collect();
+    change_members(
+        &c,
+        rest[0],
+        serde_json::json!([{"op": "remove", "id": gone}]),
+    );
+    wait_every_group(&c, &rest, &rest);
+    c.kill9(gone);
+    let after = leaders(&c, &rest, 20);
+    assert!(after.iter().all(|l| *l != gone), "{after:?}");
+    for (k, v) in &acked {
+        assert_eq!(&get_anywhere(&c, rest[0], k), v, "{k} after the removal");
+    }
+    for g in 0..GROUPS {
+        put_anywhere(&c, rest[1], &format!("after-{g}"), "written");
+    }
+}

@@ -1,0 +1,102 @@
+//! The groups this node leads follow group 0's configuration (the rule and why it never moves a
+//! group back are in `peer::follow`): on a tick, the leader of each group whose configuration is
+//! not group 0's proposes the change that makes it so. Idle, this costs one look at group 0's
+//! version per tick.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+use raft_lease::multi::GroupId;
+use slog::debug;
+
+use super::RaftLoop;
+use crate::peer::follow::{follow_change, Followed};
+use crate::raft::machine::StateMachine;
+
+/// Follow changes proposed per tick at most: a new configuration reaches thousands of groups
+/// over a few ticks rather than in one huge round.
+const MAX_PER_TICK: usize = 1_000;
+
+/// What the loop keeps about following group 0.
+#[derive(Debug, Default)]
+pub(super) struct Following {
+    /// The version of group 0's configuration last seen; a newer one makes every group led here
+    /// a candidate.
+    seen: u64,
+    /// Groups led here whose configuration may not be group 0's yet.
+    candidates: BTreeSet<GroupId>,
+    /// Groups hosted here whose configuration (as this replica applied it) was not group 0's at
+    /// the last count; counted every tick while above 0.
+    behind: u64,
+}
+
+impl Following {
+    /// Group `gid` is now led here: it may have to follow.
+    pub(super) fn led(&mut self, gid: GroupId) {
+        if gid != 0 {
+            self.candidates.insert(gid);
+        }
+    }
+}
+
+impl<M: StateMachine> RaftLoop<M> {
+    /// Move the groups led here towards group 0's configuration, and count those behind it.
+    pub(super) fn follow_group_0(&mut self) {
+        let Some(target) = self.groups[0].shared.members.read().conf.clone() else {
+            return;
+        };
+        let moved = target.version != self.following.seen;
+        if moved {
+            self.following.seen = target.version;
+            let led = self.multi.group_ids().into_iter();
+            let led = led.filter(|&g| g != 0 && self.node(g).is_leader());
+            self.following.candidates = led.collect();
+        }
+        let mut proposed = 0;
+        for gid in std::mem::take(&mut self.following.candidates) {
+            let keep = proposed >= MAX_PER_TICK || self.follow(gid, &target, &mut proposed);
+            if keep {
+                self.following.candidates.insert(gid);
+            }
+        }
+        if moved || self.following.behind > 0 {
+            self.following.behind = self.count_behind(&target);
+            let behind = self.following.behind;
+            self.shared.behind.store(behind, Ordering::Relaxed);
+        }
+    }
+
+    /// Propose group `gid`'s follow change if it needs one and may take one now; whether to look
+    /// at it again.
+    fn follow(&mut self, gid: GroupId, target: &Followed, proposed: &mut usize) -> bool {
+        let node = self.node(gid);
+        if !node.is_leader() {
+            return false; // its next leader looks at it
+        }
+        let raft = &node.raw().raft;
+        let cs = raft.prs().conf().to_conf_state();
+        let follows = self.groups[gid as usize].io.follows();
+        if target.matches(&cs) {
+            return false;
+        }
+        if raft.has_pending_conf() || !cs.voters_outgoing.is_empty() {
+            return true; // wait until the change in flight has applied
+        }
+        let Some(cc) = follow_change(target, &cs, follows) else {
+            return false; // not newer than what it follows: raft refused it, or it went back
+        };
+        *proposed += 1;
+        if let Err(e) = self.multi.propose_conf_change(gid, cc) {
+            debug!(self.logger, "follow change not proposed"; "group" => gid, "error" => %e);
+        }
+        self.touched.insert(gid);
+        true
+    }
+
+    /// Groups hosted here whose applied configuration is not `target`.
+    fn count_behind(&self, target: &Followed) -> u64 {
+        let conf = |g| self.node(g).raw().raft.prs().conf().to_conf_state();
+        let ids = self.multi.group_ids().into_iter();
+        ids.filter(|&g| g != 0 && !target.matches(&conf(g))).count() as u64
+    }
+}
