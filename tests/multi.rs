@@ -109,6 +109,27 @@ fn killed_node_groups_are_led_again_within_promise_and_an_election_timeout() {
     assert!(r.violations.is_empty(), "{:?}", r.violations);
 }
 
+#[test]
+fn a_node_is_supported_by_a_live_peer_and_not_by_a_killed_one() {
+    let mut s = sim(LivenessMode::Shared, 3);
+    assert!(s.run_until(5_000, all_leased), "the cluster never settled");
+    assert!(
+        s.node(1).expect("up").supported_by(2),
+        "a live peer supports"
+    );
+    s.crash(2);
+    s.run_for_ms(2 * s.config().lease.promise_ms);
+    let m = s.node(1).expect("up");
+    assert!(!m.supported_by(2), "a killed peer's support ran out");
+    assert!(m.supported_by(3), "the other peer still supports");
+    let mut per_group = sim(LivenessMode::PerGroup, 3);
+    assert!(per_group.run_until(5_000, all_leased));
+    assert!(
+        !per_group.node(1).expect("up").supported_by(2),
+        "no session"
+    );
+}
+
 /// One group's raft messages stop at its leader's node, while that node's support flows.
 fn stuck_group(no_give_up: bool) -> bool {
     let mut config = MultiSimConfig::default();

@@ -1033,6 +1033,14 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             .is_some_and(|g| g.node.promise_backs(leader))
     }
 
+    /// Whether node `peer` supports this one now: its support, asked for over the node stream,
+    /// is still in force. A hint for placement (where to move a leadership), never for safety.
+    /// Always `false` in per-group mode, where there is no support session.
+    pub fn supported_by(&self, peer: NodeId) -> bool {
+        let now_ns = self.clock.now_ns();
+        self.mode == LivenessMode::Shared && self.requester.support_from(peer, now_ns).is_some()
+    }
+
     /// This node's id.
     pub fn id(&self) -> NodeId {
         self.id
