@@ -72,6 +72,8 @@ pub struct NodeOptions {
     pub groups: u32,
     /// How the groups' leases stay alive.
     pub liveness: raft_lease::multi::LivenessMode,
+    /// Hand leaderships above this node's share to the node that leads the fewest groups.
+    pub balance_leaders: bool,
 }
 
 impl NodeOptions {

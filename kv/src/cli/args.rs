@@ -120,6 +120,12 @@ pub struct NodeArgs {
     /// shared for more (per-group heartbeats cost messages in proportion to the groups).
     #[arg(long, value_enum)]
     pub liveness: Option<Liveness>,
+    /// With many groups, a node that leads clearly more than its share of them hands some to
+    /// the node that leads the fewest (raft leadership transfers, about once a second), so that
+    /// writes and the idle cost of leading spread over the nodes. `false` leaves leaders where
+    /// elections put them.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub balance_leaders: bool,
     /// Worker threads for HTTP and peer I/O (async: a slow client holds none of them).
     #[arg(long, default_value_t = 2)]
     pub http_threads: usize,
@@ -277,6 +283,7 @@ impl NodeArgs {
             no_admission_checks: self.no_admission_checks,
             groups: self.groups,
             liveness,
+            balance_leaders: self.balance_leaders,
         })
     }
 

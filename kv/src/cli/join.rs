@@ -7,8 +7,10 @@
 //!    that is far behind never weakens the quorum.
 //! 2. The leader finds the learner's log empty and sends it a snapshot (taken when the learner was
 //!    added); the learner installs it and then follows the log.
-//! 3. Once the leader reports the learner replicating and past the index of its own addition, it
-//!    asks to be promoted to voter.
+//! 3. Once the leader reports the learner replicating and past the index of its own addition,
+//!    and every other group has added it too (each group's leader follows group 0's
+//!    configuration, see `peer::follow`, and sends it that group's snapshot), it asks to be
+//!    promoted to voter.
 //!
 //! Every step is idempotent: a restarted joiner picks up where its configuration says it is.
 
@@ -114,8 +116,18 @@ fn add(app: &App, join: &str, log: &Logger) -> Result<u64, String> {
     Ok(v["index"].as_u64().unwrap_or(0))
 }
 
-/// Ask to be promoted once the leader sees this learner caught up with its own addition.
+/// Ask to be promoted once the leader sees this learner caught up with its own addition, and
+/// (with many groups) every group here has it in its configuration, as a learner caught up to
+/// its own addition in that group: a group then never makes it a voter before it has the
+/// group's snapshot.
 fn promote(app: &App, join: &str, added_at: u64) -> Result<(), String> {
+    let me = app.opts.id;
+    let missing = app.groups.all.iter();
+    let missing = missing.filter(|g| !is_member(&g.status.read().conf, me));
+    let missing = missing.count();
+    if missing > 0 {
+        return Err(format!("{missing} groups have not added this node yet"));
+    }
     let (progress, matched) = leader_view(join, app.opts.id)?;
     let applied = app.status().applied;
     if progress != "replicate" || matched < added_at.max(1) || applied < added_at {

@@ -105,8 +105,8 @@ fn founding_members(o: &NodeOptions) -> Members {
     };
     Members {
         addrs,
-        removed: Default::default(),
         conf: Some(crate::peer::follow::Followed::of(FOUNDING_INDEX, &founding)),
+        ..Members::default()
     }
 }
 
@@ -335,6 +335,7 @@ fn start(
         max_batch: 1024,
         queue_len: 4096,
         admission_checks: !opts.no_admission_checks,
+        balance_leaders: opts.balance_leaders,
     };
     let (raft_loop, groups) = RaftLoop::open(cfg, wiring, log.clone()).map_err(fatal)?;
     let app = Arc::new(App {

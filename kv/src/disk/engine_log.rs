@@ -31,6 +31,7 @@ const LOG: u64 = 1;
 const META: u64 = 2;
 const HARD_STATE: &[u8] = b"hard_state";
 const CONF_STATE: &[u8] = b"conf_state";
+const CONF_META: &[u8] = b"conf_meta";
 const SNAPSHOT: &[u8] = b"snapshot";
 /// The raft id of the node the store belongs to (u64, big-endian).
 const NODE_ID: &[u8] = b"node_id";
@@ -240,6 +241,7 @@ impl LogStore for EngineLog {
         Ok(Meta {
             hard_state: self.get::<HardState>(HARD_STATE)?.unwrap_or_default(),
             conf_state: self.get::<ConfState>(CONF_STATE)?,
+            conf_meta: self.engine.get(self.meta, CONF_META).unwrap_or_default(),
             snapshot: self.get::<Snapshot>(SNAPSHOT)?.unwrap_or_default(),
             node_id: node_id.transpose()?,
         })
@@ -282,6 +284,9 @@ impl LogStore for EngineLog {
         }
         if let Some(cs) = w.conf_state {
             batch.put_message(self.meta, CONF_STATE.to_vec(), cs)?;
+        }
+        if let Some(m) = w.conf_meta {
+            batch.put(self.meta, CONF_META.to_vec(), m.to_vec())?;
         }
         if let Some(s) = w.snapshot {
             batch.put(self.meta, SNAPSHOT.to_vec(), s.write_to_bytes()?)?;

@@ -57,6 +57,8 @@ pub struct Write<'a> {
     pub hard_state: Option<&'a HardState>,
     /// The new conf state.
     pub conf_state: Option<&'a ConfState>,
+    /// What the application keeps with the conf state (written with it, atomically).
+    pub conf_meta: Option<&'a [u8]>,
     /// The new latest snapshot.
     pub snapshot: Option<&'a Snapshot>,
     /// The node id, written once at creation.
@@ -75,6 +77,7 @@ impl Write<'_> {
             overwrites: false,
             hard_state: None,
             conf_state: None,
+            conf_meta: None,
             snapshot: None,
             node_id: None,
             sync: true,
@@ -89,6 +92,8 @@ pub struct Meta {
     pub hard_state: HardState,
     /// The conf state, if the store was initialized.
     pub conf_state: Option<ConfState>,
+    /// What the application kept with the conf state (empty if nothing).
+    pub conf_meta: Vec<u8>,
     /// The latest snapshot (default if none).
     pub snapshot: Snapshot,
     /// The node id, if written.

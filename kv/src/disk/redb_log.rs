@@ -14,6 +14,7 @@ const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 const HARD_STATE: &str = "hard_state";
 const CONF_STATE: &str = "conf_state";
+const CONF_META: &str = "conf_meta";
 const SNAPSHOT: &str = "snapshot";
 /// The raft id of the node the store belongs to (u64, big-endian).
 const NODE_ID: &str = "node_id";
@@ -104,6 +105,7 @@ impl LogStore for RedbLog {
             conf_state: get(CONF_STATE)?
                 .map(|b| ConfState::parse_from_bytes(&b))
                 .transpose()?,
+            conf_meta: get(CONF_META)?.unwrap_or_default(),
             snapshot: get(SNAPSHOT)?
                 .map(|b| Snapshot::parse_from_bytes(&b))
                 .transpose()?
@@ -153,6 +155,9 @@ impl LogStore for RedbLog {
             }
             if let Some(cs) = w.conf_state {
                 meta.insert(CONF_STATE, cs.write_to_bytes()?.as_slice())?;
+            }
+            if let Some(m) = w.conf_meta {
+                meta.insert(CONF_META, m)?;
             }
             if let Some(s) = w.snapshot {
                 meta.insert(SNAPSHOT, s.write_to_bytes()?.as_slice())?;

@@ -27,6 +27,8 @@ use crate::disk::redb_log::RedbLog;
 struct Cache {
     hard_state: HardState,
     conf_state: ConfState,
+    /// What the application kept with `conf_state` (see [`DiskStorage::set_conf_state`]).
+    conf_meta: Vec<u8>,
     snapshot_meta: SnapshotMetadata,
     /// The log's indexes, terms and newest entries, as on disk.
     log: MemLog,
@@ -161,6 +163,7 @@ impl DiskStorage {
             cache: Arc::new(RwLock::new(Cache {
                 hard_state: HardState::default(),
                 conf_state: ConfState::default(),
+                conf_meta: Vec::new(),
                 snapshot_meta: SnapshotMetadata::default(),
                 log: MemLog::new(1, TAIL_BYTES),
             })),
@@ -219,6 +222,7 @@ impl DiskStorage {
         *c = Cache {
             hard_state: meta.hard_state,
             conf_state: meta.conf_state.unwrap_or_default(),
+            conf_meta: meta.conf_meta,
             snapshot_meta,
             log: mem,
         };
@@ -284,14 +288,23 @@ impl DiskStorage {
         Ok(())
     }
 
-    /// Record the configuration applied at some index.
-    pub fn set_conf_state(&self, cs: &ConfState) -> Result<(), DiskError> {
+    /// Record the configuration applied at some index, and with it, atomically, what the
+    /// application keeps about it (`conf_meta`, read back by [`DiskStorage::conf_meta`]).
+    pub fn set_conf_state(&self, cs: &ConfState, conf_meta: &[u8]) -> Result<(), DiskError> {
         self.log.write(&Write {
             conf_state: Some(cs),
+            conf_meta: Some(conf_meta),
             ..Write::nothing()
         })?;
-        self.cache.write().conf_state = cs.clone();
+        let mut c = self.cache.write();
+        c.conf_state = cs.clone();
+        c.conf_meta = conf_meta.to_vec();
         Ok(())
+    }
+
+    /// What the application kept with the stored configuration (empty if nothing).
+    pub fn conf_meta(&self) -> Vec<u8> {
+        self.cache.read().conf_meta.clone()
     }
 
     /// Install a snapshot received from the leader: it replaces the whole log.

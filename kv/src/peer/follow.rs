@@ -66,24 +66,19 @@ struct FollowContext {
 
 /// The change that moves a group whose configuration is `cs`, and which last followed version
 /// `follows`, to `target`; `None` when there is nothing to do now: the target is not newer, or
-/// is joint, or the group is in a joint configuration, or it already matches.
+/// is joint, or the group is in a joint configuration.
+///
+/// A group that already has the target's voters and learners (it skipped a configuration in
+/// between) still gets a change, one that changes nothing (a voter added again), so that it
+/// records the newer version: otherwise a leader whose group 0 lags could still move it to the
+/// configuration it skipped.
 pub fn follow_change(target: &Followed, cs: &ConfState, follows: u64) -> Option<ConfChangeV2> {
     if target.version <= follows || target.joint || !cs.voters_outgoing.is_empty() {
         return None;
     }
-    if target.matches(cs) {
-        return None;
-    }
     let mut cc = ConfChangeV2::default();
     cc.set_transition(ConfChangeTransition::Auto);
-    let mut push = |id: u64, t: ConfChangeType| {
-        let mut c = ConfChangeSingle {
-            node_id: id,
-            ..Default::default()
-        };
-        c.set_change_type(t);
-        cc.mut_changes().push(c);
-    };
+    let mut push = |id: u64, t: ConfChangeType| push_to(&mut cc, id, t);
     for &id in target.voters.iter().filter(|id| !cs.voters.contains(id)) {
         push(id, ConfChangeType::AddNode);
     }
@@ -98,16 +93,25 @@ pub fn follow_change(target: &Followed, cs: &ConfState, follows: u64) -> Option<
     for &id in cs.voters.iter().chain(&cs.learners).filter(kept) {
         push(id, ConfChangeType::RemoveNode);
     }
-    debug_assert!(
-        !cc.get_changes().is_empty(),
-        "a target that differs changes something"
-    );
+    if cc.get_changes().is_empty() {
+        let voter = *target.voters.first()?;
+        push_to(&mut cc, voter, ConfChangeType::AddNode); // a voter already: changes nothing
+    }
     let ctx = FollowContext {
         follows: target.version,
     };
     let ctx = serde_json::to_vec(&ctx).expect("a follow context serializes");
     cc.set_context(ctx.into());
     Some(cc)
+}
+
+fn push_to(cc: &mut ConfChangeV2, id: u64, t: ConfChangeType) {
+    let mut c = ConfChangeSingle {
+        node_id: id,
+        ..Default::default()
+    };
+    c.set_change_type(t);
+    cc.mut_changes().push(c);
 }
 
 /// The version a follow change carries; `None` for any other change (raft's own change that
@@ -175,10 +179,14 @@ mod tests {
             follow_change(&other, &now, 12).is_none(),
             "older than followed"
         );
-        assert!(
-            follow_change(&target(9, &[1, 2, 3], &[]), &now, 1).is_none(),
-            "matches"
+        let same = follow_change(&target(9, &[1, 2, 3], &[]), &now, 1).expect("a newer version");
+        assert_eq!(
+            kinds(&same),
+            vec![(1, ConfChangeType::AddNode)],
+            "changes nothing"
         );
+        assert_eq!(same.enter_joint(), None, "a simple change");
+        assert_eq!(version_of(&same), Some(9), "but records the version");
         let mut joint = other.clone();
         joint.joint = true;
         assert!(follow_change(&joint, &now, 1).is_none(), "group 0 is joint");

@@ -3,6 +3,7 @@
 //! threads. Nothing here knows the KV's keys, sessions or locks.
 
 pub mod admission;
+pub mod conf_meta;
 pub mod machine;
 pub mod raft_io;
 pub mod raft_loop;

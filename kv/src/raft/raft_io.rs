@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use crate::base::budget::Ticket;
 use crate::disk::storage::{DiskError, DiskStorage};
 use crate::peer::follow::{admits, version_of, Followed};
+use crate::raft::conf_meta::ConfMeta;
 use crate::raft::machine::{Node, StateMachine};
 use crate::raft::requests::{MembersReply, WriteReply};
 use crate::raft::shared::Shared;
@@ -65,6 +66,9 @@ pub struct LoopIo<M: StateMachine> {
     follows: u64,
     /// A membership change applied since the status was last published.
     conf_changed: bool,
+    /// The index of the membership entry that left the stored configuration: entries at or
+    /// below it are applied again only after a restart, and skipped (see `conf_meta`).
+    conf_index: u64,
     was_leader: (bool, u64),
     progress: BTreeMap<u64, crate::raft::status::PeerProgress>,
     metrics: Arc<crate::base::metrics::Metrics>,
@@ -72,16 +76,27 @@ pub struct LoopIo<M: StateMachine> {
 }
 
 impl<M: StateMachine> LoopIo<M> {
-    /// The I/O of a group whose state machine is in `shared`.
+    /// The I/O of a group whose state machine is in `shared`, restored from a snapshot that
+    /// followed version `follows` (the configuration's bookkeeping stored since, if newer, wins:
+    /// see `conf_meta`).
     pub fn new(
         storage: DiskStorage,
-        follows: u64,
+        mut follows: u64,
         shared: Arc<Shared<M>>,
         metrics: Arc<crate::base::metrics::Metrics>,
         logger: Logger,
-    ) -> Self {
+    ) -> Result<Self, DiskError> {
         let snapshot_index = shared.machine.read().applied();
-        LoopIo {
+        let mut conf_index = 0;
+        if let Some(kept) = ConfMeta::decode(&storage.conf_meta())? {
+            if kept.index > snapshot_index {
+                (conf_index, follows) = (kept.index, kept.follows);
+                if let (Some(book), 0) = (kept.book, shared.group) {
+                    *shared.members.write() = book;
+                }
+            }
+        }
+        Ok(LoopIo {
             storage,
             shared,
             waiting: BTreeMap::new(),
@@ -91,11 +106,12 @@ impl<M: StateMachine> LoopIo<M> {
             snapshot_due: false,
             follows,
             conf_changed: false,
+            conf_index,
             was_leader: (false, 0),
             progress: BTreeMap::new(),
             metrics,
             logger,
-        }
+        })
     }
 
     /// Answer `w` when the entry at `index` (proposed in `term`) applies.
@@ -165,8 +181,8 @@ impl<M: StateMachine> LoopIo<M> {
         let due = applied >= self.snapshot_index.saturating_add(every)
             || self.applied_bytes >= SNAPSHOT_AFTER_BYTES.max(self.snapshot_bytes)
             || self.snapshot_due;
-        if applied <= self.snapshot_index || !due {
-            return Ok(());
+        if applied <= self.snapshot_index || !due || applied < self.conf_index {
+            return Ok(()); // (below the stored configuration's index: a restart's replay)
         }
         let data = envelope(
             &self.shared.members.read(),
@@ -226,6 +242,11 @@ impl<M: StateMachine> LoopIo<M> {
     /// group 0 than this group last followed is skipped: see `peer::follow`), and answer the
     /// request waiting on it.
     fn apply_conf_change(&mut self, node: &mut Node, e: &Entry) -> Result<(), DiskError> {
+        if e.index <= self.conf_index {
+            self.shared.machine.write().skip(e.index); // already in the stored configuration
+            self.answer_members(e, None);
+            return Ok(());
+        }
         let cc = match e.get_entry_type() {
             EntryType::EntryConfChangeV2 => Some(ConfChangeV2::parse_from_bytes(&e.data)?),
             _ => None,
@@ -256,7 +277,6 @@ impl<M: StateMachine> LoopIo<M> {
         cc: Option<&ConfChangeV2>,
         cs: &ConfState,
     ) -> Result<(), DiskError> {
-        self.storage.set_conf_state(cs)?;
         self.conf_changed = true;
         match (self.shared.group, cc) {
             (0, Some(cc)) => self.shared.members.write().apply(index, cc, cs), // the book is group 0's
@@ -268,6 +288,17 @@ impl<M: StateMachine> LoopIo<M> {
                 }
             }
         }
+        let kept = ConfMeta {
+            index,
+            follows: self.follows,
+            book: (self.shared.group == 0).then(|| self.shared.members.read().clone()),
+        };
+        self.storage.set_conf_state(cs, &kept.encode())?;
+        assert!(
+            index > self.conf_index,
+            "membership entries apply in log order"
+        );
+        self.conf_index = index;
         self.snapshot_due |= cc.is_some_and(|cc| {
             cc.get_changes()
                 .iter()
@@ -354,7 +385,8 @@ impl<M: StateMachine> LoopIo<M> {
         }
         self.follows = env.follows;
         self.conf_changed = true;
-        // Entries up to the snapshot applied inside it: whether a waiter's did is not known.
+        self.conf_index = self.conf_index.min(index); // entries after the snapshot are all new
+                                                      // Entries up to the snapshot applied inside it: whether a waiter's did is not known.
         let later = self.waiting.split_off(&(index + 1));
         let covered = std::mem::replace(&mut self.waiting, later);
         for (_, (_, w, _)) in covered {

@@ -47,6 +47,7 @@ use crate::raft::requests::{MembersReply, ReadReply, Request, Routed, WriteReply
 use crate::raft::shared::{Groups, Shared};
 use crate::raft::snapshot::restore;
 
+mod balance;
 mod following;
 
 /// Every group of the node.
@@ -74,6 +75,9 @@ pub struct LoopConfig {
     pub queue_len: usize,
     /// Drop peer messages no correct peer sends (see [`admissible`]); off only for a test's control.
     pub admission_checks: bool,
+    /// Hand leaderships above this node's share to the node leading the fewest groups (see
+    /// `balance`).
+    pub balance_leaders: bool,
 }
 
 /// What the loop is given.
@@ -134,6 +138,8 @@ pub struct RaftLoop<M: StateMachine> {
     reading: BTreeSet<GroupId>,
     /// Moving the groups led here to group 0's configuration.
     following: following::Following,
+    /// Spreading leaders over the nodes.
+    balance: balance::Balance,
     /// What the HTTP threads see of every group.
     shared: Arc<Groups<M>>,
     /// When the oldest append with entries stepped in this pass arrived, on a follower: the time
@@ -241,7 +247,7 @@ impl<M: StateMachine> RaftLoop<M> {
                 req_tx.clone(),
             ));
             let log = logger.new(slog::o!("group" => gid));
-            let io = LoopIo::new(storage, follows, shared.clone(), w.metrics.clone(), log);
+            let io = LoopIo::new(storage, follows, shared.clone(), w.metrics.clone(), log)?;
             groups.push(GroupLoop {
                 io,
                 shared,
@@ -267,6 +273,7 @@ impl<M: StateMachine> RaftLoop<M> {
             touched: BTreeSet::new(),
             reading: BTreeSet::new(),
             following: Default::default(),
+            balance: balance::Balance::new(cfg.balance_leaders),
             append_arrived: None,
             cfg,
             stop: w.stop,
@@ -295,6 +302,7 @@ impl<M: StateMachine> RaftLoop<M> {
                 next_tick = (next_tick + step).max(now); // missed ticks are dropped, not burst
                 self.housekeeping();
                 self.follow_group_0();
+                self.balance_leaders();
                 self.groups[0]
                     .io
                     .publish_progress(self.multi.group(0).expect("group 0"));
@@ -547,6 +555,15 @@ impl<M: StateMachine> RaftLoop<M> {
         if raft.has_pending_conf() || !cs.voters_outgoing.is_empty() {
             let why = "another membership change is in progress; retry when it has applied";
             let _ = reply.send(MembersReply::Refused(why.into()));
+            return;
+        }
+        if self.groups_behind() > 0 {
+            let why = format!(
+                "{} groups here do not follow the last membership change yet; retry when \
+                 /status groups_behind_membership is 0",
+                self.groups_behind()
+            );
+            let _ = reply.send(MembersReply::Refused(why));
             return;
         }
         let (mut cc, context) = match self.groups[0]

@@ -172,7 +172,17 @@ fn a_node_leading_many_groups_killed_and_restarted_loses_no_acknowledged_write()
 /// `P + election timeout + 1 s`; once its disk answers again it catches up.
 #[test]
 fn a_leader_whose_disk_stalls_loses_its_leases_and_its_groups_fail_over() {
-    let c = Cluster::start(3, &["--groups", "8", "--fault-injection"]);
+    // Leaders stay where elections put them: the test follows one group's leader.
+    let c = Cluster::start(
+        3,
+        &[
+            "--groups",
+            "8",
+            "--fault-injection",
+            "--balance-leaders",
+            "false",
+        ],
+    );
     let led = leaders(&c, &[1, 2, 3], 20);
     let busiest = (1..=3)
         .max_by_key(|id| led.iter().filter(|l| *l == id).count())
@@ -235,7 +245,8 @@ fn a_leader_whose_disk_stalls_loses_its_leases_and_its_groups_fail_over() {
 fn a_members_messages_for_groups_not_hosted_here_are_dropped_and_harmless() {
     use raft_lease::liveness::Epoch;
     use raft_lease::multi::{FortifyMsg, NodeBatch};
-    let mut c = Cluster::start(3, &["--groups", "8"]);
+    // Leaders stay where elections put them: the test checks that no leadership moved.
+    let mut c = Cluster::start(3, &["--groups", "8", "--balance-leaders", "false"]);
     let led = leaders(&c, &[1, 2, 3], 20);
     let mut hb = raft::eraftpb::Message {
         from: 2,
@@ -330,7 +341,8 @@ fn change_members(c: &Cluster, via: u64, changes: serde_json::Value) {
 /// Membership changes reach every group: the operator changes group 0, and each other group's
 /// leader moves its group to group 0's configuration. A node joins (every group adds it and it
 /// catches up by snapshot, then serves every key); then a node that leads groups is removed
-/// (each group it led is led elsewhere and drops it); no acknowledged write is lost.
+/// (each group it led is led elsewhere and drops it); a member restarts; another node joins; no
+/// acknowledged write is lost.
 #[test]
 fn membership_changes_reach_every_group_a_joiner_serves_all_and_a_removed_leader_leaves_all() {
     let mut c = Cluster::start(3, &["--groups", "8"]);
@@ -369,4 +381,59 @@ fn membership_changes_reach_every_group_a_joiner_serves_all_and_a_removed_leader
     for g in 0..GROUPS {
         put_anywhere(&c, rest[1], &format!("after-{g}"), "written");
     }
+    // A member killed and restarted comes back with every group as it was (its membership
+    // entries since the last snapshot are not applied twice), and a later change reaches all.
+    c.kill9(rest[0]);
+    c.spawn(rest[0]);
+    wait_every_group(&c, &rest, &rest);
+    c.add_slot(5);
+    c.spawn_join(5, rest[1]);
+    let mut grown = rest.clone();
+    grown.push(5);
+    wait_every_group(&c, &grown, &grown);
+    for (k, v) in &acked {
+        assert_eq!(&get_anywhere(&c, 5, k), v, "{k} through the second joiner");
+    }
+}
+
+/// How many groups each of `ids` says it leads.
+fn led_counts(c: &Cluster, ids: &[u64]) -> Vec<u64> {
+    let led = |id| crate::cluster::status(c.port(id)).and_then(|s| s["groups_led"].as_u64());
+    ids.iter().map(|&id| led(id).unwrap_or(0)).collect()
+}
+
+/// Start three nodes of 24 groups, kill node 3 until nodes 1 and 2 lead every group, start it
+/// again, and wait up to 15 s until no node leads more than its share (8) and the slack (1):
+/// the counts then, or why not.
+fn spread_after_a_late_start(balance: &str) -> Result<Vec<u64>, String> {
+    let mut c = Cluster::start(3, &["--groups", "24", "--balance-leaders", balance]);
+    c.kill9(3);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while led_counts(&c, &[1, 2]).iter().sum::<u64>() < 24 {
+        assert!(Instant::now() < deadline, "{}", c.log_tail());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.spawn(3);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let led = led_counts(&c, &[1, 2, 3]);
+        if led.iter().sum::<u64>() == 24 && led.iter().all(|&n| n <= 9) {
+            return Ok(led);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("leaders not spread within 15 s: {led:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Leaders spread over the nodes: a node started after the others (so elected to lead nothing)
+/// is handed leaderships until none leads clearly more than its share; with the spreading
+/// switched off (the control), it stays leading nothing.
+#[test]
+fn leaders_spread_over_the_nodes_even_to_one_that_started_late() {
+    let led = spread_after_a_late_start("true").unwrap();
+    assert!(led[2] >= 6, "node 3 leads {} of 24: {led:?}", led[2]);
+    let control = spread_after_a_late_start("false");
+    assert!(control.is_err(), "spread without balancing: {control:?}");
 }

@@ -45,6 +45,12 @@ impl<M: StateMachine> RaftLoop<M> {
         let Some(target) = self.groups[0].shared.members.read().conf.clone() else {
             return;
         };
+        let me = self.multi.id();
+        if !target.voters.contains(&me) && !target.learners.contains(&me) {
+            self.following = Following::default(); // removed: nothing here follows any more
+            self.shared.behind.store(0, Ordering::Relaxed);
+            return;
+        }
         let moved = target.version != self.following.seen;
         if moved {
             self.following.seen = target.version;
@@ -66,6 +72,12 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
+    /// Groups hosted here that do not follow group 0's configuration yet (a membership change
+    /// waits until there are none, so that changes reach every group one at a time).
+    pub(super) fn groups_behind(&self) -> u64 {
+        self.following.behind
+    }
+
     /// Propose group `gid`'s follow change if it needs one and may take one now; whether to look
     /// at it again.
     fn follow(&mut self, gid: GroupId, target: &Followed, proposed: &mut usize) -> bool {
@@ -76,14 +88,27 @@ impl<M: StateMachine> RaftLoop<M> {
         let raft = &node.raw().raft;
         let cs = raft.prs().conf().to_conf_state();
         let follows = self.groups[gid as usize].io.follows();
-        if target.matches(&cs) {
-            return false;
-        }
         if raft.has_pending_conf() || !cs.voters_outgoing.is_empty() {
-            return true; // wait until the change in flight has applied
+            return true; // wait until the change in flight has applied, then look again
+        }
+        let me = self.multi.id();
+        if !target.voters.contains(&me) {
+            // Demoted: raft-rs keeps a leader that is no voter leading. Hand the group to a
+            // voter of the target that has its log, and let that one follow.
+            let to = target.voters.iter().copied().find(|&v| {
+                let last = raft.raft_log.last_index();
+                raft.prs()
+                    .get(v)
+                    .is_some_and(|p| p.matched == last && v != me)
+            });
+            if let Some(to) = to {
+                self.multi.transfer_leader(gid, to);
+                self.touched.insert(gid);
+            }
+            return true;
         }
         let Some(cc) = follow_change(target, &cs, follows) else {
-            return false; // not newer than what it follows: raft refused it, or it went back
+            return false; // followed already (or raft refused the change: nothing to redo)
         };
         *proposed += 1;
         if let Err(e) = self.multi.propose_conf_change(gid, cc) {

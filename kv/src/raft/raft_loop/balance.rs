@@ -1,0 +1,138 @@
+//! Leaders spread over the nodes. Elections alone leave them uneven (at 10,000 groups on three
+//! nodes, one node led over 5,000), and what a node spends idle grows with the groups it leads.
+//! So, about once a second, a node that leads clearly more than its share of the groups (over
+//! `⌈groups / voters⌉` by more than 2% of the groups, and at least one) hands some of them to the
+//! node that leads the fewest, by raft's leadership transfer, which fences the lease as any
+//! transfer does. Each node only ever gives its own leaderships away, counted from what its
+//! replicas know of every group's leader; it gives only to a node that supports it now and is
+//! caught up in that group, so a transfer does not stall a group on a node that is down.
+
+use std::collections::BTreeMap;
+
+use raft_lease::multi::GroupId;
+
+use super::RaftLoop;
+use crate::raft::machine::StateMachine;
+
+/// Ticks between two looks at the spread.
+const EVERY_TICKS: u32 = 10;
+
+/// Leaderships a node gives away per look at most.
+const MAX_PER_LOOK: usize = 200;
+
+/// What the loop keeps about spreading leaders.
+#[derive(Debug)]
+pub(super) struct Balance {
+    /// Whether leaders are spread at all (`--balance-leaders`).
+    pub(super) enabled: bool,
+    /// Ticks since the last look.
+    ticks: u32,
+}
+
+impl Balance {
+    /// Spread leaders if `enabled`.
+    pub(super) fn new(enabled: bool) -> Balance {
+        Balance { enabled, ticks: 0 }
+    }
+}
+
+/// The groups each node leads, as this node's replicas know it: group 0's voters only.
+fn count_led<'a>(
+    voters: &[u64],
+    leaders: impl Iterator<Item = (GroupId, Option<u64>)> + 'a,
+    me: u64,
+) -> (BTreeMap<u64, usize>, Vec<GroupId>) {
+    let mut led: BTreeMap<u64, usize> = voters.iter().map(|&v| (v, 0)).collect();
+    let mut mine = Vec::new();
+    for (gid, leader) in leaders {
+        if let Some(n) = leader.and_then(|l| led.get_mut(&l)) {
+            *n += 1;
+        }
+        if leader == Some(me) && gid != 0 {
+            mine.push(gid); // group 0 keeps its leader: sessions and membership live there
+        }
+    }
+    (led, mine)
+}
+
+/// How many of its `mine` leaderships a node gives away when the voters lead `led` of `groups`.
+fn excess(led: &BTreeMap<u64, usize>, mine: usize, groups: usize) -> usize {
+    let share = groups.div_ceil(led.len().max(1));
+    let slack = (groups / 50).max(1);
+    match mine > share + slack {
+        true => (mine - share).min(MAX_PER_LOOK),
+        false => 0,
+    }
+}
+
+impl<M: StateMachine> RaftLoop<M> {
+    /// On a tick: give away leaderships above this node's share, about once a second.
+    pub(super) fn balance_leaders(&mut self) {
+        self.balance.ticks += 1;
+        if !self.balance.enabled || self.groups.len() < 2 || self.balance.ticks < EVERY_TICKS {
+            return;
+        }
+        self.balance.ticks = 0;
+        let me = self.multi.id();
+        let voters = self.node(0).raw().raft.prs().conf().to_conf_state().voters;
+        let leaders = self.multi.group_ids().into_iter();
+        let leaders = leaders.map(|g| (g, self.node(g).leader_id()));
+        let (mut led, mut mine) = count_led(&voters, leaders, me);
+        let give = excess(&led, mine.len(), self.groups.len());
+        for gid in mine.drain(..).rev().take(give) {
+            let Some((&to, _)) = led
+                .iter()
+                .filter(|&(&id, _)| id != me && self.multi.supported_by(id))
+                .filter(|&(&id, _)| self.caught_up(gid, id))
+                .min_by_key(|&(_, &n)| n)
+            else {
+                continue;
+            };
+            self.multi.transfer_leader(gid, to);
+            self.touched.insert(gid);
+            *led.get_mut(&to).expect("a voter") += 1;
+        }
+    }
+
+    /// Whether `to` has every entry of group `gid` this replica (its leader) has.
+    fn caught_up(&self, gid: GroupId, to: u64) -> bool {
+        let raft = &self.node(gid).raw().raft;
+        let last = raft.raft_log.last_index();
+        raft.prs().get(to).is_some_and(|p| p.matched == last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_over_its_share_gives_the_excess_and_one_near_it_gives_nothing() {
+        let leaders = |of: &[u64]| {
+            let v: Vec<(GroupId, Option<u64>)> = (0..).zip(of.iter().map(|&l| Some(l))).collect();
+            v.into_iter()
+        };
+        let (led, mine) = count_led(&[1, 2, 3], leaders(&[1, 1, 1, 1, 1, 1, 2, 3, 9]), 1);
+        assert_eq!(
+            led,
+            [(1, 6), (2, 1), (3, 1)].into(),
+            "a non-voter's groups not counted"
+        );
+        assert_eq!(mine, vec![1, 2, 3, 4, 5], "group 0 stays");
+        assert_eq!(
+            excess(&led, mine.len(), 9),
+            2,
+            "share 3, slack 1: 5 gives 2"
+        );
+        assert_eq!(excess(&led, 4, 9), 0, "within share + slack");
+        let even: BTreeMap<u64, usize> = [(1, 5_111), (2, 2_400), (3, 2_489)].into();
+        assert_eq!(excess(&even, 5_111, 10_000), MAX_PER_LOOK);
+        assert_eq!(
+            excess(&even, 3_334 + 200, 10_000),
+            0,
+            "share 3,334, slack 200"
+        );
+        assert_eq!(excess(&even, 3_334 + 201, 10_000), 201.min(MAX_PER_LOOK));
+        assert_eq!(excess(&led, 6, 9), 3, "down to its share");
+    }
+}
