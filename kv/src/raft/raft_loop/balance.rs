@@ -2,7 +2,7 @@
 //! nodes, one node led over 5,000), and what a node spends idle grows with the groups it leads.
 //! So, about once a second, a node that leads clearly more than its share of the groups (over
 //! `⌈groups / voters⌉` by more than 2% of the groups, and at least one) hands some of them to the
-//! node that leads the fewest, by raft's leadership transfer, which fences the lease as any
+//! node that leads the fewest (if below its share), by raft's leadership transfer, which fences the lease as any
 //! transfer does. Each node only ever gives its own leaderships away, counted from what its
 //! replicas know of every group's leader; it gives only to a node that supports it now and is
 //! caught up in that group, so a transfer does not stall a group on a node that is down.
@@ -55,9 +55,14 @@ fn count_led<'a>(
     (led, mine)
 }
 
+/// A node's share of `groups` among the voters that lead `led`.
+fn share(led: &BTreeMap<u64, usize>, groups: usize) -> usize {
+    groups.div_ceil(led.len().max(1))
+}
+
 /// How many of its `mine` leaderships a node gives away when the voters lead `led` of `groups`.
 fn excess(led: &BTreeMap<u64, usize>, mine: usize, groups: usize) -> usize {
-    let share = groups.div_ceil(led.len().max(1));
+    let share = share(led, groups);
     let slack = (groups / 50).max(1);
     match mine > share + slack {
         true => (mine - share).min(MAX_PER_LOOK),
@@ -79,10 +84,12 @@ impl<M: StateMachine> RaftLoop<M> {
         let leaders = leaders.map(|g| (g, self.node(g).leader_id()));
         let (mut led, mut mine) = count_led(&voters, leaders, me);
         let give = excess(&led, mine.len(), self.groups.len());
+        let share = share(&led, self.groups.len());
         for gid in mine.drain(..).rev().take(give) {
+            // Only to a node below its share: two nodes over it (a third is down) never trade.
             let Some((&to, _)) = led
                 .iter()
-                .filter(|&(&id, _)| id != me && self.multi.supported_by(id))
+                .filter(|&(&id, &n)| id != me && n < share && self.multi.supported_by(id))
                 .filter(|&(&id, _)| self.caught_up(gid, id))
                 .min_by_key(|&(_, &n)| n)
             else {
