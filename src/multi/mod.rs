@@ -1041,6 +1041,11 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         self.mode == LivenessMode::Shared && self.requester.support_from(peer, now_ns).is_some()
     }
 
+    /// How the groups' leases are kept alive here.
+    pub fn liveness(&self) -> LivenessMode {
+        self.mode
+    }
+
     /// This node's id.
     pub fn id(&self) -> NodeId {
         self.id

@@ -289,11 +289,14 @@ impl DiskStorage {
     }
 
     /// Record the configuration applied at some index, and with it, atomically, what the
-    /// application keeps about it (`conf_meta`, read back by [`DiskStorage::conf_meta`]).
+    /// application keeps about it (`conf_meta`, read back by [`DiskStorage::conf_meta`]); durable
+    /// at the next [`DiskStorage::sync`], which the raft loop runs in the same round (lost with a
+    /// crash before it, both are derived again from the log).
     pub fn set_conf_state(&self, cs: &ConfState, conf_meta: &[u8]) -> Result<(), DiskError> {
         self.log.write(&Write {
             conf_state: Some(cs),
             conf_meta: Some(conf_meta),
+            sync: false,
             ..Write::nothing()
         })?;
         let mut c = self.cache.write();

@@ -66,9 +66,15 @@ pub struct LoopIo<M: StateMachine> {
     follows: u64,
     /// A membership change applied since the status was last published.
     conf_changed: bool,
+    /// A configuration written since the node's last sync (see [`LoopIo::take_unsynced`]).
+    unsynced: bool,
     /// The index of the membership entry that left the stored configuration: entries at or
     /// below it are applied again only after a restart, and skipped (see `conf_meta`).
     conf_index: u64,
+    /// A store written before the configuration's bookkeeping was kept: no snapshot is taken
+    /// until the entries it held at start are applied (its stored configuration may be newer
+    /// than the entries replayed, and a snapshot would carry it at an older index).
+    replay_until: u64,
     was_leader: (bool, u64),
     progress: BTreeMap<u64, crate::raft::status::PeerProgress>,
     metrics: Arc<crate::base::metrics::Metrics>,
@@ -87,8 +93,12 @@ impl<M: StateMachine> LoopIo<M> {
         logger: Logger,
     ) -> Result<Self, DiskError> {
         let snapshot_index = shared.machine.read().applied();
-        let mut conf_index = 0;
-        if let Some(kept) = ConfMeta::decode(&storage.conf_meta())? {
+        let (mut conf_index, mut replay_until) = (0, 0);
+        let kept = ConfMeta::decode(&storage.conf_meta())?;
+        if kept.is_none() {
+            replay_until = raft::Storage::last_index(&storage)?;
+        }
+        if let Some(kept) = kept {
             if kept.index > snapshot_index {
                 (conf_index, follows) = (kept.index, kept.follows);
                 if let (Some(book), 0) = (kept.book, shared.group) {
@@ -106,7 +116,9 @@ impl<M: StateMachine> LoopIo<M> {
             snapshot_due: false,
             follows,
             conf_changed: false,
+            unsynced: false,
             conf_index,
+            replay_until,
             was_leader: (false, 0),
             progress: BTreeMap::new(),
             metrics,
@@ -181,7 +193,8 @@ impl<M: StateMachine> LoopIo<M> {
         let due = applied >= self.snapshot_index.saturating_add(every)
             || self.applied_bytes >= SNAPSHOT_AFTER_BYTES.max(self.snapshot_bytes)
             || self.snapshot_due;
-        if applied <= self.snapshot_index || !due || applied < self.conf_index {
+        let replaying = applied < self.conf_index.max(self.replay_until);
+        if applied <= self.snapshot_index || !due || replaying {
             return Ok(()); // (below the stored configuration's index: a restart's replay)
         }
         let data = envelope(
@@ -242,40 +255,48 @@ impl<M: StateMachine> LoopIo<M> {
     /// group 0 than this group last followed is skipped: see `peer::follow`), and answer the
     /// request waiting on it.
     fn apply_conf_change(&mut self, node: &mut Node, e: &Entry) -> Result<(), DiskError> {
-        if e.index <= self.conf_index {
-            self.shared.machine.write().skip(e.index); // already in the stored configuration
-            self.answer_members(e, None);
-            return Ok(());
-        }
         let cc = match e.get_entry_type() {
             EntryType::EntryConfChangeV2 => Some(ConfChangeV2::parse_from_bytes(&e.data)?),
             _ => None,
         };
+        let replayed = e.index <= self.conf_index; // already in the stored configuration
         let stale =
             self.shared.group != 0 && cc.as_ref().is_some_and(|cc| !admits(self.follows, cc));
-        let cs = match stale {
-            false => apply_conf_change_entry(node, e)?,
-            true => {
+        if replayed || stale {
+            if stale && !replayed {
                 info!(self.logger, "an older configuration of group 0 skipped"; "index" => e.index,
                       "follows" => self.follows, "version" => cc.as_ref().and_then(version_of));
-                None
             }
-        };
-        if let Some(cs) = &cs {
-            self.record_conf(e.index, cc.as_ref(), cs)?;
+            self.shared.machine.write().skip(e.index);
+            self.answer_members(e, None);
+            return Ok(());
         }
+        let conf = |node: &Node| node.raw().raft.prs().conf().to_conf_state();
+        let before = conf(node);
+        let applied = apply_conf_change_entry(node, e)?;
+        // A change raft refused leaves the configuration as it was. It is recorded all the same
+        // (every replica refuses it alike), so that a follow change is not proposed again.
+        let cs = applied.clone().unwrap_or_else(|| conf(node));
+        let all = |c: &ConfState| -> Vec<u64> {
+            let ids = c.voters.iter().chain(&c.voters_outgoing).chain(&c.learners);
+            ids.chain(&c.learners_next).copied().collect()
+        };
+        let added = all(&cs).into_iter().any(|id| !all(&before).contains(&id));
+        self.record_conf(e.index, cc.as_ref(), &cs, added)?;
         self.shared.machine.write().skip(e.index);
-        self.answer_members(e, cs);
+        self.answer_members(e, applied);
         Ok(())
     }
 
     /// Keep the configuration `cs` that the change `cc` (at `index`) left: on disk, in group 0's
-    /// address book, or as the version this group now follows.
+    /// address book, or as the version this group now follows; take a snapshot soon if it
+    /// `added` a node new to the group.
     fn record_conf(
         &mut self,
         index: u64,
         cc: Option<&ConfChangeV2>,
         cs: &ConfState,
+        added: bool,
     ) -> Result<(), DiskError> {
         self.conf_changed = true;
         match (self.shared.group, cc) {
@@ -294,16 +315,13 @@ impl<M: StateMachine> LoopIo<M> {
             book: (self.shared.group == 0).then(|| self.shared.members.read().clone()),
         };
         self.storage.set_conf_state(cs, &kept.encode())?;
+        self.unsynced = true;
         assert!(
             index > self.conf_index,
             "membership entries apply in log order"
         );
         self.conf_index = index;
-        self.snapshot_due |= cc.is_some_and(|cc| {
-            cc.get_changes()
-                .iter()
-                .any(|c| c.get_change_type() != raft::eraftpb::ConfChangeType::RemoveNode)
-        });
+        self.snapshot_due |= added; // a node new to the group catches up from a recent one
         info!(self.logger, "membership applied"; "index" => index, "voters" => ?cs.voters,
               "learners" => ?cs.learners, "voters_outgoing" => ?cs.voters_outgoing,
               "follows" => self.follows);
@@ -336,6 +354,12 @@ impl<M: StateMachine> LoopIo<M> {
     /// The version of group 0's configuration this group last followed.
     pub fn follows(&self) -> u64 {
         self.follows
+    }
+
+    /// Whether a configuration was written (not synced) since the last call: the node's sync of
+    /// this round must run.
+    pub fn take_unsynced(&mut self) -> bool {
+        std::mem::take(&mut self.unsynced)
     }
 
     /// Whether a membership change applied since the last call.

@@ -180,7 +180,11 @@ impl<M: StateMachine> MultiApp<DiskStorage, Arc<ScaledClock>> for Apps<'_, M> {
     }
 
     fn apply(&mut self, g: GroupId, n: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
-        self.io(g).apply(n, entries)
+        self.io(g).apply(n, entries)?;
+        if self.io(g).take_unsynced() {
+            self.writing.get_or_insert_default(); // a configuration written: this round syncs
+        }
+        Ok(())
     }
 
     fn persist(
@@ -550,20 +554,20 @@ impl<M: StateMachine> RaftLoop<M> {
             let _ = reply.send(MembersReply::NotLeader { leader });
             return;
         }
-        let raft = &node.raw().raft;
+        let behind = self.groups_behind();
+        if behind > 0 {
+            let why = format!(
+                "{behind} groups here do not follow the last membership change yet; retry when \
+                 /status groups_behind_membership is 0"
+            );
+            let _ = reply.send(MembersReply::Refused(why));
+            return;
+        }
+        let raft = &self.node(group).raw().raft;
         let cs = raft.prs().conf().to_conf_state();
         if raft.has_pending_conf() || !cs.voters_outgoing.is_empty() {
             let why = "another membership change is in progress; retry when it has applied";
             let _ = reply.send(MembersReply::Refused(why.into()));
-            return;
-        }
-        if self.groups_behind() > 0 {
-            let why = format!(
-                "{} groups here do not follow the last membership change yet; retry when \
-                 /status groups_behind_membership is 0",
-                self.groups_behind()
-            );
-            let _ = reply.send(MembersReply::Refused(why));
             return;
         }
         let (mut cc, context) = match self.groups[0]
@@ -631,6 +635,7 @@ impl<M: StateMachine> RaftLoop<M> {
         let transport = &mut self.transport;
         self.multi
             .handle_ready_and_send(&mut apps, &mut |b| transport.send(b))?;
+        apps.sync()?; // a configuration applied after the round's sync (a light `Ready`)
         for &gid in &self.touched {
             self.groups[gid as usize]
                 .io

@@ -4,18 +4,20 @@
 //! `⌈groups / voters⌉` by more than 2% of the groups, and at least one) hands some of them to the
 //! node that leads the fewest (if below its share), by raft's leadership transfer, which fences the lease as any
 //! transfer does. Each node only ever gives its own leaderships away, counted from what its
-//! replicas know of every group's leader; it gives only to a node that supports it now and is
-//! caught up in that group, so a transfer does not stall a group on a node that is down.
+//! replicas know of every group's leader; it gives only to a voter of the group that is alive
+//! (shared liveness: it supports this node now), so a transfer does not stall a group on a node
+//! that is down, and never a group whose transfer is still under way.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use raft_lease::multi::GroupId;
 
 use super::RaftLoop;
 use crate::raft::machine::StateMachine;
 
-/// Ticks between two looks at the spread.
-const EVERY_TICKS: u32 = 10;
+/// Time between two looks at the spread.
+const EVERY: Duration = Duration::from_secs(1);
 
 /// Leaderships a node gives away per look at most.
 const MAX_PER_LOOK: usize = 200;
@@ -25,14 +27,17 @@ const MAX_PER_LOOK: usize = 200;
 pub(super) struct Balance {
     /// Whether leaders are spread at all (`--balance-leaders`).
     pub(super) enabled: bool,
-    /// Ticks since the last look.
-    ticks: u32,
+    /// When the spread was last looked at.
+    looked_at: Instant,
 }
 
 impl Balance {
     /// Spread leaders if `enabled`.
     pub(super) fn new(enabled: bool) -> Balance {
-        Balance { enabled, ticks: 0 }
+        Balance {
+            enabled,
+            looked_at: Instant::now(),
+        }
     }
 }
 
@@ -71,13 +76,14 @@ fn excess(led: &BTreeMap<u64, usize>, mine: usize, groups: usize) -> usize {
 }
 
 impl<M: StateMachine> RaftLoop<M> {
-    /// On a tick: give away leaderships above this node's share, about once a second.
+    /// On a tick: give away leaderships above this node's share, once a second.
     pub(super) fn balance_leaders(&mut self) {
-        self.balance.ticks += 1;
-        if !self.balance.enabled || self.groups.len() < 2 || self.balance.ticks < EVERY_TICKS {
+        let due = self.balance.looked_at.elapsed() >= EVERY;
+        if !self.balance.enabled || self.groups.len() < 2 || !due {
             return;
         }
-        self.balance.ticks = 0;
+        self.balance.looked_at = Instant::now();
+        let shared = self.multi.liveness() == raft_lease::multi::LivenessMode::Shared;
         let me = self.multi.id();
         let voters = self.node(0).raw().raft.prs().conf().to_conf_state().voters;
         let leaders = self.multi.group_ids().into_iter();
@@ -89,8 +95,8 @@ impl<M: StateMachine> RaftLoop<M> {
             // Only to a node below its share: two nodes over it (a third is down) never trade.
             let Some((&to, _)) = led
                 .iter()
-                .filter(|&(&id, &n)| id != me && n < share && self.multi.supported_by(id))
-                .filter(|&(&id, _)| self.caught_up(gid, id))
+                .filter(|&(&id, &n)| id != me && n < share)
+                .filter(|&(&id, _)| self.may_take(gid, id, shared))
                 .min_by_key(|&(_, &n)| n)
             else {
                 continue;
@@ -101,11 +107,19 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
-    /// Whether `to` has every entry of group `gid` this replica (its leader) has.
-    fn caught_up(&self, gid: GroupId, to: u64) -> bool {
+    /// Whether `to` may take group `gid` from this replica (its leader): no transfer is under
+    /// way, and `to` is a voter of the group, alive (`shared` liveness: it supports this node
+    /// now; per-group: raft saw it active, which a quiescent group of shared liveness does not
+    /// keep up to date). Raft catches it up before it hands over.
+    fn may_take(&self, gid: GroupId, to: u64, shared: bool) -> bool {
         let raft = &self.node(gid).raw().raft;
-        let last = raft.raft_log.last_index();
-        raft.prs().get(to).is_some_and(|p| p.matched == last)
+        let voter = raft.prs().conf().voters().contains(to);
+        let alive = |p: &raft::Progress| match shared {
+            true => self.multi.supported_by(to),
+            false => p.recent_active,
+        };
+        let progress = raft.prs().get(to);
+        raft.lead_transferee.is_none() && voter && progress.is_some_and(alive)
     }
 }
 

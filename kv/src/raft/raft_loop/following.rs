@@ -15,7 +15,7 @@ use crate::raft::machine::StateMachine;
 
 /// Follow changes proposed per tick at most: a new configuration reaches thousands of groups
 /// over a few ticks rather than in one huge round.
-const MAX_PER_TICK: usize = 1_000;
+const MAX_PER_TICK: usize = 100;
 
 /// What the loop keeps about following group 0.
 #[derive(Debug, Default)]
@@ -46,7 +46,7 @@ impl<M: StateMachine> RaftLoop<M> {
             return;
         };
         let me = self.multi.id();
-        if !target.voters.contains(&me) && !target.learners.contains(&me) {
+        if !target.joint && !target.voters.contains(&me) && !target.learners.contains(&me) {
             self.following = Following::default(); // removed: nothing here follows any more
             self.shared.behind.store(0, Ordering::Relaxed);
             return;
@@ -66,16 +66,16 @@ impl<M: StateMachine> RaftLoop<M> {
             }
         }
         if moved || self.following.behind > 0 {
-            self.following.behind = self.count_behind(&target);
-            let behind = self.following.behind;
-            self.shared.behind.store(behind, Ordering::Relaxed);
+            self.count_behind(&target);
         }
     }
 
-    /// Groups hosted here that do not follow group 0's configuration yet (a membership change
-    /// waits until there are none, so that changes reach every group one at a time).
-    pub(super) fn groups_behind(&self) -> u64 {
-        self.following.behind
+    /// Groups hosted here that do not follow group 0's configuration yet, counted now (a
+    /// membership change waits until there are none, so that changes reach every group one at
+    /// a time).
+    pub(super) fn groups_behind(&mut self) -> u64 {
+        let target = self.groups[0].shared.members.read().conf.clone();
+        target.map_or(0, |target| self.count_behind(&target))
     }
 
     /// Propose group `gid`'s follow change if it needs one and may take one now; whether to look
@@ -93,15 +93,15 @@ impl<M: StateMachine> RaftLoop<M> {
         }
         let me = self.multi.id();
         if !target.voters.contains(&me) {
-            // Demoted: raft-rs keeps a leader that is no voter leading. Hand the group to a
-            // voter of the target that has its log, and let that one follow.
-            let to = target.voters.iter().copied().find(|&v| {
-                let last = raft.raft_log.last_index();
-                raft.prs()
-                    .get(v)
-                    .is_some_and(|p| p.matched == last && v != me)
-            });
-            if let Some(to) = to {
+            // Demoted: raft-rs keeps a leader that is no voter leading. Hand the group to the
+            // voter of both configurations with the most of its log (raft catches it up), and let
+            // that one follow.
+            let both = cs
+                .voters
+                .iter()
+                .filter(|&&v| v != me && target.voters.contains(&v));
+            let matched = |v: &&u64| raft.prs().get(**v).map_or(0, |p| p.matched);
+            if let Some(&to) = both.max_by_key(matched) {
                 self.multi.transfer_leader(gid, to);
                 self.touched.insert(gid);
             }
@@ -118,10 +118,17 @@ impl<M: StateMachine> RaftLoop<M> {
         true
     }
 
-    /// Groups hosted here whose applied configuration is not `target`.
-    fn count_behind(&self, target: &Followed) -> u64 {
-        let conf = |g| self.node(g).raw().raft.prs().conf().to_conf_state();
+    /// Count (and publish) the groups hosted here that do not have `target`'s configuration, or
+    /// have not recorded its version, as applied here.
+    fn count_behind(&mut self, target: &Followed) -> u64 {
+        let behind = |g: GroupId| {
+            let cs = self.node(g).raw().raft.prs().conf().to_conf_state();
+            !target.matches(&cs) || self.groups[g as usize].io.follows() < target.version
+        };
         let ids = self.multi.group_ids().into_iter();
-        ids.filter(|&g| g != 0 && !target.matches(&conf(g))).count() as u64
+        let n = ids.filter(|&g| g != 0 && behind(g)).count() as u64;
+        self.following.behind = n;
+        self.shared.behind.store(n, Ordering::Relaxed);
+        n
     }
 }
