@@ -1041,6 +1041,12 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         self.mode == LivenessMode::Shared && self.requester.support_from(peer, now_ns).is_some()
     }
 
+    /// How many groups this node led after their last `Ready` (a count kept as leadership
+    /// moves, read in constant time).
+    pub fn groups_led(&self) -> usize {
+        self.led.len()
+    }
+
     /// How the groups' leases are kept alive here.
     pub fn liveness(&self) -> LivenessMode {
         self.mode

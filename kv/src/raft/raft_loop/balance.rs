@@ -60,14 +60,14 @@ fn count_led<'a>(
     (led, mine)
 }
 
-/// A node's share of `groups` among the voters that lead `led`.
-fn share(led: &BTreeMap<u64, usize>, groups: usize) -> usize {
-    groups.div_ceil(led.len().max(1))
+/// A node's share of `groups` among `voters` nodes.
+fn share(voters: usize, groups: usize) -> usize {
+    groups.div_ceil(voters.max(1))
 }
 
-/// How many of its `mine` leaderships a node gives away when the voters lead `led` of `groups`.
-fn excess(led: &BTreeMap<u64, usize>, mine: usize, groups: usize) -> usize {
-    let share = share(led, groups);
+/// How many of its `mine` leaderships a node gives away, one of `voters` nodes with `groups`.
+fn excess(voters: usize, mine: usize, groups: usize) -> usize {
+    let share = share(voters, groups);
     let slack = (groups / 50).max(1);
     match mine > share + slack {
         true => (mine - share).min(MAX_PER_LOOK),
@@ -83,14 +83,18 @@ impl<M: StateMachine> RaftLoop<M> {
             return;
         }
         self.balance.looked_at = Instant::now();
+        let groups = self.groups.len();
+        let voters = self.node(0).raw().raft.prs().conf().to_conf_state().voters;
+        if excess(voters.len(), self.multi.groups_led(), groups) == 0 {
+            return; // within its share: no need to look at every group's leader (10,000 of them)
+        }
         let shared = self.multi.liveness() == raft_lease::multi::LivenessMode::Shared;
         let me = self.multi.id();
-        let voters = self.node(0).raw().raft.prs().conf().to_conf_state().voters;
         let leaders = self.multi.group_ids().into_iter();
         let leaders = leaders.map(|g| (g, self.node(g).leader_id()));
         let (mut led, mut mine) = count_led(&voters, leaders, me);
-        let give = excess(&led, mine.len(), self.groups.len());
-        let share = share(&led, self.groups.len());
+        let give = excess(voters.len(), mine.len(), groups);
+        let share = share(voters.len(), groups);
         for gid in mine.drain(..).rev().take(give) {
             // Only to a node below its share: two nodes over it (a third is down) never trade.
             let Some((&to, _)) = led
@@ -141,19 +145,14 @@ mod tests {
         );
         assert_eq!(mine, vec![1, 2, 3, 4, 5], "group 0 stays");
         assert_eq!(
-            excess(&led, mine.len(), 9),
+            excess(led.len(), mine.len(), 9),
             2,
             "share 3, slack 1: 5 gives 2"
         );
-        assert_eq!(excess(&led, 4, 9), 0, "within share + slack");
-        let even: BTreeMap<u64, usize> = [(1, 5_111), (2, 2_400), (3, 2_489)].into();
-        assert_eq!(excess(&even, 5_111, 10_000), MAX_PER_LOOK);
-        assert_eq!(
-            excess(&even, 3_334 + 200, 10_000),
-            0,
-            "share 3,334, slack 200"
-        );
-        assert_eq!(excess(&even, 3_334 + 201, 10_000), 201.min(MAX_PER_LOOK));
-        assert_eq!(excess(&led, 6, 9), 3, "down to its share");
+        assert_eq!(excess(3, 4, 9), 0, "within share + slack");
+        assert_eq!(excess(3, 5_111, 10_000), MAX_PER_LOOK);
+        assert_eq!(excess(3, 3_334 + 200, 10_000), 0, "share 3,334, slack 200");
+        assert_eq!(excess(3, 3_334 + 201, 10_000), 201.min(MAX_PER_LOOK));
+        assert_eq!(excess(3, 6, 9), 3, "down to its share");
     }
 }
