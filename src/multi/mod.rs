@@ -673,28 +673,32 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     /// left as it is (it is extended at the next round, from the support then): with thousands
     /// of groups this halves the work, and an extension skipped only ever leaves a lease
     /// shorter than it could be.
+    ///
+    /// One pass over the groups led, each looked up once (with thousands of groups led, the
+    /// lookups are most of an idle node's work).
     fn extend_leases_resting_on(&mut self, peers: &BTreeSet<NodeId>, withdrawn: bool) {
         let now_ns = self.clock.now_ns();
         let interval_ns = self.derived.promise_ns / 3;
         let keep_until_ns = now_ns.saturating_add(interval_ns + interval_ns / 4);
         let counts_on = |g: &Group<S, C>| peers.iter().any(|p| g.fortified.contains_key(p));
-        let groups = &self.groups;
-        let led: Vec<GroupId> = self
-            .led
-            .iter()
-            .filter(|(_, &until_ns)| withdrawn || until_ns <= keep_until_ns)
-            .map(|(&gid, _)| gid)
-            .filter(|gid| {
-                groups
-                    .get(gid)
-                    .is_some_and(|g| g.node.is_leader() && counts_on(g))
-            })
-            .collect();
-        for gid in led {
-            if withdrawn {
-                self.wake(gid);
+        let mut woken = Vec::new();
+        for (&gid, hint) in self.led.iter_mut() {
+            if !withdrawn && *hint > keep_until_ns {
+                continue;
             }
-            self.extend_lease_at(gid, now_ns);
+            let Some(g) = self.groups.get_mut(&gid) else {
+                continue;
+            };
+            if !g.node.is_leader() || !counts_on(g) {
+                continue;
+            }
+            *hint = extend_group_lease(self.id, &self.requester, gid, g, now_ns);
+            if withdrawn {
+                woken.push(gid);
+            }
+        }
+        for gid in woken {
+            self.wake(gid);
         }
     }
 
@@ -709,20 +713,9 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let Some(g) = self.groups.get_mut(&gid).filter(|g| g.node.is_leader()) else {
             return;
         };
-        g.clear_fortified_if_new_term(); // never count an earlier term's fortifications
-        debug_assert!(
-            g.counts_term(g.node.raw().raft.term),
-            "group {gid}: counting fortifications of another term"
-        );
-        let requester = &self.requester;
-        let support = |v| requester.support_from(v, now_ns);
-        let members = g.members();
-        let voters = (&members.voters[..], &members.outgoing[..]);
-        let until_ns = lease_until_ns(self.id, voters, &g.fortified, support);
-        let term = g.node.raw().raft.term;
-        g.node.extend_lease_to_at(term, until_ns, now_ns);
+        let usable_until_ns = extend_group_lease(self.id, &self.requester, gid, g, now_ns);
         if let Some(hint) = self.led.get_mut(&gid) {
-            *hint = g.node.lease_usable_until_ns().unwrap_or(0);
+            *hint = usable_until_ns;
         }
     }
 
@@ -1061,6 +1054,34 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     pub fn clock(&self) -> &C {
         &self.clock
     }
+}
+
+/// Recompute leader `g`'s lease (group `gid`, on node `me`) from its fortifications and the
+/// support under them, with the clock read at `now_ns`, and extend it; until when it may be used
+/// (0: not at all), the hint [`MultiNode`] keeps.
+fn extend_group_lease<S: Storage, C: Clock + Clone>(
+    me: NodeId,
+    requester: &Requester,
+    gid: GroupId,
+    g: &mut Group<S, C>,
+    now_ns: u64,
+) -> u64 {
+    assert!(
+        g.node.is_leader(),
+        "group {gid}: a lease extended off its leader"
+    );
+    g.clear_fortified_if_new_term(); // never count an earlier term's fortifications
+    debug_assert!(
+        g.counts_term(g.node.raw().raft.term),
+        "group {gid}: counting fortifications of another term"
+    );
+    let support = |v| requester.support_from(v, now_ns);
+    let members = g.members();
+    let voters = (&members.voters[..], &members.outgoing[..]);
+    let until_ns = lease_until_ns(me, voters, &g.fortified, support);
+    let term = g.node.raw().raft.term;
+    g.node.extend_lease_to_at(term, until_ns, now_ns);
+    g.node.lease_usable_until_ns().unwrap_or(0)
 }
 
 fn requester(config: &MultiConfig, derived: &Derived) -> Requester {

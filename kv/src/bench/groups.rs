@@ -39,6 +39,8 @@ pub struct GroupsCell {
     pub groups: u32,
     /// Mean CPU of one node while idle, as a share of one core.
     pub idle_cpu_per_node: f64,
+    /// The busiest node's CPU while idle, as a share of one core.
+    pub idle_cpu_max_node: f64,
     /// Mean messages a node sent per second while idle.
     pub msgs_per_s_per_node: f64,
     /// Groups whose leader held a lease at the end of the idle period, over all groups.
@@ -64,6 +66,7 @@ impl GroupsCell {
     pub fn to_json(&self) -> Value {
         json!({"mode": self.mode, "groups": self.groups,
                "idle_cpu_per_node": self.idle_cpu_per_node,
+               "idle_cpu_max_node": self.idle_cpu_max_node,
                "msgs_per_s_per_node": self.msgs_per_s_per_node,
                "leased_share": self.leased_share,
                "first_read_fallbacks": self.first_read_fallbacks,
@@ -77,10 +80,11 @@ impl GroupsCell {
     /// One line of the table.
     pub fn line(&self) -> String {
         format!(
-            "{:<10} {:>7} {:>9.4} {:>10.0} {:>7.3} {:>9} {:>8.0} {:>8.0} {:>8.0} ({} groups) {:>8.0}",
+            "{:<10} {:>7} {:>9.4} {:>8.4} {:>10.0} {:>7.3} {:>9} {:>8.0} {:>8.0} {:>8.0} ({} groups) {:>8.0}",
             self.mode,
             self.groups,
             self.idle_cpu_per_node,
+            self.idle_cpu_max_node,
             self.msgs_per_s_per_node,
             self.leased_share,
             self.first_read_fallbacks,
@@ -95,7 +99,7 @@ impl GroupsCell {
 
 /// The table's header.
 pub fn header() -> &'static str {
-    "mode        groups  cpu/core  msgs/s/node  leased  fallbacks  fo max   fo p99   bound   (led)  B/group"
+    "mode        groups  cpu/core  cpu max  msgs/s/node  leased  fallbacks  fo max   fo p99   bound   (led)  B/group"
 }
 
 /// A three-node cluster of `groups` groups in `mode` (`shared` or `per-group`), running.
@@ -229,19 +233,29 @@ fn rss_bytes(pid: u32) -> f64 {
         .map_or(0.0, |kib| kib * 1024.0)
 }
 
-/// (mean CPU of a node as a share of one core, mean messages per second of a node) over `secs`.
-fn idle(n: &Nodes, secs: u64) -> Result<(f64, f64), String> {
-    let cpu = |n: &Nodes| -> f64 {
-        (1..=3)
-            .map(|id| process_cpu_s(&n.pid(id).to_string()).unwrap_or(0.0))
-            .sum()
+/// Over `secs`: (mean CPU of a node as a share of one core, the busiest node's, mean messages
+/// per second of a node).
+fn idle(n: &Nodes, secs: u64) -> Result<(f64, f64, f64), String> {
+    let cpu = |n: &Nodes| -> Vec<f64> {
+        let of = |id: u64| process_cpu_s(&n.pid(id).to_string()).unwrap_or(0.0);
+        (1..=3).map(of).collect()
     };
     let msgs =
         |n: &Nodes| -> Result<f64, String> { (1..=3).map(|id| messages_sent(&n.addr(id))).sum() };
     let (cpu0, msgs0, t0) = (cpu(n), msgs(n)?, Instant::now());
     std::thread::sleep(Duration::from_secs(secs));
     let (cpu1, msgs1, took) = (cpu(n), msgs(n)?, t0.elapsed().as_secs_f64());
-    Ok(((cpu1 - cpu0) / took / 3.0, (msgs1 - msgs0) / took / 3.0))
+    let used: Vec<f64> = cpu1
+        .iter()
+        .zip(&cpu0)
+        .map(|(b, a)| (b - a) / took)
+        .collect();
+    let max = used.iter().copied().fold(0.0, f64::max);
+    Ok((
+        used.iter().sum::<f64>() / 3.0,
+        max,
+        (msgs1 - msgs0) / took / 3.0,
+    ))
 }
 
 /// A key of each group (found by placing candidates).
@@ -351,7 +365,7 @@ fn measure_on(
         "shared" => quiesced(n, 120)?,
         _ => std::thread::sleep(Duration::from_millis(2 * ELECTION_MS)),
     }
-    let (cpu, msgs) = idle(n, idle_s)?;
+    let (cpu, cpu_max, msgs) = idle(n, idle_s)?;
     let l = leaders(n, &[1, 2, 3]);
     let leased = l.values().filter(|(_, held)| *held).count() as f64 / f64::from(groups);
     let fallbacks = first_reads(n, groups)?;
@@ -365,6 +379,7 @@ fn measure_on(
         },
         groups,
         idle_cpu_per_node: cpu,
+        idle_cpu_max_node: cpu_max,
         msgs_per_s_per_node: msgs,
         leased_share: leased,
         first_read_fallbacks: fallbacks,
