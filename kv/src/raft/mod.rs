@@ -3,7 +3,9 @@
 //! threads. Nothing here knows the KV's keys, sessions or locks.
 
 pub mod admission;
+pub mod balance;
 pub mod conf_meta;
+pub mod following;
 pub mod machine;
 pub mod raft_io;
 pub mod raft_loop;

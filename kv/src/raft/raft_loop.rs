@@ -41,14 +41,13 @@ use crate::peer::listen::Inbound;
 use crate::peer::members::{Change, Members};
 use crate::peer::transport::{Report, Transport};
 use crate::raft::admission::admissible;
+use crate::raft::balance::Balance;
+use crate::raft::following::Following;
 use crate::raft::machine::{Leading, Node, StateMachine};
 use crate::raft::raft_io::{LoopIo, Waiter};
 use crate::raft::requests::{MembersReply, ReadReply, Request, Routed, WriteReply};
 use crate::raft::shared::{Groups, Shared};
 use crate::raft::snapshot::restore;
-
-mod balance;
-mod following;
 
 /// Every group of the node.
 pub type Multi = MultiNode<DiskStorage, Arc<ScaledClock>>;
@@ -137,9 +136,9 @@ pub struct RaftLoop<M: StateMachine> {
     /// Groups with reads waiting for raft.
     reading: BTreeSet<GroupId>,
     /// Moving the groups led here to group 0's configuration.
-    following: following::Following,
+    following: Following,
     /// Spreading leaders over the nodes.
-    balance: balance::Balance,
+    balance: Balance,
     /// What the HTTP threads see of every group.
     shared: Arc<Groups<M>>,
     /// When the oldest append with entries stepped in this pass arrived, on a follower: the time
@@ -277,7 +276,7 @@ impl<M: StateMachine> RaftLoop<M> {
             touched: BTreeSet::new(),
             reading: BTreeSet::new(),
             following: Default::default(),
-            balance: balance::Balance::new(cfg.balance_leaders),
+            balance: Balance::new(cfg.balance_leaders),
             append_arrived: None,
             cfg,
             stop: w.stop,
@@ -306,7 +305,9 @@ impl<M: StateMachine> RaftLoop<M> {
                 next_tick = (next_tick + step).max(now); // missed ticks are dropped, not burst
                 self.housekeeping();
                 self.follow_group_0();
-                self.balance_leaders();
+                let groups = self.groups.len();
+                self.balance
+                    .tick(&mut self.multi, groups, &mut self.touched);
                 self.groups[0]
                     .io
                     .publish_progress(self.multi.group(0).expect("group 0"));
@@ -599,6 +600,37 @@ impl<M: StateMachine> RaftLoop<M> {
                 let _ = reply.send(MembersReply::Refused(e.to_string()));
             }
         }
+    }
+
+    /// Move the groups led here towards group 0's configuration, and publish how many are
+    /// behind it.
+    fn follow_group_0(&mut self) {
+        let Some(target) = self.groups[0].shared.members.read().conf.clone() else {
+            return;
+        };
+        let groups = &self.groups;
+        let follows = |g: GroupId| groups[g as usize].io.follows();
+        let (multi, touched) = (&mut self.multi, &mut self.touched);
+        if let Some(n) = self
+            .following
+            .tick(multi, &target, &follows, touched, &self.logger)
+        {
+            self.shared.behind.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Groups hosted here that do not follow group 0's configuration yet, counted now (a
+    /// membership change waits until there are none, so that changes reach every group one at
+    /// a time).
+    fn groups_behind(&mut self) -> u64 {
+        let Some(target) = self.groups[0].shared.members.read().conf.clone() else {
+            return 0;
+        };
+        let groups = &self.groups;
+        let follows = |g: GroupId| groups[g as usize].io.follows();
+        let n = self.following.count_behind(&self.multi, &target, &follows);
+        self.shared.behind.store(n, Ordering::Relaxed);
+        n
     }
 
     /// Group 0's state machine's own entries on its leader (sessions' takeover and expiry in the

@@ -29,6 +29,12 @@ pub fn envelope(members: &Members, follows: u64, machine: &[u8]) -> Vec<u8> {
 
 /// The state machine and envelope in snapshot data made by [`envelope`].
 pub fn restore<M: StateMachine>(data: &[u8]) -> Result<(M, Envelope), String> {
+    let (env, machine) = split(data)?;
+    Ok((M::restore(machine)?, env))
+}
+
+/// The envelope of snapshot data made by [`envelope`], and the state machine's bytes after it.
+fn split(data: &[u8]) -> Result<(Envelope, &[u8]), String> {
     let len = data
         .get(..4)
         .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)
@@ -46,13 +52,12 @@ pub fn restore<M: StateMachine>(data: &[u8]) -> Result<(M, Envelope), String> {
         book: serde_json::from_value(head).map_err(bad)?,
         follows,
     };
-    Ok((M::restore(&data[4 + len..])?, env))
+    Ok((env, &data[4 + len..]))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::kv_state::KvState;
 
     #[test]
     fn the_envelope_keeps_what_the_group_followed_and_reads_an_older_head() {
@@ -62,15 +67,19 @@ mod tests {
             http: None,
         };
         book.addrs.insert(7, addrs);
-        let data = envelope(&book, 42, &KvState::new().snapshot());
-        let (_, env) = restore::<KvState>(&data).unwrap();
-        assert_eq!((env.follows, env.book), (42, book));
+        let data = envelope(&book, 42, b"machine");
+        let (env, machine) = split(&data).unwrap();
+        assert_eq!(
+            (env.follows, env.book, machine),
+            (42, book, &b"machine"[..])
+        );
         let old = br#"{"addrs":{"7":{"peer":"h:1","http":null}},"removed":[3]}"#;
         let mut data = (old.len() as u32).to_be_bytes().to_vec();
         data.extend_from_slice(old);
-        data.extend_from_slice(&KvState::new().snapshot());
-        let (_, env) = restore::<KvState>(&data).unwrap();
+        data.extend_from_slice(b"machine");
+        let (env, _) = split(&data).unwrap();
         assert_eq!((env.follows, env.book.conf), (0, None));
         assert_eq!((env.book.addrs.len(), env.book.removed.len()), (1, 1));
+        assert!(split(b"\0\0\0\x09{}").is_err(), "a head past the end");
     }
 }

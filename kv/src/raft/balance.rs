@@ -8,13 +8,12 @@
 //! (shared liveness: it supports this node now), so a transfer does not stall a group on a node
 //! that is down, and never a group whose transfer is still under way.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use raft_lease::multi::GroupId;
-
-use super::RaftLoop;
-use crate::raft::machine::StateMachine;
+use raft::Storage;
+use raft_lease::multi::{GroupId, LivenessMode, MultiNode};
+use raft_lease::Clock;
 
 /// Time between two looks at the spread.
 const EVERY: Duration = Duration::from_secs(1);
@@ -24,16 +23,16 @@ const MAX_PER_LOOK: usize = 200;
 
 /// What the loop keeps about spreading leaders.
 #[derive(Debug)]
-pub(super) struct Balance {
+pub struct Balance {
     /// Whether leaders are spread at all (`--balance-leaders`).
-    pub(super) enabled: bool,
+    enabled: bool,
     /// When the spread was last looked at.
     looked_at: Instant,
 }
 
 impl Balance {
     /// Spread leaders if `enabled`.
-    pub(super) fn new(enabled: bool) -> Balance {
+    pub fn new(enabled: bool) -> Balance {
         Balance {
             enabled,
             looked_at: Instant::now(),
@@ -75,23 +74,29 @@ fn excess(voters: usize, mine: usize, groups: usize) -> usize {
     }
 }
 
-impl<M: StateMachine> RaftLoop<M> {
-    /// On a tick: give away leaderships above this node's share, once a second.
-    pub(super) fn balance_leaders(&mut self) {
-        let due = self.balance.looked_at.elapsed() >= EVERY;
-        if !self.balance.enabled || self.groups.len() < 2 || !due {
+impl Balance {
+    /// On a tick of a node hosting `groups` groups: give away leaderships above its share, once
+    /// a second (the groups handed over go into `touched`).
+    pub fn tick<S: Storage, C: Clock + Clone>(
+        &mut self,
+        multi: &mut MultiNode<S, C>,
+        groups: usize,
+        touched: &mut BTreeSet<GroupId>,
+    ) {
+        if !self.enabled || groups < 2 || self.looked_at.elapsed() < EVERY {
             return;
         }
-        self.balance.looked_at = Instant::now();
-        let groups = self.groups.len();
-        let voters = self.node(0).raw().raft.prs().conf().to_conf_state().voters;
-        if excess(voters.len(), self.multi.groups_led(), groups) == 0 {
+        self.looked_at = Instant::now();
+        let Some(first) = multi.group(0) else {
+            return;
+        };
+        let voters = first.raw().raft.prs().conf().to_conf_state().voters;
+        if excess(voters.len(), multi.groups_led(), groups) == 0 {
             return; // within its share: no need to look at every group's leader (10,000 of them)
         }
-        let shared = self.multi.liveness() == raft_lease::multi::LivenessMode::Shared;
-        let me = self.multi.id();
-        let leaders = self.multi.group_ids().into_iter();
-        let leaders = leaders.map(|g| (g, self.node(g).leader_id()));
+        let me = multi.id();
+        let ids = multi.group_ids().into_iter();
+        let leaders = ids.map(|g| (g, multi.group(g).and_then(|n| n.leader_id())));
         let (mut led, mut mine) = count_led(&voters, leaders, me);
         let give = excess(voters.len(), mine.len(), groups);
         let share = share(voters.len(), groups);
@@ -99,32 +104,34 @@ impl<M: StateMachine> RaftLoop<M> {
             // Only to a node below its share: two nodes over it (a third is down) never trade.
             let Some((&to, _)) = led
                 .iter()
-                .filter(|&(&id, &n)| id != me && n < share)
-                .filter(|&(&id, _)| self.may_take(gid, id, shared))
+                .filter(|&(&id, &n)| id != me && n < share && may_take(multi, gid, id))
                 .min_by_key(|&(_, &n)| n)
             else {
                 continue;
             };
-            self.multi.transfer_leader(gid, to);
-            self.touched.insert(gid);
+            multi.transfer_leader(gid, to);
+            touched.insert(gid);
             *led.get_mut(&to).expect("a voter") += 1;
         }
     }
+}
 
-    /// Whether `to` may take group `gid` from this replica (its leader): no transfer is under
-    /// way, and `to` is a voter of the group, alive (`shared` liveness: it supports this node
-    /// now; per-group: raft saw it active, which a quiescent group of shared liveness does not
-    /// keep up to date). Raft catches it up before it hands over.
-    fn may_take(&self, gid: GroupId, to: u64, shared: bool) -> bool {
-        let raft = &self.node(gid).raw().raft;
-        let voter = raft.prs().conf().voters().contains(to);
-        let alive = |p: &raft::Progress| match shared {
-            true => self.multi.supported_by(to),
-            false => p.recent_active,
-        };
-        let progress = raft.prs().get(to);
-        raft.lead_transferee.is_none() && voter && progress.is_some_and(alive)
-    }
+/// Whether `to` may take group `gid` from this replica (its leader): no transfer is under way,
+/// and `to` is a voter of the group, alive (shared liveness: it supports this node now;
+/// per-group: raft saw it active, which a quiescent group of shared liveness does not keep up to
+/// date). Raft catches it up before it hands over.
+fn may_take<S: Storage, C: Clock + Clone>(multi: &MultiNode<S, C>, gid: GroupId, to: u64) -> bool {
+    let Some(node) = multi.group(gid) else {
+        return false;
+    };
+    let raft = &node.raw().raft;
+    let voter = raft.prs().conf().voters().contains(to);
+    let alive = |p: &raft::Progress| match multi.liveness() {
+        LivenessMode::Shared => multi.supported_by(to),
+        LivenessMode::PerGroup => p.recent_active,
+    };
+    let progress = raft.prs().get(to);
+    raft.lead_transferee.is_none() && voter && progress.is_some_and(alive)
 }
 
 #[cfg(test)]
