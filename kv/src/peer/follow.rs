@@ -45,6 +45,7 @@ impl Followed {
     }
 
     /// Whether `cs` (not joint) has exactly these voters and learners.
+    #[cfg(test)]
     pub fn matches(&self, cs: &ConfState) -> bool {
         cs.voters_outgoing.is_empty()
             && cs.learners_next.is_empty()
@@ -53,6 +54,7 @@ impl Followed {
     }
 }
 
+#[cfg(test)]
 fn same(ids: &[u64], set: &BTreeSet<u64>) -> bool {
     ids.len() == set.len() && ids.iter().all(|id| set.contains(id))
 }

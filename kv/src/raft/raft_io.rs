@@ -282,7 +282,10 @@ impl<M: StateMachine> LoopIo<M> {
             ids.chain(&c.learners_next).copied().collect()
         };
         let added = all(&cs).into_iter().any(|id| !all(&before).contains(&id));
-        self.record_conf(e.index, cc.as_ref(), &cs, added)?;
+        let cc = cc
+            .as_ref()
+            .filter(|_| applied.is_some() || self.shared.group != 0);
+        self.record_conf(e.index, cc, &cs, added, applied.is_none())?;
         self.shared.machine.write().skip(e.index);
         self.answer_members(e, applied);
         Ok(())
@@ -290,16 +293,19 @@ impl<M: StateMachine> LoopIo<M> {
 
     /// Keep the configuration `cs` that the change `cc` (at `index`) left: on disk, in group 0's
     /// address book, or as the version this group now follows; take a snapshot soon if it
-    /// `added` a node new to the group.
+    /// `added` a node new to the group. A change raft `refused` changes nothing in group 0's book
+    /// (but in other groups, its version is followed all the same).
     fn record_conf(
         &mut self,
         index: u64,
         cc: Option<&ConfChangeV2>,
         cs: &ConfState,
         added: bool,
+        refused: bool,
     ) -> Result<(), DiskError> {
         self.conf_changed = true;
         match (self.shared.group, cc) {
+            (0, _) if refused => {} // group 0's book and version stay as they were
             (0, Some(cc)) => self.shared.members.write().apply(index, cc, cs), // the book is group 0's
             (0, None) => self.shared.members.write().conf = Some(Followed::of(index, cs)),
             (_, cc) => {

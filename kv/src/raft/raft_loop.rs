@@ -571,6 +571,12 @@ impl<M: StateMachine> RaftLoop<M> {
             let _ = reply.send(MembersReply::Refused(why.into()));
             return;
         }
+        if self.groups.len() > 1 && !keeps_a_quorum(&cs.voters, changes) {
+            let why = "with many groups, one change may take out only a minority of the voters \
+                       (the other groups still need a quorum of them to follow): split it";
+            let _ = reply.send(MembersReply::Refused(why.into()));
+            return;
+        }
         let (mut cc, context) = match self.groups[0]
             .shared
             .members
@@ -753,6 +759,15 @@ impl<M: StateMachine> RaftLoop<M> {
     }
 }
 
+/// Whether the voters `voters` that `changes` leave voters are a majority of them: the groups
+/// that follow group 0 commit the change under the old voters, and a removed node is cut off.
+fn keeps_a_quorum(voters: &[u64], changes: &[Change]) -> bool {
+    use crate::peer::members::Op;
+    let out = |v: &u64| changes.iter().any(|c| c.id == *v && c.op != Op::AddVoter);
+    let kept = voters.iter().filter(|v| !out(v)).count();
+    kept > voters.len() / 2
+}
+
 /// Answer a request the node cannot take: it is stopping.
 fn answer_stopping<M: StateMachine>(req: Request<M>) {
     match req {
@@ -782,5 +797,37 @@ fn refuse_unhosted<M: StateMachine>(req: Request<M>) {
             let _ = reply.send(MembersReply::NotLeader { leader: None });
         }
         Request::Transfer { .. } => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::members::Op;
+
+    fn change(op: Op, id: u64) -> Change {
+        Change {
+            op,
+            id,
+            peer: Some("h:1".into()),
+            http: None,
+        }
+    }
+
+    #[test]
+    fn a_change_on_many_groups_takes_out_only_a_minority_of_the_voters() {
+        let three = [1, 2, 3];
+        assert!(keeps_a_quorum(&three, &[change(Op::Remove, 3)]));
+        let replace = [change(Op::AddVoter, 4), change(Op::Remove, 3)];
+        assert!(keeps_a_quorum(&three, &replace));
+        let two_out = [change(Op::Remove, 2), change(Op::AddLearner, 3)];
+        assert!(
+            !keeps_a_quorum(&three, &two_out),
+            "a demotion takes a voter out"
+        );
+        let swap = [change(Op::AddVoter, 4), change(Op::AddVoter, 5)];
+        let swap = [&swap[..], &[change(Op::Remove, 2), change(Op::Remove, 3)]].concat();
+        assert!(!keeps_a_quorum(&three, &swap), "{{1,2,3}} to {{1,4,5}}");
+        assert!(keeps_a_quorum(&[1, 2, 3, 4, 5], &swap), "two of five");
     }
 }
