@@ -130,7 +130,9 @@ fn promote(app: &App, join: &str, added_at: u64) -> Result<(), String> {
     }
     let (progress, matched) = leader_view(join, app.opts.id)?;
     let applied = app.status().applied;
-    if progress != "replicate" || matched < added_at.max(1) || applied < added_at {
+    // Probe is as good as replicate once the leader knows it matched its addition: a quiescent
+    // group (shared liveness) sends nothing that would move the learner's progress on.
+    if progress == "snapshot" || matched < added_at.max(1) || applied < added_at {
         return Err(format!(
             "catching up: {progress}, matched {matched}, applied {applied}, added at {added_at}"
         ));

@@ -98,7 +98,8 @@ impl Balance {
         let ids = multi.group_ids().into_iter();
         let leaders = ids.map(|g| (g, multi.group(g).and_then(|n| n.leader_id())));
         let (mut led, mut mine) = count_led(&voters, leaders, me);
-        let give = excess(voters.len(), mine.len(), groups);
+        // Its count includes group 0, which it keeps: the excess comes from the others.
+        let give = excess(voters.len(), led.get(&me).copied().unwrap_or(0), groups);
         let share = share(voters.len(), groups);
         for gid in mine.drain(..).rev().take(give) {
             // Only to a node below its share: two nodes over it (a third is down) never trade.
