@@ -182,6 +182,9 @@ fn run_with(
     if let Some(r) = a.clock_rate {
         rerun.push_str(&format!(" --clock-rate {r}"));
     }
+    if a.groups > 1 {
+        rerun.push_str(&format!(" --groups {}", a.groups));
+    }
     let info = report::RunInfo {
         seed,
         nodes,
