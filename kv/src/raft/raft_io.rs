@@ -94,17 +94,15 @@ impl<M: StateMachine> LoopIo<M> {
     ) -> Result<Self, DiskError> {
         let snapshot_index = shared.machine.read().applied();
         let (mut conf_index, mut replay_until) = (0, 0);
-        let kept = ConfMeta::decode(&storage.conf_meta())?;
-        if kept.is_none() {
-            replay_until = raft::Storage::last_index(&storage)?;
-        }
-        if let Some(kept) = kept {
-            if kept.index > snapshot_index {
+        match ConfMeta::decode(&storage.conf_meta())? {
+            None => replay_until = raft::Storage::last_index(&storage)?,
+            Some(kept) if kept.index > snapshot_index => {
                 (conf_index, follows) = (kept.index, kept.follows);
                 if let (Some(book), 0) = (kept.book, shared.group) {
                     *shared.members.write() = book;
                 }
             }
+            Some(_) => {} // the snapshot is newer: it holds all of it
         }
         Ok(LoopIo {
             storage,
