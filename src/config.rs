@@ -302,6 +302,31 @@ pub struct FollowerLeases {
     /// at most half of it. A holder renews with every acknowledgement, so `G` must exceed one
     /// heartbeat interval.
     pub max_grant_ms: u64,
+    /// The lagging-node policy: the leader grants no read lease to a voter whose matched index
+    /// has stayed below the commit index for longer than this, so one slow follower stops
+    /// slowing writes once its last grant has run out (it reads through the leader meanwhile).
+    /// `None`: every caught-up voter is granted, however late its acknowledgements come.
+    pub max_lag_ms: Option<u64>,
+}
+
+impl FollowerLeases {
+    /// Read leases of at most `max_grant_ms`, granted to every caught-up voter (no lagging-node
+    /// policy).
+    pub fn new(max_grant_ms: u64) -> Self {
+        FollowerLeases {
+            max_grant_ms,
+            max_lag_ms: None,
+        }
+    }
+
+    /// The same, with the lagging-node policy: no grant to a voter behind the commit index for
+    /// longer than `max_lag_ms`.
+    pub fn with_max_lag_ms(self, max_lag_ms: u64) -> Self {
+        FollowerLeases {
+            max_lag_ms: Some(max_lag_ms),
+            ..self
+        }
+    }
 }
 
 impl Default for LeaseConfig {
@@ -419,6 +444,8 @@ pub struct Derived {
     pub campaign_jitter_ns: u64,
     /// `G`, when follower read leases are on.
     pub max_grant_ns: Option<u64>,
+    /// The lagging-node policy's bound, when follower read leases are on and it is set.
+    pub max_lag_ns: Option<u64>,
 }
 
 impl LeaseConfig {
@@ -474,6 +501,10 @@ impl LeaseConfig {
             renew_before_ns: lease_ns / 100 * self.renew_below_pct,
             campaign_jitter_ns: self.campaign_jitter_ms(raft, tick_ms) * NS_PER_MS,
             max_grant_ns,
+            max_lag_ns: self
+                .follower_leases
+                .and_then(|f| f.max_lag_ms)
+                .map(|ms| ms.saturating_mul(NS_PER_MS)),
         };
         assert!(
             derived.lease_ns < derived.promise_ns || self.drift_ppm == 0 && self.margin_ms == 0
@@ -624,7 +655,7 @@ mod tests {
     #[test]
     fn follower_grants_fit_between_a_heartbeat_and_half_an_election_timeout() {
         let with = |max_grant_ms| LeaseConfig {
-            follower_leases: Some(FollowerLeases { max_grant_ms }),
+            follower_leases: Some(FollowerLeases::new(max_grant_ms)),
             ..cfg(1_000, 10_000, 10)
         };
         // election 1,000 ms, heartbeat 100 ms.

@@ -215,6 +215,7 @@ mod tests {
             renew_before_ns: 300,
             campaign_jitter_ns: 0,
             max_grant_ns: None,
+            max_lag_ns: None,
         });
         l.start_term(5);
         l.on_commit_in_term(5);
@@ -274,6 +275,7 @@ mod tests {
             renew_before_ns: 300,
             campaign_jitter_ns: 0,
             max_grant_ns: None,
+            max_lag_ns: None,
         });
         l.start_term(7);
         l.on_quorum_ack(7, 100, L);

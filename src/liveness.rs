@@ -514,6 +514,7 @@ mod tests {
             renew_before_ns: 90,
             campaign_jitter_ns: 0,
             max_grant_ns: None,
+            max_lag_ns: None,
         }
     }
 

@@ -394,6 +394,7 @@ mod tests {
             renew_before_ns: 30,
             campaign_jitter_ns: 0,
             max_grant_ns: None,
+            max_lag_ns: None,
         });
         lease.start_term(1);
         lease.on_commit_in_term(1);

@@ -14,7 +14,7 @@ fn config(seed: u64) -> SimConfig {
         ..SimConfig::default()
     };
     // Election timeout 100 ms, heartbeats 20 ms: G between them and below half the timeout.
-    c.lease.follower_leases = Some(FollowerLeases { max_grant_ms: 40 });
+    c.lease.follower_leases = Some(FollowerLeases::new(40));
     c
 }
 

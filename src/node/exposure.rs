@@ -425,7 +425,7 @@ mod tests {
 
     fn derived() -> Derived {
         let cfg = LeaseConfig {
-            follower_leases: Some(crate::config::FollowerLeases { max_grant_ms: 300 }),
+            follower_leases: Some(crate::config::FollowerLeases::new(300)),
             ..LeaseConfig::default()
         };
         let rc = raft::Config {
