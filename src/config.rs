@@ -84,6 +84,21 @@ pub struct TestingKnobs {
     /// Follower read leases: a transfer's `MsgTimeoutNow` leaves at once, while read leases the
     /// leader granted may still be served.
     pub no_transfer_wait: bool,
+    /// Follower read leases: a grant is `G` whatever is left of the leader's own lease, so a
+    /// read lease may outlive the leader lease that granted it.
+    pub uncapped_grant: bool,
+    /// Follower read leases: a voter whose matched index is below the exposed index is granted
+    /// a read lease all the same.
+    pub grant_lagging: bool,
+    /// Follower read leases: a holder counts its read lease from the grant's receipt instead of
+    /// from its acknowledgement's send time.
+    pub lease_from_receipt: bool,
+    /// Follower read leases: a holder's tag counter never moves, so one tag names every
+    /// acknowledgement of a term, and a grant is counted from the latest one's send time.
+    pub reuse_tags: bool,
+    /// Follower read leases: a follower read ignores the entries pending above applied, even
+    /// those that write its keys.
+    pub ignore_pending_keys: bool,
     /// Many groups: a node's one sync of a round comes after every group's `advance`, so a
     /// leader counts entries towards a commit, and applies them, before they are durable.
     pub sync_after_advance: bool,
@@ -113,6 +128,11 @@ impl TestingKnobs {
             (self.apply_to_commit, "apply_to_commit"),
             (self.expose_commit, "expose_commit"),
             (self.no_transfer_wait, "no_transfer_wait"),
+            (self.uncapped_grant, "uncapped_grant"),
+            (self.grant_lagging, "grant_lagging"),
+            (self.lease_from_receipt, "lease_from_receipt"),
+            (self.reuse_tags, "reuse_tags"),
+            (self.ignore_pending_keys, "ignore_pending_keys"),
             (self.sync_after_advance, "sync_after_advance"),
             (self.count_own_promise, "count_own_promise"),
             (

@@ -103,6 +103,8 @@ pub struct GrantTable {
     expose_commit: bool,
     /// Negative control (tests only): grants are not capped by the leader's own lease.
     uncapped: bool,
+    /// Negative control (tests only): a holder lagging behind `E` is granted all the same.
+    grant_lagging: bool,
 }
 
 impl GrantTable {
@@ -119,6 +121,7 @@ impl GrantTable {
             stopped_term: None,
             expose_commit: false,
             uncapped: false,
+            grant_lagging: false,
         }
     }
 
@@ -133,6 +136,13 @@ impl GrantTable {
     #[doc(hidden)]
     pub fn control_uncapped(mut self) -> Self {
         self.uncapped = true;
+        self
+    }
+
+    /// Negative control: grant a holder whose matched index is below `E`.
+    #[doc(hidden)]
+    pub fn control_grant_lagging(mut self) -> Self {
+        self.grant_lagging = true;
         self
     }
 
@@ -160,7 +170,7 @@ impl GrantTable {
             return Err(Refusal::NoLeaderLease);
         };
         let matched = self.matched_of(req.holder).max(req.matched);
-        if matched < self.exposed {
+        if matched < self.exposed && !self.grant_lagging {
             return Err(Refusal::Lagging {
                 matched,
                 exposed: self.exposed,
@@ -221,7 +231,9 @@ impl GrantTable {
         };
         self.exposed = self.exposed.max(computed);
         debug_assert!(
-            self.expose_commit || self.holders.values().all(|h| h.matched >= self.exposed),
+            self.expose_commit
+                || self.grant_lagging
+                || self.holders.values().all(|h| h.matched >= self.exposed),
             "E {} past a live holder's matched index",
             self.exposed
         );

@@ -48,6 +48,8 @@ pub struct ReadLease {
     margin_ns: u64,
     /// Negative control (tests only): the lease counted from the grant's receipt, not from `a`.
     from_receipt: bool,
+    /// Negative control (tests only): the tag counter never moves.
+    reuse_tags: bool,
 }
 
 impl ReadLease {
@@ -65,6 +67,7 @@ impl ReadLease {
             drift_ppm,
             margin_ns,
             from_receipt: false,
+            reuse_tags: false,
         }
     }
 
@@ -75,17 +78,27 @@ impl ReadLease {
         self
     }
 
+    /// Negative control: every acknowledgement of a term carries the same tag, so a grant for
+    /// an early one is counted from the latest one's send time.
+    #[doc(hidden)]
+    pub fn control_reuse_tags(mut self) -> Self {
+        self.reuse_tags = true;
+        self
+    }
+
     /// A fresh tag for an acknowledgement of `term` about to be handed to the transport; its
     /// send time `now_ns` is read now, before sending.
     pub fn tag(&mut self, term: u64, now_ns: u64) -> AckTag {
-        self.last_seq += 1;
+        if !self.reuse_tags || self.last_seq == 0 {
+            self.last_seq += 1;
+        }
         let tag = AckTag {
             term,
             boot: self.boot,
             seq: self.last_seq,
         };
         debug_assert!(
-            !self.sent_ns.contains_key(&tag),
+            self.reuse_tags || !self.sent_ns.contains_key(&tag),
             "a tag used twice: {tag:?}"
         );
         self.sent_ns.insert(tag, now_ns);

@@ -19,16 +19,21 @@
 //!   [`GrantTable::all_ended`], [`ReadLease::give_up`]).
 //! - **A holder reads only what no pending entry touches** ([`PendingKeys`],
 //!   [`ReadLease::check_local`]).
+//! - **A lagging node may be left out** ([`LagPolicy`], optional): a voter behind the commit
+//!   index for longer than a bound gets no grant, so one slow holder slows writes for at most
+//!   one grant.
 //! - **Settings travel in the grant**: the holder uses the larger of its own and the grant's
 //!   `ρ` and `ε`.
 
 pub mod grants;
 pub mod holder;
+pub mod lag;
 pub mod pending;
 pub mod wire;
 
 pub use grants::{AckTag, Grant, GrantRequest, GrantTable, Refusal};
 pub use holder::{LocalRefusal, ReadLease};
+pub use lag::LagPolicy;
 pub use pending::{Keys, PendingKeys};
 pub use wire::{HolderNote, LeaderNote, WireError};
 

@@ -13,7 +13,8 @@ use raft::eraftpb::{Entry, Message, MessageType};
 
 use super::*;
 use crate::follower::{
-    Grant, GrantRequest, GrantTable, HolderNote, LeaderNote, LocalRefusal, ReadLease,
+    Grant, GrantRequest, GrantTable, HolderNote, Keys, LagPolicy, LeaderNote, LocalRefusal,
+    PendingKeys, ReadLease,
 };
 use std::collections::BTreeMap;
 
@@ -33,12 +34,20 @@ pub(crate) struct Exposure {
     pending: BTreeMap<u64, Grant>,
     /// `MsgTimeoutNow`s held until every read lease this node granted has ended (rule 4).
     held_timeout_now: Vec<Message>,
+    /// The entries persisted above `applied`, with the keys each writes (rule 5).
+    pending_keys: PendingKeys,
+    /// Which keys an entry writes, as the application says ([`Keys::unknown`] until it does).
+    entry_keys: fn(&Entry) -> Keys,
+    /// The lagging-node policy, if set: no grant to a voter long behind the commit index.
+    lag: Option<LagPolicy>,
 }
 
 impl Exposure {
     /// Follower leases with `G` = `max_grant_ns`, for a node that has applied up to `applied`
     /// (raft's `Config::applied`: the application's own persisted index, never raft's commit).
-    pub(crate) fn new(derived: &Derived, boot_ns: u64, applied: u64) -> Self {
+    /// Entries `applied + 1 ..= last_index` are already in the log: their keys are not read, so
+    /// they block every follower read until applied.
+    pub(crate) fn new(derived: &Derived, boot_ns: u64, applied: u64, last_index: u64) -> Self {
         let max_grant_ns = derived.max_grant_ns.expect("follower leases on");
         Exposure {
             table: GrantTable::new(max_grant_ns, derived.drift_ppm, derived.margin_ns),
@@ -47,13 +56,42 @@ impl Exposure {
             applied,
             pending: BTreeMap::new(),
             held_timeout_now: Vec::new(),
+            pending_keys: PendingKeys::at_start(applied, last_index),
+            entry_keys: Keys::unknown,
+            lag: derived.max_lag_ns.map(LagPolicy::new),
         }
+    }
+
+    /// `entries` are about to be persisted (an acknowledgement of them leaves only after).
+    pub(crate) fn on_persisting(&mut self, entries: &[Entry]) {
+        for e in entries {
+            self.pending_keys
+                .on_persisted(e.index, (self.entry_keys)(e));
+        }
+    }
+
+    /// The index a read that cannot name its keys waits to see applied: `E`, or the last
+    /// pending entry that writes any key, whichever is higher.
+    pub(crate) fn read_barrier(&self) -> u64 {
+        self.exposed().max(self.pending_keys.last_writing())
     }
 
     /// The negative controls the testing knobs ask for.
     pub(crate) fn with_controls(mut self, knobs: &crate::config::TestingKnobs) -> Self {
         if knobs.expose_commit {
             self.table = self.table.control_expose_commit();
+        }
+        if knobs.uncapped_grant {
+            self.table = self.table.control_uncapped();
+        }
+        if knobs.grant_lagging {
+            self.table = self.table.control_grant_lagging();
+        }
+        if knobs.lease_from_receipt {
+            self.lease = self.lease.control_from_receipt();
+        }
+        if knobs.reuse_tags {
+            self.lease = self.lease.control_reuse_tags();
         }
         self
     }
@@ -126,8 +164,24 @@ impl Exposure {
     /// As the leader of `term`: a voter's tagged acknowledgement, stepped at `req.received_ns`
     /// with raft's matched index after it. A grant answers it if every rule allows
     /// ([`GrantTable::grant`]); it leaves with the next message to the voter.
-    pub(crate) fn on_ack(&mut self, req: GrantRequest, term: u64, leader_until_ns: Option<u64>) {
+    /// Under the lagging-node policy, a voter whose acknowledgement comes long after the commit
+    /// it acknowledges is not granted (`commit`: raft's, after stepping it).
+    pub(crate) fn on_ack(
+        &mut self,
+        req: GrantRequest,
+        term: u64,
+        leader_until_ns: Option<u64>,
+        commit: u64,
+    ) {
         self.table.on_matched(req.holder, req.matched);
+        let lagging = self.lag.as_mut().is_some_and(|lag| {
+            let lagging = lag.lagging(req.holder, req.received_ns);
+            lag.observe(req.holder, req.matched, commit, req.received_ns);
+            lagging
+        });
+        if lagging {
+            return;
+        }
         if let Ok(g) = self.table.grant(req, term, leader_until_ns) {
             self.pending.insert(req.holder, g);
         }
@@ -201,6 +255,7 @@ impl Exposure {
                 last.index
             );
             self.applied = last.index;
+            self.pending_keys.on_applied(self.applied);
         }
         debug_assert!(self.applied <= exposed || out.is_empty());
         debug_assert!(self.held.front().is_none_or(|e| e.index > exposed));
@@ -213,6 +268,7 @@ impl Exposure {
         out.extend(entries);
         if let Some(last) = out.last() {
             self.applied = last.index;
+            self.pending_keys.on_applied(self.applied);
         }
         out
     }
@@ -222,6 +278,21 @@ impl Exposure {
     pub(crate) fn on_snapshot(&mut self, index: u64) {
         self.held.retain(|e| e.index > index);
         self.applied = self.applied.max(index);
+        self.pending_keys.on_applied(self.applied);
+    }
+
+    /// As the leader at `now_ns`: how far behind `commit` each voter's `matched` is.
+    pub(crate) fn observe_lag(
+        &mut self,
+        matched: impl Iterator<Item = (u64, u64)>,
+        commit: u64,
+        now_ns: u64,
+    ) {
+        if let Some(lag) = self.lag.as_mut() {
+            for (voter, m) in matched {
+                lag.observe(voter, m, commit, now_ns);
+            }
+        }
     }
 }
 
@@ -243,7 +314,11 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
         let commit = r.raft_log.committed;
         let in_term = r.raft_log.term(commit).is_ok_and(|t| t == r.term);
-        x.expose(commit, in_term, self.clock.now_ns());
+        let now_ns = self.clock.now_ns();
+        x.expose(commit, in_term, now_ns);
+        let voters = r.prs().conf().voters();
+        let matched = r.prs().iter().filter(|(id, _)| voters.contains(**id));
+        x.observe_lag(matched.map(|(&id, p)| (id, p.matched)), commit, now_ns);
     }
 
     /// The committed `entries` the application may apply now (all of them with follower leases
@@ -346,7 +421,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if r.lead_transferee.is_some() {
             x.stop_granting(r.term);
         }
-        x.on_ack(req, r.term, until_ns);
+        x.on_ack(req, r.term, until_ns, r.raft_log.committed);
     }
 
     /// Hold every `MsgTimeoutNow` in `msgs` while a read lease lives; a node that no longer
@@ -394,11 +469,30 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         self.exposure.as_ref().is_some_and(|x| x.counts_any(now_ns))
     }
 
-    /// Whether a read may be served from this replica's local state now, under its follower
-    /// read lease. Read the state first, then ask: a read validated after it was made is
-    /// linearizable. The keys of pending entries are not known here, so any entry in the log
-    /// above what was applied refuses the read ([`LocalRefusal::PendingWrite`]).
+    /// Whether a read of unnamed keys may be served from this replica's local state now, under
+    /// its follower read lease. Read the state first, then ask: a read validated after it was
+    /// made is linearizable. Any pending entry that writes a key refuses it
+    /// ([`LocalRefusal::PendingWrite`]); name the keys to wait only for those
+    /// ([`Self::check_local_read_key`], [`Self::check_local_read_range`]).
     pub fn check_local_read(&self) -> Result<(), LocalRefusal> {
+        self.check_local_with(|p| p.touches_any())
+    }
+
+    /// [`Self::check_local_read`] for a read of `key` alone: only a pending entry that writes
+    /// `key` refuses it (as [`Self::set_entry_keys`] says an entry's keys).
+    pub fn check_local_read_key(&self, key: &[u8]) -> Result<(), LocalRefusal> {
+        self.check_local_with(|p| p.touches(key))
+    }
+
+    /// [`Self::check_local_read`] for a read of the keys in `[start, end)`.
+    pub fn check_local_read_range(&self, start: &[u8], end: &[u8]) -> Result<(), LocalRefusal> {
+        self.check_local_with(|p| p.touches_range(start, end))
+    }
+
+    fn check_local_with(
+        &self,
+        touches: impl FnOnce(&PendingKeys) -> bool,
+    ) -> Result<(), LocalRefusal> {
         let Some(x) = self.exposure.as_ref() else {
             return Err(LocalRefusal::NoReadLease);
         };
@@ -406,8 +500,47 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if applied > x.exposed() {
             return Err(LocalRefusal::NoReadLease); // a snapshot above E: none until E catches up
         }
-        let pending = self.raw.raft.raft_log.last_index() > applied;
+        let ignore = self.safeties.testing.ignore_pending_keys;
+        let pending = !ignore && touches(&x.pending_keys);
         x.lease.check_local(self.clock.now_ns(), applied, pending)
+    }
+
+    /// Say which keys each entry writes, so that a follower read waits only for pending entries
+    /// that write its keys. `keys` must be a pure function of the entry, the same on every
+    /// replica; an entry it cannot decode should be [`Keys::All`]. Until this is called, every
+    /// entry with data writes every key ([`Keys::unknown`]).
+    pub fn set_entry_keys(&mut self, keys: fn(&Entry) -> Keys) {
+        if let Some(x) = self.exposure.as_mut() {
+            x.entry_keys = keys;
+        }
+    }
+
+    /// `entries` of a `Ready` are about to be persisted.
+    pub(crate) fn note_persisting(&mut self, entries: &[Entry]) {
+        if let Some(x) = self.exposure.as_mut() {
+            x.on_persisting(entries);
+        }
+    }
+
+    /// What a follower with follower leases publishes for read handles: `(barrier, applied,
+    /// read lease end)`, where a read waits for `applied ≥ barrier` ([`Exposure::read_barrier`]).
+    /// `None` on a leader, or with follower leases off.
+    pub(crate) fn follower_publication(&self, now_ns: u64) -> Option<(u64, u64, u64)> {
+        let x = self.exposure.as_ref()?;
+        if self.raw.raft.state == StateRole::Leader {
+            return None;
+        }
+        let applied = x.applied();
+        let until_ns = match x.holds_read_lease(now_ns) && applied <= x.exposed() {
+            true => x.lease.until_ns(),
+            false => 0,
+        };
+        debug_assert!(until_ns == 0 || until_ns > now_ns);
+        let barrier = match self.safeties.testing.ignore_pending_keys {
+            true => x.exposed(), // the negative control
+            false => x.read_barrier(),
+        };
+        Some((barrier, applied, until_ns))
     }
 
     /// Whether this replica holds a follower read lease now.
@@ -452,7 +585,7 @@ mod tests {
 
     #[test]
     fn entries_past_the_exposed_index_wait_for_it() {
-        let mut x = Exposure::new(&derived(), 1, 2);
+        let mut x = Exposure::new(&derived(), 1, 2, 2);
         assert!(x.release(entries(3..=5)).is_empty(), "E is 0: nothing");
         x.on_note(
             &LeaderNote {
@@ -480,7 +613,7 @@ mod tests {
 
     #[test]
     fn a_leader_exposes_only_once_its_term_has_a_committed_entry() {
-        let mut x = Exposure::new(&derived(), 1, 0);
+        let mut x = Exposure::new(&derived(), 1, 0, 0);
         x.expose(7, false, 0);
         assert_eq!(x.exposed(), 0);
         x.expose(7, true, 0);
@@ -489,7 +622,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_drops_what_it_covers_and_never_raises_the_exposed_index() {
-        let mut x = Exposure::new(&derived(), 1, 0);
+        let mut x = Exposure::new(&derived(), 1, 0, 0);
         assert!(x.release(entries(1..=4)).is_empty());
         x.on_snapshot(3);
         assert_eq!((x.applied(), x.exposed()), (3, 0));
@@ -506,7 +639,7 @@ mod tests {
 
     #[test]
     fn every_timeout_now_waits_for_the_grants_and_only_the_current_transferee_gets_one() {
-        let mut x = Exposure::new(&derived(), 1, 0);
+        let mut x = Exposure::new(&derived(), 1, 0, 0);
         let tag = crate::follower::AckTag {
             term: 2,
             boot: 9,
@@ -519,7 +652,7 @@ mod tests {
             is_voter: true,
             matched: 0,
         };
-        x.on_ack(req, 2, Some(1_000_000_000));
+        x.on_ack(req, 2, Some(1_000_000_000), 0);
         let timeout_now = |to| Message {
             msg_type: MessageType::MsgTimeoutNow,
             to,
@@ -548,7 +681,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "out of order")]
     fn a_gap_in_committed_entries_is_a_bug() {
-        let mut x = Exposure::new(&derived(), 1, 0);
+        let mut x = Exposure::new(&derived(), 1, 0, 0);
         x.release(entries(1..=2));
         x.release(entries(4..=4));
     }

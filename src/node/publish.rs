@@ -64,7 +64,13 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             "an expired lease published as held"
         );
         let log = &self.raw.raft.raft_log;
-        self.shared.publish(log.committed, log.applied, until_ns);
+        let (commit, applied) = (log.committed, log.applied);
+        match self.follower_publication(now_ns) {
+            Some((barrier, applied, read_until_ns)) => {
+                self.shared.publish(barrier, applied, read_until_ns)
+            }
+            None => self.shared.publish(commit, applied, until_ns),
+        }
         if self.lease_was_held && !held {
             Counters::bump(&self.shared.counters.expirations);
             debug!(self.logger, "lease no longer held"; "now_ns" => now_ns);

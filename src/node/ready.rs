@@ -12,6 +12,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     pub fn ready(&mut self) -> Ready {
         self.issue_index_round(); // reads started since the last round share this one
         let mut rd = self.raw.ready();
+        self.note_persisting(rd.entries()); // published below, before any acknowledgement leaves
         for rs in rd.take_read_states() {
             if let Some(LayerCtx::Read(_)) = LayerCtx::parse(&rs.request_ctx) {
                 if !self.reads.round_answered(&rs.request_ctx, rs.index) {
@@ -82,6 +83,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         self.rounds
             .prune_before(now_ns.saturating_sub(self.derived.lease_ns));
         self.hold_transfer(&mut msgs);
+        self.expose_now(); // a commit index leaves with the `E` computed from it
         if let Some(x) = self.exposure.as_mut() {
             x.annotate(&mut msgs);
         }
