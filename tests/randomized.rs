@@ -41,7 +41,7 @@ fn run(seed: u64, control: Option<Control>) -> RunOutcome {
 
 #[test]
 fn randomized_faults_never_break_the_lease() {
-    let mut totals = [0u64; 8];
+    let mut totals = [0u64; 10];
     for seed in seeds() {
         let out = run(seed, None);
         let r = &out.report;
@@ -71,20 +71,27 @@ fn randomized_faults_never_break_the_lease() {
             out.lease_reads_after_install,
             out.rounds_evicted,
             out.liveness_split_votes,
+            r.follower_reads_checked as u64,
+            u64::from(out.config.lease.follower_leases.is_some()),
         ];
         for (t, c) in totals.iter_mut().zip(counts) {
             *t += c;
         }
     }
-    let [ops, lease_reads, checks, changes, installs, after_install, evicted, splits] = totals;
+    let [ops, lease_reads, checks, changes, installs, after_install, evicted, splits, follower_reads, follower_seeds] =
+        totals;
     eprintln!(
         "randomized ({} seeds): {ops} operations, {lease_reads} lease reads and {checks} lease-monitor \
          instants checked, 0 violations; {changes} membership changes, {installs} snapshots installed, \
          {after_install} lease reads after an install, {evicted} rounds evicted at the table's limit, \
-         {splits} split votes in the liveness phases",
+         {splits} split votes in the liveness phases; follower leases on {follower_seeds} seeds, \
+         {follower_reads} follower reads checked",
         seeds().len()
     );
     assert!(lease_reads > 0 && checks > 0, "nothing was checked");
+    if follower_seeds > 0 {
+        assert!(follower_reads > 0, "no follower read was checked");
+    }
     if std::env::var("RAFT_LEASE_SEED").is_err() {
         assert!(
             changes > 0 && installs > 0 && after_install > 0,
@@ -113,14 +120,29 @@ fn record_panic_locations() {
     });
 }
 
-/// Runs the control on the CI seeds until one catches it; returns that seed, and the seeds on
-/// which raft-rs itself panicked. A panic anywhere else fails the test.
-fn caught_by(control: Control) -> (Option<u64>, Vec<u64>) {
+/// What caught a control: the seed, its stale reads and its violations of any kind.
+struct Caught {
+    seed: u64,
+    stale_reads: usize,
+    violations: usize,
+}
+
+/// Runs the control on the CI seeds until one catches it (a violation of any kind: a stale
+/// read, another linearizability violation, a lease overlap, a rule broken); returns what caught
+/// it, and the seeds on which raft-rs itself panicked. A panic anywhere else fails the test.
+fn caught_by(control: Control) -> (Option<Caught>, Vec<u64>) {
     record_panic_locations();
     let mut raft_panics = Vec::new();
     for seed in seeds() {
         match std::panic::catch_unwind(|| run(seed, Some(control))) {
-            Ok(out) if out.report.unsafe_found() => return (Some(seed), raft_panics),
+            Ok(out) if !out.report.violations.is_empty() => {
+                let caught = Caught {
+                    seed,
+                    stale_reads: out.report.stale_reads(),
+                    violations: out.report.violations.len(),
+                };
+                return (Some(caught), raft_panics);
+            }
             Ok(_) => {}
             Err(payload) => {
                 let file = PANIC_FILE.with(|f| f.borrow().clone());
@@ -136,14 +158,20 @@ fn caught_by(control: Control) -> (Option<u64>, Vec<u64>) {
 }
 
 fn assert_caught(name: &str, control: Control) {
-    let (seed, raft_panics) = caught_by(control);
+    let (caught, raft_panics) = caught_by(control);
+    let found = caught.as_ref().map(|c| {
+        format!(
+            "seed {} ({} stale reads, {} violations)",
+            c.seed, c.stale_reads, c.violations
+        )
+    });
     eprintln!(
-        "randomized control {name} ({}): caught by seed {seed:?}; raft-rs panicked on seeds {raft_panics:?}",
+        "randomized control {name} ({}): caught by {found:?}; raft-rs panicked on seeds {raft_panics:?}",
         random::describe(Some(control))
     );
     if std::env::var("RAFT_LEASE_SEED").is_err() {
         assert!(
-            seed.is_some(),
+            caught.is_some(),
             "random faults never caught the control {name}: the fault space is too small"
         );
     }
@@ -212,6 +240,62 @@ fn control_removed_leader_self_renewal_is_caught() {
         k.renew_any_singleton = true;
     });
     assert_caught("removed leader renews itself", Control::Safeties(control));
+}
+
+#[test]
+fn control_apply_to_commit_is_caught() {
+    assert_caught(
+        "apply to commit",
+        Control::Safeties(knob(|k| k.apply_to_commit = true)),
+    );
+}
+
+#[test]
+fn control_expose_commit_is_caught() {
+    assert_caught(
+        "expose commit",
+        Control::Safeties(knob(|k| k.expose_commit = true)),
+    );
+}
+
+#[test]
+fn control_no_transfer_wait_is_caught() {
+    assert_caught(
+        "no transfer wait",
+        Control::Safeties(knob(|k| k.no_transfer_wait = true)),
+    );
+}
+
+#[test]
+fn control_uncapped_grant_is_caught() {
+    assert_caught(
+        "uncapped grant",
+        Control::Safeties(knob(|k| k.uncapped_grant = true)),
+    );
+}
+
+#[test]
+fn control_grant_lagging_is_caught() {
+    assert_caught(
+        "grant to a lagging holder",
+        Control::Safeties(knob(|k| k.grant_lagging = true)),
+    );
+}
+
+#[test]
+fn control_lease_from_receipt_is_caught() {
+    assert_caught(
+        "lease from the grant's receipt",
+        Control::Safeties(knob(|k| k.lease_from_receipt = true)),
+    );
+}
+
+#[test]
+fn control_reuse_tags_is_caught() {
+    assert_caught(
+        "one tag for every acknowledgement",
+        Control::Safeties(knob(|k| k.reuse_tags = true)),
+    );
 }
 
 #[test]

@@ -118,11 +118,25 @@ pub struct History {
     ops: Vec<Op>,
     /// Revisions at which each write was seen applied on any node (writes may outlive their client).
     applied_revision: HashMap<OpId, u64>,
+    /// Rules a node broke, seen as they happened (an apply past the exposed index).
+    broken_rules: Vec<Violation>,
 }
 
 /// One way the history is not linearizable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
+    /// With follower leases, a node applied an entry past the exposed index it knew
+    /// (FOLLOWER.md rule 1: it shows a write a holder may not have yet).
+    AppliedPastExposed {
+        /// Real time it happened.
+        at_ns: u64,
+        /// The node.
+        node: u64,
+        /// The entry applied.
+        index: u64,
+        /// The exposed index it knew.
+        exposed: u64,
+    },
     /// A read missed a write acknowledged before it started.
     StaleRead {
         /// The read.
@@ -311,6 +325,16 @@ impl History {
         );
     }
 
+    /// Record that `node` applied entry `index` past the exposed index `exposed` it knew.
+    pub fn applied_past_exposed(&mut self, node: u64, index: u64, exposed: u64, now_ns: u64) {
+        self.broken_rules.push(Violation::AppliedPastExposed {
+            at_ns: now_ns,
+            node,
+            index,
+            exposed,
+        });
+    }
+
     /// Every operation so far.
     pub fn ops(&self) -> &[Op] {
         &self.ops
@@ -318,7 +342,10 @@ impl History {
 
     /// Check the history. See the module docs for the conditions.
     pub fn check(&self) -> CheckReport {
-        let mut report = CheckReport::default();
+        let mut report = CheckReport {
+            violations: self.broken_rules.clone(),
+            ..CheckReport::default()
+        };
         let by_key = self.index_by_key();
         for (key, (writes, reads)) in &by_key {
             let _ = key;

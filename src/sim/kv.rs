@@ -160,14 +160,14 @@ impl ReadyIo<SimStorage, SimClock> for SimIo<'_> {
     }
 
     /// With follower leases, an entry past the exposed index the node knows is a violation of
-    /// FOLLOWER.md's rule 1 (it would show a write no holder may have yet): the run stops there.
+    /// FOLLOWER.md's rule 1 (it would show a write no holder may have yet): recorded in the
+    /// history, and the run goes on, so that what it leads to is checked too.
     fn apply(&mut self, node: &mut SimLeaseNode, entries: Vec<Entry>) -> raft::Result<()> {
         let exposed = node.exposed().unwrap_or(u64::MAX);
         if let Some(e) = entries.iter().find(|e| e.index > exposed) {
-            panic!(
-                "node {} applied entry {} past the exposed index {exposed}",
-                self.id, e.index
-            );
+            let at_ns = self.now_ns;
+            self.history
+                .applied_past_exposed(self.id, e.index, exposed, at_ns);
         }
         for e in &entries {
             if let Some(cs) = apply_conf_change_entry(node, e)? {

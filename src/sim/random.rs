@@ -11,7 +11,7 @@ use raft::eraftpb::{ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfStat
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::config::{LeaseConfig, Safeties};
+use crate::config::{FollowerLeases, LeaseConfig, Safeties, TestingKnobs};
 use crate::read::ReadMode;
 use crate::sim::history::{CheckReport, OpResult};
 use crate::sim::scenarios::{conf_change, Control};
@@ -88,7 +88,47 @@ pub fn random_config(seed: u64, control: Option<Control>, rng: &mut ChaCha8Rng) 
     if let Some(Control::Safeties(safeties)) = control {
         c.lease.safeties = safeties;
     }
+    c.lease.follower_leases = random_follower_leases(&c, control);
     c
+}
+
+/// Follower read leases for half the seeds, and for every seed of a follower-lease control, with
+/// `G` drawn from above one heartbeat interval to below half the election timeout. Drawn from a
+/// generator of their own, so that every other draw of the seed stays as it was.
+fn random_follower_leases(c: &SimConfig, control: Option<Control>) -> Option<FollowerLeases> {
+    let mut rng = ChaCha8Rng::seed_from_u64(c.seed ^ 0xf0_11_0e_4e);
+    let forced = matches!(control, Some(Control::Safeties(s)) if follower_knob(&s.testing));
+    if !rng.gen_bool(0.5) && !forced {
+        return None;
+    }
+    let heartbeat_ms = c.heartbeat_tick as u64 * c.tick_ms;
+    let election_ms = c.election_tick as u64 * c.tick_ms;
+    let (lo_ms, hi_ms) = (heartbeat_ms + 1, (election_ms - 1) / 2);
+    assert!(lo_ms <= hi_ms, "no valid G for {c:?}");
+    let lease = LeaseConfig {
+        follower_leases: Some(FollowerLeases::new(rng.gen_range(lo_ms..=hi_ms))),
+        ..c.lease.clone()
+    };
+    let raft = raft::Config {
+        election_tick: c.election_tick,
+        heartbeat_tick: c.heartbeat_tick,
+        ..raft::Config::default()
+    };
+    lease
+        .validate(&raft, c.tick_ms)
+        .unwrap_or_else(|e| panic!("G drawn out of range: {e}"));
+    lease.follower_leases
+}
+
+/// Whether a knob of follower read leases is set: its control runs with them on.
+pub fn follower_knob(k: &TestingKnobs) -> bool {
+    k.apply_to_commit
+        || k.expose_commit
+        || k.no_transfer_wait
+        || k.uncapped_grant
+        || k.grant_lagging
+        || k.lease_from_receipt
+        || k.reuse_tags
 }
 
 /// `(tick_ms, heartbeat_tick, election_tick)`. One seed in ten has 1 ms heartbeats and a 300 ms
@@ -181,6 +221,9 @@ struct Nemesis {
     episode_until_ms: u64,
     /// Clients do not write during the episode (a node leaving takes no new work).
     episode_without_writes: bool,
+    /// Follower read leases are on: membership changes give way to slow appends (see
+    /// [`Nemesis::slow_appends`]).
+    follower_leases: bool,
 }
 
 impl Nemesis {
@@ -252,6 +295,8 @@ impl Nemesis {
                 format!("drift {node} {ppm}ppm")
             }
             9 => self.delay(sim, &ids),
+            10 if self.follower_leases => self.slow_appends(sim),
+            11 if self.follower_leases => self.split_leader_minority(sim),
             10 | 11 => self.membership(sim),
             12 | 13 => self.flaky_leader(sim),
             _ => {
@@ -353,6 +398,46 @@ impl Nemesis {
             ..rule
         });
         format!("delay {rule:?} by {extra_ms}ms")
+    }
+
+    /// Appends to one follower take longer, by up to `P`, whoever sends them: it acknowledges
+    /// heartbeats at once but receives each write late (a slow read-lease holder). With
+    /// [`Nemesis::split_leader_minority`], it replaces membership changes when follower read
+    /// leases are on: raft-rs refuses to
+    /// campaign while a committed configuration change is not applied, and applies wait for the
+    /// exposed index, which a node that restarted knows only once a leader tells it: no node
+    /// may then be able to win an election (docs/follower.md, "A liveness hole").
+    fn slow_appends(&mut self, sim: &mut SimCluster) -> String {
+        let Some(leader) = sim.leader() else {
+            return String::new();
+        };
+        let followers: Vec<u64> = sim.ids().into_iter().filter(|&i| i != leader).collect();
+        let slow = self.pick(&followers);
+        let extra_ms = self.rng.gen_range(1..=self.promise_ms.max(1));
+        sim.net_mut().delay(DelayRule {
+            from: None,
+            to: Some(slow),
+            msg_type: Some(MessageType::MsgAppend),
+            extra_ns: extra_ms * 1_000_000,
+        });
+        format!("slow appends to {slow} +{extra_ms}ms")
+    }
+
+    /// The leader and fewer than half the other nodes on one side, the rest on the other: the
+    /// leader's side keeps talking (its followers keep acknowledging it) while the other side
+    /// elects a leader of its own.
+    fn split_leader_minority(&mut self, sim: &mut SimCluster) -> String {
+        let Some(leader) = sim.leader() else {
+            return String::new();
+        };
+        let mut rest: Vec<u64> = sim.ids().into_iter().filter(|&i| i != leader).collect();
+        let with_leader = self.rng.gen_range(0..=(rest.len().saturating_sub(1)) / 2);
+        let mut side = vec![leader];
+        for _ in 0..with_leader {
+            side.push(rest.remove(self.rng.gen_range(0..rest.len())));
+        }
+        sim.partition(&side, &rest);
+        format!("split {side:?} | {rest:?}")
     }
 
     /// A flaky leader, as an undisturbed episode: the heartbeat responses of just enough
@@ -500,6 +585,7 @@ pub fn run(run: RandomRun) -> RunOutcome {
         election_ms: config.election_tick as u64 * config.tick_ms,
         episode_until_ms: 0,
         episode_without_writes: false,
+        follower_leases: config.lease.follower_leases.is_some(),
     };
     let faults = safety_phase(&mut sim, &mut nemesis, run.safety_ms);
     heal_everything(&mut sim);
