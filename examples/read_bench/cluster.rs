@@ -13,8 +13,10 @@ use protobuf::Message as _;
 use raft::eraftpb::{Entry, EntryType, Message};
 use raft::storage::MemStorage;
 use raft_lease::drive::MemApp;
+use raft_lease::follower::Keys;
 use raft_lease::{
-    LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind, ReadMode, Safeties,
+    Clock, FollowerLeases, LeaseConfig, LeaseNode, MonotonicClock, ReadHandle, ReadId, ReadKind,
+    ReadMode, Safeties,
 };
 
 /// The replicated state: a register per key, `KEYS` keys. Reads are plain atomic loads, so the
@@ -94,11 +96,28 @@ pub struct Cluster {
     clock: Arc<MonotonicClock>,
     mode: Safeties,
     delay: Duration,
+    opts: Opts,
+    /// The id of the node made slow (0: none).
+    slow: Arc<AtomicU64>,
+}
+
+/// What a cluster runs with beyond the safeties and the one-way delay.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Opts {
+    /// Follower read leases (off: `None`).
+    pub follower_leases: Option<FollowerLeases>,
+    /// The one-way delay of a node made slow with [`Cluster::slow_down`], both ways.
+    pub slow_delay: Option<Duration>,
 }
 
 impl Cluster {
     /// Start `n` nodes with a one-way `delay`, in `mode` (Safe, or RaftLeaseBased for raft-rs's own).
     pub fn start(n: u64, delay: Duration, mode: Safeties) -> Cluster {
+        Cluster::start_with(n, delay, mode, Opts::default())
+    }
+
+    /// [`Cluster::start`] with `opts`.
+    pub fn start_with(n: u64, delay: Duration, mode: Safeties, opts: Opts) -> Cluster {
         let inboxes: Vec<_> = (0..n).map(|_| unbounded()).collect();
         let alive: Vec<Arc<AtomicBool>> = (0..n).map(|_| Arc::new(AtomicBool::new(true))).collect();
         let net = start_net(
@@ -115,6 +134,8 @@ impl Cluster {
             clock,
             mode,
             delay,
+            opts,
+            slow: Arc::new(AtomicU64::new(0)),
         };
         for id in 1..=n {
             let storage = MemStorage::new_with_conf_state((voters.clone(), vec![]));
@@ -140,6 +161,7 @@ impl Cluster {
             drift_ppm: 500,
             margin_ms: 5,
             safeties: self.mode,
+            follower_leases: self.opts.follower_leases,
             ..LeaseConfig::default()
         };
         let logger = slog::Logger::root(slog::Discard, slog::o!());
@@ -152,6 +174,8 @@ impl Cluster {
             &logger,
         )
         .expect("bench node config");
+        let mut node = node;
+        node.set_entry_keys(entry_keys);
         let (cmd_tx, cmd_rx) = unbounded();
         let state: State = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
         let is_leader = Arc::new(AtomicBool::new(false));
@@ -159,12 +183,16 @@ impl Cluster {
         let io = BenchIo {
             state: state.clone(),
             net: self.net.tx.clone(),
-            direct: self.delay.is_zero().then(|| {
+            direct: (self.delay.is_zero() && self.opts.slow_delay.is_none()).then(|| {
                 let inboxes = self.inboxes.iter().map(|(tx, _)| tx.clone()).collect();
                 (inboxes, self.alive.clone())
             }),
             sent: self.net.sent.clone(),
             delay: self.delay,
+            slow: (
+                self.slow.clone(),
+                self.opts.slow_delay.unwrap_or(self.delay),
+            ),
             writes: HashMap::new(),
         };
         let worker = Worker {
@@ -208,6 +236,12 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(5));
         }
         None
+    }
+
+    /// From now on, node `id`'s messages take [`Opts::slow_delay`] both ways.
+    pub fn slow_down(&self, id: u64) {
+        assert!(self.opts.slow_delay.is_some(), "no slow delay configured");
+        self.slow.store(id, Ordering::Relaxed);
     }
 
     /// Messages sent by all nodes so far.
@@ -313,7 +347,18 @@ struct BenchIo {
     direct: Option<Direct>,
     sent: Arc<AtomicU64>,
     delay: Duration,
+    /// The node (by id; 0: none) whose messages, both ways, take the other one-way delay.
+    slow: (Arc<AtomicU64>, Duration),
     writes: HashMap<u64, (Instant, Sender<Done>)>,
+}
+
+/// The key a bench write writes: its first 8 bytes (a follower read of another key does not
+/// wait for it).
+fn entry_keys(e: &Entry) -> Keys {
+    match e.get_entry_type() == EntryType::EntryNormal && e.data.len() == 16 {
+        true => Keys::Some(vec![e.data[..8].to_vec()]),
+        false => Keys::unknown(e),
+    }
 }
 
 /// How long a node thread spins for new work before it parks: a read or a message that arrives
@@ -329,7 +374,16 @@ impl Worker {
         let mut next_tick = Instant::now() + TICK;
         let mut busy = false;
         loop {
-            match self.wait_for_work(next_tick, busy) {
+            // With follower leases, a grant that ends may let held writes apply: wake for it.
+            let wake = match self.node.next_wake_ns() {
+                Some(at_ns) => {
+                    let now_ns = self.node.clock().now_ns();
+                    next_tick
+                        .min(Instant::now() + Duration::from_nanos(at_ns.saturating_sub(now_ns)))
+                }
+                None => next_tick,
+            };
+            match self.wait_for_work(wake, busy) {
                 Ok(worked) => busy = worked,
                 Err(Stopped) => return,
             }
@@ -493,7 +547,12 @@ impl MemApp<Arc<MonotonicClock>> for BenchIo {
                 }
                 continue;
             }
-            let _ = self.net.send((Instant::now() + self.delay, m.to, bytes));
+            let slow = self.slow.0.load(Ordering::Relaxed);
+            let delay = match m.to == slow || m.from == slow {
+                true => self.slow.1,
+                false => self.delay,
+            };
+            let _ = self.net.send((Instant::now() + delay, m.to, bytes));
         }
     }
 

@@ -6,6 +6,7 @@
 //! cargo run --release --example read_bench -- [--quick] [--json PATH] [--svg PATH]
 //! cargo run --release --example read_bench -- failover [--trials 20]
 //! cargo run --release --example read_bench -- pending
+//! cargo run --release --example read_bench -- writes
 //! ```
 
 mod cluster;
@@ -13,13 +14,14 @@ mod failover;
 mod measure;
 mod pending;
 mod svg;
+mod writes;
 
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use raft_lease::Safeties;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, Opts};
 use crate::measure::{idle_rate, measure, mixed, scaling, Cell, Mode};
 
 #[derive(Parser)]
@@ -52,6 +54,8 @@ enum Sub {
     },
     /// Time and memory per read with up to 100,000 ReadIndex reads outstanding.
     Pending,
+    /// Only what follower read leases cost writes (part of the whole run).
+    Writes,
 }
 
 const DELAYS_US: [u64; 4] = [0, 100, 1_000, 5_000];
@@ -64,9 +68,13 @@ fn main() {
             return failover::run(trials, Duration::from_micros(delay_us));
         }
         Some(Sub::Pending) => return pending::run(),
-        None => {}
+        Some(Sub::Writes) | None => {}
     }
     let window = Duration::from_millis(cli.cell_ms.unwrap_or(if cli.quick { 250 } else { 2_000 }));
+    if let Some(Sub::Writes) = cli.cmd {
+        follower_writes(window);
+        return;
+    }
     let load_before = load_average();
     let cells = sweep(window);
     print_legend();
@@ -75,9 +83,11 @@ fn main() {
     let scaled = thread_scaling(window);
     idle_cpu();
     mixed_writes(window);
+    let writes = follower_writes(window);
     warn_if_busy(load_before);
     if let Some(path) = &cli.json {
-        let json = serde_json::Value::Array(cells.iter().chain(&scaled).map(Cell::json).collect());
+        let reads = cells.iter().chain(&scaled).map(Cell::json);
+        let json = serde_json::Value::Array(reads.chain(writes).collect());
         if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")) {
             eprintln!("error: cannot write {}: {e}", path.display());
             std::process::exit(1);
@@ -96,15 +106,30 @@ fn main() {
 fn sweep(window: Duration) -> Vec<Cell> {
     let total = DELAYS_US.len() * Mode::ALL.len() * OUTSTANDING.len();
     let mut cells = Vec::with_capacity(total);
+    let follower = Opts {
+        follower_leases: Some(writes::follower_leases()),
+        slow_delay: None,
+    };
     for delay_us in DELAYS_US {
-        for (safeties, modes) in [
-            (Safeties::default(), &Mode::ALL[..5]),
-            (Safeties::raft_lease_based(), &Mode::ALL[5..]),
+        for (safeties, opts, modes) in [
+            (Safeties::default(), Opts::default(), &Mode::ALL[..5]),
+            (
+                Safeties::raft_lease_based(),
+                Opts::default(),
+                &Mode::ALL[5..6],
+            ),
+            (Safeties::default(), follower, &Mode::ALL[6..]),
         ] {
-            let cluster = Cluster::start(3, Duration::from_micros(delay_us), safeties);
+            let delay = Duration::from_micros(delay_us);
+            let cluster = Cluster::start_with(3, delay, safeties, opts);
             let Some(leader) = cluster.leader(Duration::from_secs(10)) else {
                 eprintln!("error: no leader at {delay_us} µs one-way delay");
                 std::process::exit(1);
+            };
+            // Follower reads run on a follower, once it holds a read lease.
+            let at = match opts.follower_leases {
+                Some(_) => writes::holding_follower(&cluster, leader),
+                None => leader,
             };
             let idle = idle_rate(&cluster, Duration::from_millis(300));
             for &mode in modes {
@@ -118,7 +143,7 @@ fn sweep(window: Duration) -> Vec<Cell> {
                     );
                     cells.push(measure(
                         &cluster,
-                        leader,
+                        at,
                         mode,
                         delay_us,
                         outstanding,
@@ -157,11 +182,12 @@ fn warn_if_busy(load_before: Option<f64>) {
 
 fn print_legend() {
     println!(
-        "modes, all on the leader of 3 in-process nodes: local = a clock read and the state read \
+        "modes, on the leader of 3 in-process nodes unless said: local = a clock read and the state read \
          (the floor); lease_handle = a lease read through a ReadHandle on the caller's thread; \
          lease_node = a lease read through the raft thread; read_index = this crate's batched \
          ReadIndex; raftrs_read_index / raftrs_lease_based = raft-rs 0.7's own read paths (the \
-         second is unsafe). delay_us = simulated one-way network delay; out = reads outstanding \
+         second is unsafe); follower_lease = a read through a follower's ReadHandle under its follower \
+         read lease (on a follower of a cluster with follower leases on). delay_us = simulated one-way network delay; out = reads outstanding \
          at once; msgs/read = raft messages sent per read; failed = reads that returned an error.\n"
     );
 }
@@ -221,6 +247,14 @@ fn print_ratios(cells: &[Cell]) {
                 r(handle.p50_ns, local.p50_ns),
                 100.0 * handle.reads_per_sec / local.reads_per_sec.max(1.0)
             );
+            if let Some(f) = find(cells, Mode::FollowerLease, delay, out) {
+                println!(
+                    "  {:>28} follower_lease/local {:>5.2}x   msgs/read {:.3}",
+                    "",
+                    r(f.p50_ns, local.p50_ns),
+                    f.msgs_per_read
+                );
+            }
         }
     }
 }
@@ -282,6 +316,50 @@ fn thread_scaling(window: Duration) -> Vec<Cell> {
         );
         cells.extend([local, handle]);
     }
+    cells
+}
+
+/// What follower leases cost writes, printed and returned as JSON cells.
+fn follower_writes(window: Duration) -> Vec<serde_json::Value> {
+    let mut cells = writes::equal_delays(&DELAYS_US, window);
+    cells.extend(writes::slow_follower(window));
+    let stall = writes::holder_killed(window);
+    println!(
+        "\nwrites, one at a time to the leader (G = {} ms):",
+        writes::GRANT_MS
+    );
+    println!(
+        "{:<24} {:>8} {:>6} {:>11} {:>11}",
+        "mode", "delay_us", "lag", "p50", "p99"
+    );
+    for c in &cells {
+        println!(
+            "{:<24} {:>8} {:>6} {:>11} {:>11}",
+            c["mode"].as_str().unwrap_or("?"),
+            c["one_way_delay_us"],
+            c.get("lag_policy")
+                .map_or("-".to_string(), |v| v.to_string()),
+            fmt_ns(c["p50_ns"].as_u64().unwrap_or(0)),
+            fmt_ns(c["p99_ns"].as_u64().unwrap_or(0)),
+        );
+    }
+    for pair in cells.chunks(2).take(DELAYS_US.len()) {
+        let r = |k: &str| {
+            pair[0][k].as_f64().unwrap_or(0.0) / pair[1][k].as_f64().unwrap_or(1.0).max(1.0)
+        };
+        println!(
+            "  delay {:>5} µs: on/off p50 x{:.2}, p99 x{:.2}",
+            pair[0]["one_way_delay_us"],
+            r("p50_ns"),
+            r("p99_ns")
+        );
+    }
+    println!(
+        "holder killed: writes stalled {:.1} ms (bound: one grant plus a write's round, {:.1} ms)",
+        stall["stall_ms"].as_f64().unwrap_or(0.0),
+        stall["bound_ms"].as_f64().unwrap_or(0.0)
+    );
+    cells.push(stall);
     cells
 }
 

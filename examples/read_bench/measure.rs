@@ -16,16 +16,19 @@ pub enum Mode {
     ReadIndex,
     RaftrsReadIndex,
     RaftrsLeaseBased,
+    /// A read through a follower's handle, under its follower read lease.
+    FollowerLease,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 6] = [
+    pub const ALL: [Mode; 7] = [
         Mode::Local,
         Mode::LeaseHandle,
         Mode::LeaseNode,
         Mode::ReadIndex,
         Mode::RaftrsReadIndex,
         Mode::RaftrsLeaseBased,
+        Mode::FollowerLease,
     ];
 
     pub fn name(self) -> &'static str {
@@ -36,12 +39,13 @@ impl Mode {
             Mode::ReadIndex => "read_index",
             Mode::RaftrsReadIndex => "raftrs_read_index",
             Mode::RaftrsLeaseBased => "raftrs_lease_based",
+            Mode::FollowerLease => "follower_lease",
         }
     }
 
     /// Served on the caller's thread, with no round through the raft thread.
     fn synchronous(self) -> bool {
-        matches!(self, Mode::Local | Mode::LeaseHandle)
+        matches!(self, Mode::Local | Mode::LeaseHandle | Mode::FollowerLease)
     }
 }
 
@@ -83,7 +87,7 @@ pub struct Samples {
 }
 
 impl Samples {
-    fn merge(&mut self, other: Samples) {
+    pub fn merge(&mut self, other: Samples) {
         self.latencies_ns.extend(other.latencies_ns);
         self.failed += other.failed;
     }

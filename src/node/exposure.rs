@@ -58,7 +58,7 @@ impl Exposure {
             held_timeout_now: Vec::new(),
             pending_keys: PendingKeys::at_start(applied, last_index),
             entry_keys: Keys::unknown,
-            lag: derived.max_lag_ns.map(LagPolicy::new),
+            lag: (derived.max_lag_ns).map(|lag_ns| LagPolicy::new(lag_ns, max_grant_ns)),
         }
     }
 
@@ -271,6 +271,18 @@ impl Exposure {
             self.pending_keys.on_applied(self.applied);
         }
         out
+    }
+
+    /// The next instant at which, with no message, `E` may move (a grant holding it back ends)
+    /// or a held `MsgTimeoutNow` may leave (the last grant ends).
+    fn next_wake_ns(&self, commit: u64, now_ns: u64) -> Option<u64> {
+        let unblock = match self.held.is_empty() && self.exposed() >= commit {
+            true => None,
+            false => self.table.next_unblock_ns(commit, now_ns),
+        };
+        let last_ns = self.table.last_end_ns();
+        let release = (!self.held_timeout_now.is_empty() && last_ns > now_ns).then_some(last_ns);
+        unblock.into_iter().chain(release).min()
     }
 
     /// A snapshot up to `index` was installed: entries it covers are dropped, and it counts as
@@ -541,6 +553,17 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             false => x.read_barrier(),
         };
         Some((barrier, applied, until_ns))
+    }
+
+    /// With follower leases: the next instant on this node's clock at which a read lease it
+    /// granted ends and so, with no message, writes held back for it may be applied or a held
+    /// transfer may go on. A driver that sleeps until its next tick should wake then and call
+    /// `handle_ready`: a killed holder then stalls writes for one grant, not one grant and a
+    /// tick. `None`: nothing waits on a grant.
+    pub fn next_wake_ns(&self) -> Option<u64> {
+        let commit = self.raw.raft.raft_log.committed;
+        let x = self.exposure.as_ref()?;
+        x.next_wake_ns(commit, self.clock.now_ns())
     }
 
     /// Whether this replica holds a follower read lease now.
