@@ -99,6 +99,9 @@ pub struct TestingKnobs {
     /// Follower read leases: a follower read ignores the entries pending above applied, even
     /// those that write its keys.
     pub ignore_pending_keys: bool,
+    /// Follower read leases: a membership change is proposed, and granting goes on, while
+    /// read leases live, so it may be committed at a replica that cannot apply it.
+    pub conf_with_grants: bool,
     /// Many groups: a node's one sync of a round comes after every group's `advance`, so a
     /// leader counts entries towards a commit, and applies them, before they are durable.
     pub sync_after_advance: bool,
@@ -133,6 +136,7 @@ impl TestingKnobs {
             (self.lease_from_receipt, "lease_from_receipt"),
             (self.reuse_tags, "reuse_tags"),
             (self.ignore_pending_keys, "ignore_pending_keys"),
+            (self.conf_with_grants, "conf_with_grants"),
             (self.sync_after_advance, "sync_after_advance"),
             (self.count_own_promise, "count_own_promise"),
             (

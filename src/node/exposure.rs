@@ -40,6 +40,12 @@ pub(crate) struct Exposure {
     entry_keys: fn(&Entry) -> Keys,
     /// The lagging-node policy, if set: no grant to a voter long behind the commit index.
     lag: Option<LagPolicy>,
+    /// Negative control (tests only): membership changes are proposed and committed while read
+    /// leases live.
+    conf_with_grants: bool,
+    /// No grant before this instant: a membership change was refused while read leases lived,
+    /// and waits for them to end (every grant ends within `G` of the refusal).
+    grants_paused_until_ns: u64,
 }
 
 impl Exposure {
@@ -59,7 +65,17 @@ impl Exposure {
             pending_keys: PendingKeys::at_start(applied, last_index),
             entry_keys: Keys::unknown,
             lag: (derived.max_lag_ns).map(|lag_ns| LagPolicy::new(lag_ns, max_grant_ns)),
+            grants_paused_until_ns: 0,
+            conf_with_grants: false,
         }
+    }
+
+    /// A membership change waits for the read leases at `now_ns`: pause granting until every
+    /// grant has ended, and return that instant.
+    fn pause_grants_for_conf_change(&mut self, now_ns: u64) -> u64 {
+        let end_ns = self.table.last_end_ns().max(now_ns);
+        self.grants_paused_until_ns = self.grants_paused_until_ns.max(end_ns);
+        end_ns
     }
 
     /// `entries` are about to be persisted (an acknowledgement of them leaves only after).
@@ -93,6 +109,7 @@ impl Exposure {
         if knobs.reuse_tags {
             self.lease = self.lease.control_reuse_tags();
         }
+        self.conf_with_grants = knobs.conf_with_grants;
         self
     }
 
@@ -166,12 +183,17 @@ impl Exposure {
     /// ([`GrantTable::grant`]); it leaves with the next message to the voter.
     /// Under the lagging-node policy, a voter whose acknowledgement comes long after the commit
     /// it acknowledges is not granted (`commit`: raft's, after stepping it).
+    /// No grant either while a membership change is pending above `E` (`pending_conf`: raft's
+    /// index of the last one proposed) or waits for the read leases: a membership change is
+    /// committed only with no read lease live, so every message that tells a replica it is
+    /// committed also tells it that it is exposed (else a replica that knows it committed could
+    /// not apply it, and raft-rs refuses to campaign with it unapplied).
     pub(crate) fn on_ack(
         &mut self,
         req: GrantRequest,
         term: u64,
         leader_until_ns: Option<u64>,
-        commit: u64,
+        (commit, pending_conf): (u64, u64),
     ) {
         self.table.on_matched(req.holder, req.matched);
         let lagging = self.lag.as_mut().is_some_and(|lag| {
@@ -179,7 +201,9 @@ impl Exposure {
             lag.observe(req.holder, req.matched, commit, req.received_ns);
             lagging
         });
-        if lagging {
+        let conf_waits = !self.conf_with_grants
+            && (pending_conf > self.exposed() || req.received_ns < self.grants_paused_until_ns);
+        if lagging || conf_waits {
             return;
         }
         if let Ok(g) = self.table.grant(req, term, leader_until_ns) {
@@ -433,7 +457,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if r.lead_transferee.is_some() {
             x.stop_granting(r.term);
         }
-        x.on_ack(req, r.term, until_ns, r.raft_log.committed);
+        x.on_ack(
+            req,
+            r.term,
+            until_ns,
+            (r.raft_log.committed, r.pending_conf_index),
+        );
     }
 
     /// Hold every `MsgTimeoutNow` in `msgs` while a read lease lives; a node that no longer
@@ -566,6 +595,21 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         x.next_wake_ns(commit, self.clock.now_ns())
     }
 
+    /// As the leader, with follower leases: whether a membership change may be proposed now.
+    /// While a read lease this node granted may be valid it may not (`Err`: the instant on this
+    /// node's clock when the last one ends); granting pauses until then, so a retry at that
+    /// instant finds none.
+    pub(crate) fn conf_change_waits(&mut self) -> Result<(), u64> {
+        let now_ns = self.clock.now_ns();
+        let Some(x) = self.exposure.as_mut().filter(|x| !x.conf_with_grants) else {
+            return Ok(());
+        };
+        match x.table.all_ended(now_ns) {
+            true => Ok(()),
+            false => Err(x.pause_grants_for_conf_change(now_ns)),
+        }
+    }
+
     /// Whether this replica holds a follower read lease now.
     pub fn holds_read_lease(&self) -> bool {
         let now_ns = self.clock.now_ns();
@@ -675,7 +719,7 @@ mod tests {
             is_voter: true,
             matched: 0,
         };
-        x.on_ack(req, 2, Some(1_000_000_000), 0);
+        x.on_ack(req, 2, Some(1_000_000_000), (0, 0));
         let timeout_now = |to| Message {
             msg_type: MessageType::MsgTimeoutNow,
             to,

@@ -27,6 +27,15 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                 "leader {id} cannot remove or demote itself: transfer leadership first"
             )));
         }
+        if let Err(until_ns) = self.conf_change_waits() {
+            let wait_ms = until_ns
+                .saturating_sub(self.clock.now_ns())
+                .div_ceil(1_000_000);
+            return Err(raft::Error::ConfChangeError(format!(
+                "follower read leases are live for {wait_ms} ms more; granting has stopped: \
+                 propose the change again then"
+            )));
+        }
         let r = self.raw.propose_conf_change(context, cc);
         self.sync();
         r

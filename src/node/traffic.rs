@@ -33,6 +33,11 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                 return Ok(());
             }
             MessageType::MsgHeartbeatResponse => self.on_heartbeat_response(&mut m),
+            MessageType::MsgPropose if self.is_leader() && proposes_conf_change(&m) => {
+                if self.conf_change_waits().is_err() {
+                    return Err(raft::Error::ProposalDropped); // forwarded: dropped, as raft would
+                }
+            }
             _ => {}
         }
         let from_leader = matches!(
@@ -169,4 +174,14 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             debug_assert!(self.lease.term() == Some(self.raw.raft.term));
         }
     }
+}
+
+/// Whether a forwarded proposal carries a membership change.
+fn proposes_conf_change(m: &Message) -> bool {
+    m.get_entries().iter().any(|e| {
+        matches!(
+            e.get_entry_type(),
+            raft::eraftpb::EntryType::EntryConfChange | raft::eraftpb::EntryType::EntryConfChangeV2
+        )
+    })
 }

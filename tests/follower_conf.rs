@@ -1,0 +1,103 @@
+//! Follower read leases and membership changes: a change is committed only while no read lease
+//! lives, so a replica that learns it is committed also learns it is exposed. Otherwise a
+//! replica can know a change is committed and be unable to apply it (applies wait for the
+//! exposed index `E`), and raft-rs refuses to campaign with a committed change unapplied: if the
+//! leader then goes, the replica that has the change cannot campaign, the one that lacks it
+//! cannot win, and the group has no leader after every fault has healed.
+//!
+//! Control: `conf_with_grants` proposes the change, and goes on granting, while read leases
+//! live: the group is left with no leader.
+
+use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2, MessageType};
+use raft_lease::sim::{DelayRule, SimCluster, SimConfig};
+use raft_lease::FollowerLeases;
+
+fn config(seed: u64) -> SimConfig {
+    let mut c = SimConfig {
+        seed,
+        ..SimConfig::default()
+    };
+    c.lease.follower_leases = Some(FollowerLeases::new(40));
+    c
+}
+
+/// A change that changes nothing: node 1, already a voter, added as a voter again.
+fn no_op_change() -> ConfChangeV2 {
+    let mut single = ConfChangeSingle::default();
+    single.set_change_type(ConfChangeType::AddNode);
+    single.node_id = 1;
+    let mut cc = ConfChangeV2::default();
+    cc.set_changes(vec![single].into());
+    cc
+}
+
+/// The raft commit index `id` knows.
+fn committed(sim: &SimCluster, id: u64) -> u64 {
+    sim.node(id).map_or(0, |n| n.raw().raft.raft_log.committed)
+}
+
+/// Followers hold read leases; appends to `slow` take 3 ms more, so it acknowledges a new entry
+/// late. The leader proposes a membership change (again and again while it is refused), and is
+/// crashed as soon as the other follower knows the change is committed. Every other fault then
+/// heals. Returns whether the two followers elect a leader within 3 s.
+fn leader_after_change_and_crash(c: SimConfig) -> bool {
+    let mut sim = SimCluster::new(c);
+    assert!(sim.run_until(2_000, |s| s.leader().is_some()), "no leader");
+    let leader = sim.leader().expect("a leader");
+    let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    let (fast, slow) = (followers[0], followers[1]);
+    let holds = |s: &SimCluster| {
+        (followers.iter()).all(|&id| s.node(id).is_some_and(|n| n.holds_read_lease()))
+    };
+    assert!(sim.run_until(500, holds), "no read leases");
+    sim.net_mut().delay(DelayRule {
+        from: None,
+        to: Some(slow),
+        msg_type: Some(MessageType::MsgAppend),
+        extra_ns: 3_000_000,
+    });
+    let proposed = (0..500).any(|_| {
+        let ok = sim.propose_conf_change(leader, no_op_change()).is_ok();
+        if !ok {
+            sim.run_for_ms(1);
+        }
+        ok
+    });
+    assert!(proposed, "the change was refused for 500 ms");
+    let change_index = sim
+        .node(leader)
+        .expect("up")
+        .raw()
+        .raft
+        .raft_log
+        .last_index();
+    let knows = |s: &SimCluster| committed(s, fast) >= change_index;
+    assert!(sim.run_until(500, knows), "the change was never committed");
+    sim.crash(leader);
+    sim.heal();
+    sim.net_mut().clear_delays();
+    sim.run_until(3_000, |s| s.leader().is_some())
+}
+
+#[test]
+fn a_membership_change_committed_as_the_leader_goes_leaves_a_group_that_elects() {
+    for seed in 0..4 {
+        assert!(
+            leader_after_change_and_crash(config(seed)),
+            "seed {seed}: no leader after the change and the crash"
+        );
+    }
+}
+
+#[test]
+fn control_a_change_committed_under_read_leases_leaves_the_group_without_a_leader() {
+    let stuck = (0..4)
+        .filter(|&seed| {
+            let mut c = config(seed);
+            c.lease.safeties.testing.conf_with_grants = true;
+            !leader_after_change_and_crash(c)
+        })
+        .count();
+    eprintln!("control: {stuck} of 4 seeds left without a leader");
+    assert!(stuck > 0, "every seed elected a leader");
+}
