@@ -387,6 +387,49 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! ## Follower read leases (experimental, off by default)
+//! With [`LeaseConfig::follower_leases`] set, every voter serves linearizable reads from its own
+//! state with no message, while it holds a read lease from the leader ([`follower`]; the design
+//! is Paxos Quorum Leases adapted to raft and to this crate's clock model). The argument:
+//! - **Expose, do not just commit.** The leader computes an exposed index `E`: its commit index,
+//!   capped by the matched index of every node whose read lease may still be valid. Every
+//!   replica, the leader included, applies only up to the `E` it knows, so a write is answered
+//!   only once every live holder has persisted it.
+//! - **A read lease is counted from the holder's own clock.** A voter tags each acknowledgement
+//!   with a fresh tag and reads its clock `a` before sending it; the leader, receiving it at `x`,
+//!   grants `g ≤ min(G, λ − x)` (`λ`: its own lease's end) and counts the holder until `x + g`.
+//!   The holder's lease ends at `a + g·(1−ρ)/(1+ρ) − ε`: before the leader stops counting it,
+//!   and before any other leader can be elected.
+//! - **A read waits for what it might miss.** A holder serves a read of `k` when its lease is
+//!   valid, it has applied up to `E`, and no entry it has persisted above applied writes `k`
+//!   ([`LeaseNode::set_entry_keys`] says which keys an entry writes). Any write answered before
+//!   the read began is then either applied or pending there.
+//! - **Nothing lets another leader expose under a live read lease**: a node with live grants
+//!   does not campaign, a transfer's `MsgTimeoutNow` waits until every grant has ended, and a
+//!   membership change is proposed only while none lives.
+//!
+//! Reads: on a follower, through its [`ReadHandle`] (which then serves under the read lease) or
+//! by reading the state and then calling [`LeaseNode::check_local_read_key`]; an `Err` means
+//! "ask the leader". Writes pay for it: a write waits for every live holder's acknowledgement,
+//! not only a majority's, and a killed holder stalls writes for at most one grant. An optional
+//! lagging-node policy ([`FollowerLeases::with_max_lag_ms`]) stops granting to a slow node.
+//! `docs/follower.md` has the rules, the measurements and what is not built yet.
+//!
+//! What follower reads trust, beyond what the leader lease trusts (table above):
+//!
+//! | what is trusted | the rule | covered by |
+//! |---|---|---|
+//! | a voter's acknowledgement tag | names one acknowledgement: a fresh (term, boot, counter); a grant for an unknown, forgotten or given-up tag or another term renews nothing | `unknown_tags_other_terms_and_given_up_terms_grant_nothing`, `old_tags_are_forgotten_and_then_grant_nothing` |
+//! | the holder's send time `a` | read before the transport has the acknowledgement; the lease runs from it, never from the grant's receipt | `the_lease_runs_from_the_acknowledgements_send_time` (control: `control_a_lease_counted_from_the_grants_receipt_outlives_the_count`) |
+//! | a grant's length | at most `G` and what is left of the leader's own lease; `ρ` and `ε` travel in it and the holder takes the larger of its own and the grant's | `a_grant_is_capped_by_the_leaders_own_lease_and_counted_from_receipt` (control: `control_a_grant_not_capped_by_the_leader_lease_outlives_it`) |
+//! | who is granted | a current voter, for an acknowledgement of the leader's term, caught up to `E`, while the leader holds its lease and no transfer or membership change is under way | `grants_only_to_caught_up_voters_of_the_term_and_none_while_transferring` |
+//! | the exposed index `E` | the smallest matched index of every holder that may be valid, capped at commit; never goes down; carried with every append and heartbeat; never raised from a snapshot | `the_exposed_index_waits_for_every_live_holder_and_never_goes_down`, `a_holder_that_receives_writes_late_never_serves_a_stale_read` (control: `control_exposing_past_a_holder_serves_stale_follower_reads`) |
+//! | what a replica applies | only up to the `E` it knows, whatever raft's commit index says | `replicas_apply_only_up_to_the_exposed_index_and_catch_up_when_load_stops` (control: `control_replicas_applying_up_to_raft_commit_are_caught`) |
+//! | the keys an entry writes | as the application's pure function says; unknown keys are every key; entries found in the log at start block every read until applied | `pending_entries_block_reads_of_their_keys_until_applied`, `entries_found_in_the_log_at_start_block_every_read_until_applied`, `a_followers_read_handle_serves_under_its_read_lease_and_never_a_stale_read` (control: `control_a_follower_ignoring_its_pending_entries_serves_stale_reads`) |
+//! | a leadership transfer | no grant once raft transfers; every `MsgTimeoutNow` held until every grant has ended | `a_transfer_waits_out_the_read_leases_and_no_holder_serves_a_stale_read` (control: `control_a_transfer_that_does_not_wait_serves_stale_follower_reads`) |
+//! | a membership change | proposed only while no grant lives (refused with the wait otherwise); no grant while one is pending above `E` | `a_membership_change_committed_as_the_leader_goes_leaves_a_group_that_elects` (control: `control_a_change_committed_under_read_leases_leaves_the_group_without_a_leader`) |
+//! | the follower-lease note on a peer message | split off whole or refused with a typed error (the message is dropped); never panics | `notes_round_trip_after_any_context_and_leave_it_as_it_was`, `a_zero_tag_or_grant_is_refused_not_taken`, `garbage_never_panics_and_what_parses_re_encodes` |
+//!
 //! ## Layering
 //! Pure state machines ([`lease`], [`promise`], [`round`], [`read`]) take time as an argument and
 //! return decisions. [`LeaseNode`] is the thin driver around `RawNode`. The `sim` feature adds a

@@ -32,7 +32,11 @@ fn quick_json_carries_every_mode_and_cell() {
         "read_index",
         "raftrs_read_index",
         "raftrs_lease_based",
+        "follower_lease",
     ];
+    let (writes, cells): (Vec<_>, Vec<_>) =
+        cells.into_iter().partition(|c| c.get("reads").is_none());
+    check_writes(&writes);
     let (scaled, cells): (Vec<_>, Vec<_>) = cells.into_iter().partition(|c| c["scaling"] == true);
     let mut threads_seen = BTreeSet::new();
     for c in &scaled {
@@ -62,12 +66,57 @@ fn quick_json_carries_every_mode_and_cell() {
             }
         }
     }
-    assert_eq!(cells.len(), 48);
+    assert_eq!(cells.len(), 56);
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(
         chart.starts_with("<svg") && modes.iter().all(|m| chart.contains(m)),
         "svg lacks a mode"
     );
+}
+
+/// The write cells: follower leases on and off at each delay, the slow follower off, on, and on
+/// with the lagging-node policy, and the stall after a holder is killed, beside its bound.
+fn check_writes(cells: &[serde_json::Value]) {
+    let mut seen = BTreeSet::new();
+    for c in cells.iter().filter(|c| c["mode"] != "holder_killed_stall") {
+        let (p50, p99) = (c["p50_ns"].as_u64(), c["p99_ns"].as_u64());
+        assert!(p50.is_some_and(|p| p > 0) && p50 <= p99, "{c}");
+        assert!(c["writes"].as_u64().is_some_and(|n| n > 0), "{c}");
+        let policy = c.get("lag_policy").map(|p| p == true);
+        let key = (
+            c["mode"].as_str().expect("mode").to_string(),
+            c["one_way_delay_us"].as_u64(),
+            policy,
+        );
+        assert!(seen.insert(key), "duplicate write cell {c}");
+    }
+    for mode in ["write_leases_on", "write_leases_off"] {
+        for delay in [0, 100, 1_000, 5_000] {
+            assert!(
+                seen.contains(&(mode.to_string(), Some(delay), None)),
+                "missing {mode} {delay}"
+            );
+        }
+    }
+    let slow = |mode: &str, policy| seen.contains(&(mode.to_string(), Some(1_000), Some(policy)));
+    assert!(slow("write_slow_follower_off", false) && slow("write_slow_follower_on", false));
+    assert!(
+        slow("write_slow_follower_on", true),
+        "the lagging-node policy cell"
+    );
+    let stall: Vec<_> = cells
+        .iter()
+        .filter(|c| c["mode"] == "holder_killed_stall")
+        .collect();
+    assert_eq!(stall.len(), 1);
+    for field in ["stall_ms", "bound_ms"] {
+        assert!(
+            stall[0][field].as_f64().is_some_and(|v| v > 0.0),
+            "{field}: {}",
+            stall[0]
+        );
+    }
+    assert_eq!(seen.len() + 1, cells.len(), "an unknown write cell");
 }
 
 /// Checks one cell's fields; returns its (mode, delay, outstanding).
