@@ -244,6 +244,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         step(self, ReadyStep::Send(msgs))?;
         if !rd.snapshot().is_empty() {
             let index = rd.snapshot().get_metadata().index;
+            self.before_snapshot(index);
             step(self, ReadyStep::InstallSnapshot(rd.snapshot().clone()))?;
             self.exposure_on_snapshot(index);
         }

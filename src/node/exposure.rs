@@ -392,6 +392,16 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
+    /// A snapshot up to `index` is about to be installed: if it goes past `E`, read handles must
+    /// stop serving before the state moves past what may be shown (a read validated after this
+    /// sees the revocation).
+    pub(crate) fn before_snapshot(&mut self, index: u64) {
+        let past = self.exposure.as_ref().is_some_and(|x| index > x.exposed());
+        if past && self.raw.raft.state != StateRole::Leader {
+            self.shared.revoke();
+        }
+    }
+
     /// A snapshot up to `index` was installed.
     pub(crate) fn exposure_on_snapshot(&mut self, index: u64) {
         if let Some(x) = self.exposure.as_mut() {
