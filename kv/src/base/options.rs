@@ -53,6 +53,11 @@ pub struct NodeOptions {
     /// A leader counts its own promise for every acknowledgement, and the node boots with its
     /// own promise only (unsafe, the negative control for a rolling change of `--election-ms`).
     pub unsafe_count_own_promise: bool,
+    /// Follower read leases of at most this many ms (`G`); `None`: off (the default).
+    pub follower_leases_ms: Option<u64>,
+    /// With follower read leases, replicas apply up to raft's commit index instead of the
+    /// exposed index (unsafe, the negative control for follower reads).
+    pub unsafe_apply_to_commit: bool,
     /// Snapshot and compact every this many applied entries.
     pub snapshot_every: u64,
     /// The engine for a new data dir's raft log; `None`: the dir's own (the default for a new

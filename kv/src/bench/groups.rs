@@ -124,6 +124,7 @@ impl Nodes {
             peer_delay_ms: 0,
             fault_injection: false,
             unsafe_lease_based: false,
+            follower_leases_ms: None,
             insecure_peers: false,
             node_args: vec![
                 "--liveness".into(),

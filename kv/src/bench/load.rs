@@ -185,6 +185,7 @@ fn on_cluster(
         peer_delay_ms: args.peer_delay_ms,
         fault_injection: false,
         unsafe_lease_based: false,
+        follower_leases_ms: None,
         insecure_peers: false,
         node_args: vec![
             "--http-spin-us".into(),

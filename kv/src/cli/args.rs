@@ -99,6 +99,17 @@ pub struct NodeArgs {
     /// (a rolling change) a cut-off leader then serves stale lease reads.
     #[arg(long, hide = true)]
     pub unsafe_count_own_promise: bool,
+    /// EXPERIMENTAL, off by default: follower read leases of at most this many ms (`G`). Every
+    /// voter then serves `GET /kv/<key>?read=local` from its own state while it holds one, and a
+    /// write is answered only once every live holder has it. `G` must be above --heartbeat-ms
+    /// and below half of --election-ms.
+    #[arg(long)]
+    pub follower_leases_ms: Option<u64>,
+    /// UNSAFE, tests only: with follower read leases, every replica applies up to raft's commit
+    /// index instead of the exposed index, so an acknowledged write may be missing on a holder
+    /// that still serves local reads (stale follower reads).
+    #[arg(long, hide = true, requires = "follower_leases_ms")]
+    pub unsafe_apply_to_commit: bool,
     /// Snapshot and compact the raft log every this many applied entries (or after as many bytes
     /// of entries as the last snapshot held, 64 MiB at least, whichever comes first). A snapshot copies the whole state, so its cost per write is the
     /// state's size over this number.
@@ -274,6 +285,8 @@ impl NodeArgs {
             unsafe_lease_based: self.unsafe_lease_based,
             unsafe_keepalive_without_lease: self.unsafe_keepalive_without_lease,
             unsafe_count_own_promise: self.unsafe_count_own_promise,
+            follower_leases_ms: self.follower_leases_ms,
+            unsafe_apply_to_commit: self.unsafe_apply_to_commit,
             snapshot_every: self.snapshot_every,
             log_engine: self.log_engine,
             join: join.map(str::to_string),

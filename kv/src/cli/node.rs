@@ -155,6 +155,7 @@ fn safeties(o: &NodeOptions) -> raft_lease::Safeties {
         raft_lease::Safeties::default()
     };
     safeties.testing.count_own_promise = o.unsafe_count_own_promise;
+    safeties.testing.apply_to_commit = o.unsafe_apply_to_commit;
     safeties
 }
 
@@ -182,9 +183,29 @@ fn configs(o: &NodeOptions, prior_ms: u64) -> (raft::Config, raft_lease::LeaseCo
         safeties: safeties(o),
         seed: o.id,
         prior_promise_ms: prior_ms,
-        follower_leases: None,
+        follower_leases: o.follower_leases_ms.map(raft_lease::FollowerLeases::new),
     };
     (rc, lease)
+}
+
+/// Refuse options whose raft and lease configs `LeaseNode::new` would refuse (a `G` of
+/// --follower-leases-ms outside its bounds among them), before anything is opened.
+fn check_configs(o: &NodeOptions) -> Result<(), Exit> {
+    let (rc, lease) = configs(o, 0);
+    lease.validate(&rc, o.tick_ms).map(drop).map_err(|e| {
+        let hint = match e {
+            raft_lease::ConfigError::GrantTooLong { .. }
+            | raft_lease::ConfigError::GrantNotAboveHeartbeat { .. } => format!(
+                "--follower-leases-ms {}: must be above --heartbeat-ms {} and below half of \
+                 --election-ms {}: ",
+                o.follower_leases_ms.unwrap_or(0),
+                o.heartbeat_ms,
+                o.election_ms
+            ),
+            _ => String::new(),
+        };
+        Exit::Config(format!("{hint}{e}"))
+    })
 }
 
 /// The sockets a node listens on.
@@ -380,6 +401,16 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
                         and a restart forgets a longer earlier promise. Nodes with different --election-ms \
                         serve STALE reads. Negative control for tests only. !!!");
         }
+    }
+    check_configs(&opts)?;
+    if opts.unsafe_apply_to_commit {
+        for _ in 0..3 {
+            warn!(log, "!!! --unsafe-apply-to-commit: replicas apply up to raft's commit, not the exposed index: \
+                        followers serve STALE local reads. Negative control for tests only. !!!");
+        }
+    }
+    if let Some(g) = opts.follower_leases_ms {
+        warn!(log, "--follower-leases-ms {g}: follower read leases are EXPERIMENTAL"; "max_grant_ms" => g);
     }
     if opts.unsafe_keepalive_without_lease {
         warn!(log, "!!! --unsafe-keepalive-without-lease: a deposed leader can keep sessions alive past the new leader's expiry. For demonstrations only. !!!");

@@ -96,7 +96,7 @@ pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
     let heard = leader.and_then(|id| c.app.heard.ago_ms(id));
     let live = c.app.live_leader(leader);
     let http = live.and_then(|id| c.app.http_of(id));
-    let more = json!({"leader_id": live, "leader_http": http, "last_heard_ms": heard});
+    let more = leader_hint(c, leader);
     match (live, &http) {
         (Some(id), Some(addr)) => {
             let target = c.parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -110,6 +110,16 @@ pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
         }
         (None, _) => no_leader(leader, heard, more),
     }
+}
+
+/// The leader hint every answer that sends a client elsewhere carries: `leader_id` and
+/// `leader_http` (both null unless this node heard from that leader lately, see
+/// [`App::live_leader`](crate::http::app::App::live_leader)) and `last_heard_ms`.
+pub fn leader_hint(c: &Ctx<'_>, leader: Option<u64>) -> serde_json::Value {
+    let heard = leader.and_then(|id| c.app.heard.ago_ms(id));
+    let live = c.app.live_leader(leader);
+    let http = live.and_then(|id| c.app.http_of(id));
+    json!({"leader_id": live, "leader_http": http, "last_heard_ms": heard})
 }
 
 /// 503 `no_leader`: none is known, or the one known has not been heard from lately.

@@ -1,4 +1,5 @@
-//! `GET /kv/<key>` (a lease read on this worker, else through raft) and `PUT /kv/<key>` (a write,
+//! `GET /kv/<key>` (a lease read on this worker, else through raft; with `read=local`, only from
+//! this node's state under its lease or follower read lease) and `PUT /kv/<key>` (a write,
 //! optionally in a session and fenced by a lock's token). Values are bytes: a GET answers
 //! `{"value": text}` for a UTF-8 value and `{"value_base64": ...}` otherwise, or the raw value with
 //! `Accept: application/octet-stream`.
@@ -15,44 +16,113 @@ use tokio::sync::oneshot;
 use crate::base::conns::Phase;
 use crate::http::ask::{ask, reserve, write_in};
 use crate::http::body::read_body;
-use crate::http::ctx::{leader_only_in, not_leader, param, Ctx, Query};
+use crate::http::ctx::{leader_hint, leader_only_in, not_leader, param, Ctx, Query};
 use crate::http::reply::{error, error_with, reply, Reply};
 use crate::raft::requests::{ReadReply, Request};
+use crate::raft::shared::Shared;
 use crate::state::command::Command;
 use crate::state::keys;
-use crate::state::kv_state::Stored;
+use crate::state::kv_state::{KvState, Stored};
 
-fn read_mode(q: &Query) -> Result<ReadMode, Reply> {
+/// How a GET asks to be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    /// One of the library's read modes (`lease`, `index`, `auto`).
+    Mode(ReadMode),
+    /// `local`: from this node's own state only, under its lease (on the leader) or its follower
+    /// read lease (elsewhere), never through raft or a redirect.
+    Local,
+}
+
+fn read_mode(q: &Query) -> Result<Asked, Reply> {
     match param(q, "read").unwrap_or("auto") {
-        "lease" => Ok(ReadMode::Lease),
-        "index" => Ok(ReadMode::ReadIndex),
-        "auto" => Ok(ReadMode::Auto),
+        "lease" => Ok(Asked::Mode(ReadMode::Lease)),
+        "index" => Ok(Asked::Mode(ReadMode::ReadIndex)),
+        "auto" => Ok(Asked::Mode(ReadMode::Auto)),
+        "local" => Ok(Asked::Local),
         other => Err(error(
             400,
             "bad_read_mode",
-            format!("read={other}: use lease, index or auto"),
+            format!("read={other}: use lease, index, auto or local"),
         )),
     }
+}
+
+/// A read of `key` from this node's state through the group's read handle: `None` unless the
+/// lease (on the leader) or the follower read lease (elsewhere) makes it linearizable.
+///
+/// Without follower read leases only a leader reads here, and waits (spinning, on this worker)
+/// for at most its own apply to catch up with its commit. A follower may wait about one round
+/// for an entry to be exposed and applied: with follower read leases on, a read that must wait
+/// does so with the worker handed over to the runtime's other tasks.
+fn handle_read(g: &Shared<KvState>, key: &str, follower_leases: bool) -> Option<Option<Stored>> {
+    // A clone per request: a handle counts its reads in itself and hands them to the node's
+    // counters when dropped, so `raft_lease_reads_total` stays exact across worker threads.
+    let handle = g.handle.clone();
+    let state = || g.machine.read().kv.get(key).cloned();
+    if !follower_leases {
+        return handle.read(state).ok();
+    }
+    if let Ok(stored) = handle.try_read(state) {
+        return Some(stored);
+    }
+    if !handle.lease_held() {
+        return None;
+    }
+    tokio::task::block_in_place(|| handle.read(state)).ok()
+}
+
+/// How a read served through the read handle was served: under the lease on the leader, under
+/// a follower read lease elsewhere.
+fn local_kind(g: &Shared<KvState>) -> ReadKind {
+    match g.leadership.get().0 {
+        true => ReadKind::Lease,
+        false => ReadKind::FollowerLease,
+    }
+}
+
+/// `read=local`: served here or refused here (503 `no_read_lease`, with the leader hint).
+fn get_local(c: &Ctx<'_>, key: &str, raw: bool) -> Result<Reply, Reply> {
+    let app = c.app;
+    if app.opts.follower_leases_ms.is_none() {
+        let detail = "read=local needs follower read leases (start the nodes with \
+                      --follower-leases-ms); use read=lease, auto or index";
+        return Err(error(400, "follower_leases_off", detail));
+    }
+    let g = app.group_of(key);
+    let t = Instant::now();
+    c.conn.set(Phase::Waiting);
+    let Some(stored) = handle_read(g, key, true) else {
+        let detail = "this node holds no read lease now (or an entry it must show is not \
+                      applied yet): read at the leader, or retry";
+        let more = leader_hint(c, g.leadership.get().1);
+        return Err(error_with(503, "no_read_lease", detail, more).with_header("retry-after", "1"));
+    };
+    let kind = local_kind(g);
+    let seconds = t.elapsed().as_secs_f64();
+    app.metrics.lease_read_seconds.observe(seconds);
+    Ok(value_reply(key, stored, kind, raw))
 }
 
 pub async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
     let app = c.app;
     let g = app.group_of(&key);
     let raw = accepts_raw(&c.parts.headers);
-    let mode = read_mode(&c.query)?;
+    let mode = match read_mode(&c.query)? {
+        Asked::Local => return get_local(c, &key, raw),
+        Asked::Mode(mode) => mode,
+    };
     let t = Instant::now();
     c.conn.set(Phase::Waiting);
-    // Fast path: the lease, on this worker. raft-rs LeaseBased (unsafe mode) goes through raft.
+    // Fast path: the lease, on this worker (with follower read leases, a follower's too).
+    // raft-rs LeaseBased (unsafe mode) goes through raft.
     if mode != ReadMode::ReadIndex && !app.opts.unsafe_lease_based {
-        // A clone per request: a handle counts its reads in itself and hands them to the node's
-        // counters when dropped, so `raft_lease_reads_total` stays exact across worker threads.
-        let handle = g.handle.clone();
-        let local = handle.read(|| g.machine.read().kv.get(&key).cloned());
-        if let Ok(stored) = local {
+        let follower_leases = app.opts.follower_leases_ms.is_some();
+        if let Some(stored) = handle_read(g, &key, follower_leases) {
             app.metrics
                 .lease_read_seconds
                 .observe(t.elapsed().as_secs_f64());
-            return Ok(value_reply(&key, stored, ReadKind::Lease, raw));
+            return Ok(value_reply(&key, stored, local_kind(g), raw));
         }
         if mode == ReadMode::Lease {
             let (is_leader, leader) = g.leadership.get();

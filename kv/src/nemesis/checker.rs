@@ -51,6 +51,8 @@ pub struct Verdict {
     pub reads_checked: usize,
     /// Of those, served under the lease.
     pub lease_reads_checked: usize,
+    /// Of those, served by a follower under its follower read lease.
+    pub follower_reads_checked: usize,
     /// Acknowledged writes checked.
     pub writes_acked: usize,
     /// Writes whose outcome is unknown.
@@ -169,6 +171,7 @@ fn check_key(writes: &[&Op], reads: &[&Op], v: &mut Verdict) {
             let (value, served, final_read) = read(r)?;
             v.reads_checked += 1;
             v.lease_reads_checked += usize::from(served == "lease");
+            v.follower_reads_checked += usize::from(served == "follower_lease");
             if let Some((val, rev)) = value {
                 check_source(r, val, *rev, &by_value, v);
             }

@@ -42,6 +42,8 @@ pub struct Shared {
     pub stop: Arc<AtomicBool>,
     /// Pause between a client's operations.
     pub think: Duration,
+    /// Readers also read with `read=local` (the nodes run follower read leases).
+    pub local_reads: bool,
 }
 
 impl Shared {
@@ -253,14 +255,24 @@ pub fn writer(s: Shared, client: u32, seed: u64) {
     });
 }
 
-/// A reader pinned to the `slot`-th member, in lease, auto and index modes in turn.
+/// A reader's modes in turn: with follower read leases, every other read is `local` (served by
+/// the node it is sent to, whichever node leads).
+const MODES: [&str; 4] = ["lease", "auto", "index", "lease"];
+const MODES_WITH_LOCAL: [&str; 6] = ["lease", "local", "auto", "local", "index", "local"];
+
+/// A reader pinned to the `slot`-th member, in lease, auto and index modes in turn (and local
+/// with follower read leases).
 pub fn reader(s: Shared, client: u32, slot: usize, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut n = 0usize;
+    let modes: &[&str] = match s.local_reads {
+        true => &MODES_WITH_LOCAL,
+        false => &MODES,
+    };
     pipelined(&s.clone(), client, || {
         n += 1;
         let key = format!("k{}", rng.gen_range(0..KEYS));
-        let mode = ["lease", "auto", "index", "lease"][n % 4].to_string();
+        let mode = modes[n % modes.len()].to_string();
         (
             s.target(slot),
             Call::Get {

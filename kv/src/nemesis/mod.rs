@@ -57,6 +57,17 @@ pub struct NemesisArgs {
     /// for example 0.05) and cuts the leader off (stale reads expected).
     #[arg(long)]
     pub clock_rate: Option<f64>,
+    /// EXPERIMENTAL: the nodes run follower read leases of at most this many ms (`G`; the
+    /// nodes' heartbeat is 100 ms and their election timeout 1000 ms, so 101 to 499), and the
+    /// readers also read with `read=local` at every node. Membership changes are not drawn then
+    /// (see `docs/follower.md`: a committed change can wait on a slow holder while raft-rs
+    /// refuses to campaign).
+    #[arg(long)]
+    pub follower_leases_ms: Option<u64>,
+    /// NEGATIVE CONTROL: with --follower-leases-ms, replicas apply up to raft's commit instead
+    /// of the exposed index (stale follower reads expected).
+    #[arg(long, requires = "follower_leases_ms")]
+    pub unsafe_apply_to_commit: bool,
     /// Succeed only if the run shows at least one stale read (for the controls in CI).
     #[arg(long)]
     pub expect_stale_reads: bool,
@@ -104,7 +115,15 @@ pub fn run(a: NemesisArgs) -> i32 {
     if a.groups > 1 {
         node_args.extend(["--groups".to_string(), a.groups.to_string()]);
     }
-    let procs = match procs::Procs::start(&dir, nodes, seed, a.unsafe_lease_based, node_args) {
+    if a.unsafe_apply_to_commit {
+        node_args.push("--unsafe-apply-to-commit".to_string());
+    }
+    let cluster = procs::ClusterFlags {
+        unsafe_lease_based: a.unsafe_lease_based,
+        follower_leases_ms: a.follower_leases_ms,
+        node_args,
+    };
+    let procs = match procs::Procs::start(&dir, nodes, seed, cluster) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");
@@ -154,6 +173,7 @@ fn run_with(
         targets: nem.targets.clone(),
         stop: Arc::new(AtomicBool::new(false)),
         think: Duration::from_millis(if a.quick { 5 } else { 20 }),
+        local_reads: a.follower_leases_ms.is_some(),
     };
     let clients = start_clients(&shared, nodes, seed);
     let progress = progress(&shared, nem.clone());
@@ -174,10 +194,14 @@ fn run_with(
     for (on, flag) in [
         (a.quick, " --quick"),
         (a.unsafe_lease_based, " --unsafe-lease-based"),
+        (a.unsafe_apply_to_commit, " --unsafe-apply-to-commit"),
     ] {
         if on {
             rerun.push_str(flag);
         }
+    }
+    if let Some(g) = a.follower_leases_ms {
+        rerun.push_str(&format!(" --follower-leases-ms {g}"));
     }
     if let Some(r) = a.clock_rate {
         rerun.push_str(&format!(" --clock-rate {r}"));
@@ -193,6 +217,8 @@ fn run_with(
         node_exits: &node_exits,
         unsafe_lease_based: a.unsafe_lease_based,
         clock_rate: a.clock_rate,
+        follower_leases_ms: a.follower_leases_ms,
+        unsafe_apply_to_commit: a.unsafe_apply_to_commit,
     };
     let r = report::json(&info, &verdict, &ops, &nem.timeline.lock());
     report::print(&r);
@@ -285,7 +311,8 @@ fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>
         election_ms: ELECTION_MS,
         rho: RHO,
         control_rate: a.clock_rate,
-        membership: true,
+        // Follower read leases have a liveness hole with membership changes (docs/follower.md).
+        membership: a.follower_leases_ms.is_none(),
     };
     let steps = schedule::schedule(seed, 100_000, &params);
     let t0 = Instant::now();

@@ -30,6 +30,16 @@ pub enum NoAnswer {
     Lost(String),
 }
 
+/// What `kv cluster` passes to every node of a run.
+pub struct ClusterFlags {
+    /// raft-rs `LeaseBased` reads (the control).
+    pub unsafe_lease_based: bool,
+    /// Follower read leases of at most this many ms.
+    pub follower_leases_ms: Option<u64>,
+    /// More node flags.
+    pub node_args: Vec<String>,
+}
+
 /// The running nodes.
 pub struct Procs {
     plan: Plan,
@@ -67,14 +77,12 @@ fn reserve_base(seed: u64) -> Result<(u16, Vec<File>), String> {
 }
 
 impl Procs {
-    /// Set up `dir` and start founders `1..=nodes`; `unsafe_lease_based` and `node_args` go to
-    /// every node.
+    /// Set up `dir` and start founders `1..=nodes`; `flags` go to every node.
     pub fn start(
         dir: &Path,
         nodes: u64,
         seed: u64,
-        unsafe_lease_based: bool,
-        node_args: Vec<String>,
+        flags: ClusterFlags,
     ) -> Result<Procs, String> {
         let (base_port, ports) = reserve_base(seed)?;
         let layout = Layout {
@@ -89,9 +97,10 @@ impl Procs {
             groups: None,
             peer_delay_ms: 0,
             fault_injection: true,
-            unsafe_lease_based,
+            unsafe_lease_based: flags.unsafe_lease_based,
+            follower_leases_ms: flags.follower_leases_ms,
             insecure_peers: false,
-            node_args,
+            node_args: flags.node_args,
         };
         let plan = Plan::new(&args, dir, layout)?;
         let token = std::fs::read_to_string(dir.join("admin.token")).map_err(|e| e.to_string())?;

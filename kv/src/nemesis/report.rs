@@ -89,6 +89,30 @@ pub struct RunInfo<'a> {
     pub unsafe_lease_based: bool,
     /// The control clock rate, if any.
     pub clock_rate: Option<f64>,
+    /// `G` of follower read leases, if on.
+    pub follower_leases_ms: Option<u64>,
+    /// Whether the nodes ran the follower-read control (apply up to commit).
+    pub unsafe_apply_to_commit: bool,
+}
+
+/// `read=local` reads asked for, and of those: served here by a follower, served here by the
+/// leader, refused (503 `no_read_lease`).
+fn local_reads(ops: &[Op]) -> Value {
+    let local = ops
+        .iter()
+        .filter(|o| matches!(&o.call, Call::Get { mode, .. } if mode == "local"));
+    let (mut asked, mut follower, mut leader, mut refused) = (0, 0, 0, 0);
+    for o in local {
+        asked += 1;
+        match o.ret() {
+            Some(Ret::Read { served, .. }) if served == "follower_lease" => follower += 1,
+            Some(Ret::Read { .. }) => leader += 1,
+            Some(Ret::Failed { why }) if why.contains("no_read_lease") => refused += 1,
+            _ => {}
+        }
+    }
+    json!({"asked": asked, "served_by_follower": follower, "served_by_leader": leader,
+           "refused_no_read_lease": refused})
 }
 
 /// The JSON report.
@@ -113,6 +137,9 @@ pub fn json(info: &RunInfo, v: &Verdict, ops: &[Op], timeline: &[Event]) -> Valu
         "duration_s": info.duration_s,
         "unsafe_lease_based": info.unsafe_lease_based,
         "clock_rate_control": info.clock_rate,
+        "follower_leases_ms": info.follower_leases_ms,
+        "unsafe_apply_to_commit": info.unsafe_apply_to_commit,
+        "local_reads": local_reads(ops),
         "stale_reads": v.stale_reads.len(),
         "lost_writes": v.lost_writes.len(),
         "lease_violations": v.lease_violations.len(),
@@ -127,6 +154,7 @@ pub fn json(info: &RunInfo, v: &Verdict, ops: &[Op], timeline: &[Event]) -> Valu
         "operations_unknown": unknown,
         "reads_checked": v.reads_checked,
         "lease_reads_checked": v.lease_reads_checked,
+        "follower_reads_checked": v.follower_reads_checked,
         "writes_acked": v.writes_acked,
         "writes_unknown": v.writes_unknown,
         "lock_ops_checked": v.lock_ops_checked,
@@ -156,13 +184,17 @@ pub fn print(r: &Value) {
         r["operations"], r["operations_unknown"], r["operations_by_kind"]
     );
     println!(
-        "checked: {} reads ({} lease), {} acknowledged writes ({} unknown), {} lock/fence ops",
+        "checked: {} reads ({} lease, {} follower_lease), {} acknowledged writes ({} unknown), {} lock/fence ops",
         r["reads_checked"],
         r["lease_reads_checked"],
+        r["follower_reads_checked"],
         r["writes_acked"],
         r["writes_unknown"],
         r["lock_ops_checked"]
     );
+    if !r["follower_leases_ms"].is_null() {
+        println!("read=local: {}", r["local_reads"]);
+    }
     let again: Vec<String> = r["timeline"]
         .as_array()
         .into_iter()

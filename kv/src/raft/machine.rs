@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use raft::eraftpb::Entry;
+use raft_lease::follower::Keys;
 use raft_lease::LeaseNode;
 
 use crate::base::clock::ScaledClock;
@@ -42,6 +44,12 @@ pub trait StateMachine: Sized + Send + Sync + 'static {
     /// On the leader, once per tick with no housekeeping entry in flight: an entry to propose
     /// (the state may note what it proposed, such as a checkpoint in flight).
     fn housekeeping(&mut self, at: &Leading) -> Option<Vec<u8>>;
+    /// The keys an entry writes, for follower read leases: a pure function of the entry, the
+    /// same on every replica ([`Keys::All`] for what it cannot tell). The default says every
+    /// entry with data writes every key.
+    fn entry_keys(entry: &Entry) -> Keys {
+        Keys::unknown(entry)
+    }
 }
 
 /// The leader's term and clock, for [`StateMachine::prepare`] and housekeeping.

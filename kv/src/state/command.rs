@@ -4,6 +4,8 @@
 //! a 1 MiB value is not inflated by JSON. Session times are the proposing leader's clock readings
 //! (`now_ns`); a new leader first proposes `Takeover`, which re-bases every session on its clock.
 
+use raft::eraftpb::{Entry, EntryType};
+use raft_lease::follower::Keys;
 use serde::{Deserialize, Serialize};
 
 /// A change to the state, as proposed through raft.
@@ -235,6 +237,35 @@ pub fn check_names(cmd: &Command) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
+/// The keys a raft entry writes, for follower read leases (`LeaseNode::set_entry_keys`): a put
+/// or a delete writes its key; an empty normal entry (a new leader's) writes none; everything
+/// else (sessions, locks, housekeeping, membership changes, data that does not decode) may
+/// write any key. A pure function of the entry, the same on every replica.
+pub fn entry_keys(entry: &Entry) -> Keys {
+    if entry.get_entry_type() != EntryType::EntryNormal {
+        return Keys::All;
+    }
+    if entry.data.is_empty() {
+        return Keys::Some(Vec::new());
+    }
+    let Ok((header, _)) = decode_raw(&entry.data) else {
+        return Keys::All;
+    };
+    match serde_json::from_slice::<KeyOf>(header) {
+        Ok(KeyOf::Put { key } | KeyOf::Delete { key }) => Keys::Some(vec![key.into_bytes()]),
+        _ => Keys::All,
+    }
+}
+
+/// The key of a put or delete header, read without its other fields (a put's value is not in
+/// the header, so this costs one small parse per entry).
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum KeyOf {
+    Put { key: String },
+    Delete { key: String },
+}
+
 /// `[u32 header length][header][rest]`.
 pub fn encode_raw(header: &[u8], rest: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + header.len() + rest.len());
@@ -272,5 +303,43 @@ mod tests {
         assert_eq!(decode(&data).unwrap(), (cmd, &b"\x00\xffvalue"[..]));
         assert!(decode(b"\x00\x00\x00\x09{}").is_err());
         assert!(decode(b"\x00").is_err());
+    }
+
+    fn entry(data: Vec<u8>) -> Entry {
+        Entry {
+            data: data.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_entry_writes_the_key_of_its_put_or_delete_and_anything_else_writes_every_key() {
+        let put = Command::Put {
+            key: "k1".into(),
+            session: Some(3),
+            fence: Some(("L".into(), 2)),
+            now_ns: 7,
+        };
+        let keys = |c: &Command| entry_keys(&entry(encode(c, b"value")));
+        assert_eq!(keys(&put), Keys::Some(vec![b"k1".to_vec()]));
+        let delete = Command::Delete { key: "k2".into() };
+        assert_eq!(keys(&delete), Keys::Some(vec![b"k2".to_vec()]));
+        let revoke = Command::SessionRevoke { id: 3 };
+        assert_eq!(keys(&revoke), Keys::All, "a session's end deletes its keys");
+        let expire = Command::Expire {
+            term: 2,
+            now_ns: 1,
+            ids: vec![3],
+        };
+        assert_eq!(keys(&expire), Keys::All);
+        assert_eq!(entry_keys(&entry(Vec::new())), Keys::Some(Vec::new()));
+        assert_eq!(entry_keys(&entry(b"\x00\x00".to_vec())), Keys::All);
+        assert_eq!(
+            entry_keys(&entry(b"\x00\x00\x00\x02{}".to_vec())),
+            Keys::All
+        );
+        let mut conf = entry(encode(&put, b""));
+        conf.set_entry_type(EntryType::EntryConfChangeV2);
+        assert_eq!(entry_keys(&conf), Keys::All);
     }
 }

@@ -100,4 +100,8 @@ impl StateMachine for KvState {
         };
         Some(encode(&cmd, &[]))
     }
+
+    fn entry_keys(entry: &raft::eraftpb::Entry) -> raft_lease::follower::Keys {
+        crate::state::command::entry_keys(entry)
+    }
 }

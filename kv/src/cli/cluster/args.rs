@@ -33,6 +33,10 @@ pub struct ClusterArgs {
     /// Passed to every node (UNSAFE, demonstrations only).
     #[arg(long)]
     pub unsafe_lease_based: bool,
+    /// Passed to every node: EXPERIMENTAL follower read leases of at most this many ms (off by
+    /// default; see `kv node --help`).
+    #[arg(long)]
+    pub follower_leases_ms: Option<u64>,
     /// Passed to every node: plaintext, unauthenticated peers (UNSAFE, local experiments only).
     #[arg(long)]
     pub insecure_peers: bool,

@@ -100,6 +100,9 @@ impl Plan {
         if let Some(n) = args.groups {
             common.extend(["--groups".into(), n.to_string()]);
         }
+        if let Some(g) = args.follower_leases_ms {
+            common.extend(["--follower-leases-ms".into(), g.to_string()]);
+        }
         let flags = [
             (args.fault_injection, "--fault-injection"),
             (args.unsafe_lease_based, "--unsafe-lease-based"),
