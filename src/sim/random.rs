@@ -296,7 +296,7 @@ impl Nemesis {
             }
             9 => self.delay(sim, &ids),
             10 if self.follower_leases => self.slow_appends(sim),
-            11 if self.follower_leases => self.split_leader_minority(sim),
+            11 | 13 if self.follower_leases => self.split_leader_minority(sim),
             10 | 11 => self.membership(sim),
             12 | 13 => self.flaky_leader(sim),
             _ => {
@@ -350,7 +350,14 @@ impl Nemesis {
         let Some(leader) = sim.leader().filter(|&l| l != to) else {
             return String::new();
         };
+        let mut slowed = String::new();
+        if self.follower_leases && self.rng.gen_bool(0.5) {
+            slowed = self.slow_holder_before_transfer(sim, leader, to);
+        }
         sim.transfer_leader(leader, to);
+        if !slowed.is_empty() {
+            return format!("transfer {leader}->{to} with {slowed}");
+        }
         if self.rng.gen_bool(0.3) {
             let (p, e) = (self.promise_ms, self.election_ms);
             return format!(
@@ -359,6 +366,34 @@ impl Nemesis {
             );
         }
         format!("transfer {leader}->{to}")
+    }
+
+    /// Before a transfer from `leader` to `to`, the link from `to` to another follower becomes
+    /// slow (every message, by up to `P`): that follower holds a read lease the transfer must
+    /// wait out, and hears of the new leader's writes, and of its exposed index, late.
+    fn slow_holder_before_transfer(
+        &mut self,
+        sim: &mut SimCluster,
+        leader: u64,
+        to: u64,
+    ) -> String {
+        let others: Vec<u64> = sim
+            .ids()
+            .into_iter()
+            .filter(|&i| i != leader && i != to)
+            .collect();
+        if others.is_empty() {
+            return String::new();
+        }
+        let slow = self.pick(&others);
+        let extra_ms = self.rng.gen_range(1..=self.promise_ms.max(1));
+        sim.net_mut().delay(DelayRule {
+            from: Some(to),
+            to: Some(slow),
+            msg_type: None,
+            extra_ns: extra_ms * 1_000_000,
+        });
+        format!("link {to}->{slow} +{extra_ms}ms")
     }
 
     /// An extra delay, up to twice `P`, on one link, one message type, or one type on one link.
@@ -414,30 +449,37 @@ impl Nemesis {
         let followers: Vec<u64> = sim.ids().into_iter().filter(|&i| i != leader).collect();
         let slow = self.pick(&followers);
         let extra_ms = self.rng.gen_range(1..=self.promise_ms.max(1));
-        sim.net_mut().delay(DelayRule {
-            from: None,
-            to: Some(slow),
-            msg_type: Some(MessageType::MsgAppend),
-            extra_ns: extra_ms * 1_000_000,
-        });
+        slow_appends_to(sim, slow, extra_ms);
         format!("slow appends to {slow} +{extra_ms}ms")
     }
 
-    /// The leader and fewer than half the other nodes on one side, the rest on the other: the
-    /// leader's side keeps talking (its followers keep acknowledging it) while the other side
-    /// elects a leader of its own.
+    /// The leader and fewer than half the other nodes on one side (one at least, when there are
+    /// three others or more), the rest on the other, as an undisturbed episode: the leader's side
+    /// keeps talking (its followers keep acknowledging it, and it keeps granting them read leases
+    /// while its own lease runs out) while the other side elects a leader of its own. Appends to
+    /// the followers on the leader's side are slow (`P` to `2P`), so that what the old leader
+    /// takes after the split reaches them late.
     fn split_leader_minority(&mut self, sim: &mut SimCluster) -> String {
         let Some(leader) = sim.leader() else {
             return String::new();
         };
         let mut rest: Vec<u64> = sim.ids().into_iter().filter(|&i| i != leader).collect();
-        let with_leader = self.rng.gen_range(0..=(rest.len().saturating_sub(1)) / 2);
+        let most = rest.len().saturating_sub(1) / 2;
+        let with_leader = self.rng.gen_range(most.min(1)..=most);
         let mut side = vec![leader];
         for _ in 0..with_leader {
             side.push(rest.remove(self.rng.gen_range(0..rest.len())));
         }
+        let slow_ms = self
+            .rng
+            .gen_range(self.promise_ms.max(1)..=2 * self.promise_ms.max(1));
+        for &f in &side[1..] {
+            slow_appends_to(sim, f, slow_ms);
+        }
         sim.partition(&side, &rest);
-        format!("split {side:?} | {rest:?}")
+        self.episode_until_ms = self.after(sim, 2 * self.election_ms, 3 * self.election_ms);
+        self.episode_without_writes = false;
+        format!("split {side:?} | {rest:?}, appends to the leader's side +{slow_ms}ms")
     }
 
     /// A flaky leader, as an undisturbed episode: the heartbeat responses of just enough
@@ -571,6 +613,16 @@ impl Nemesis {
             }
         }
     }
+}
+
+/// Appends to `node` take `extra_ms` longer, whoever sends them.
+fn slow_appends_to(sim: &mut SimCluster, node: u64, extra_ms: u64) {
+    sim.net_mut().delay(DelayRule {
+        from: None,
+        to: Some(node),
+        msg_type: Some(MessageType::MsgAppend),
+        extra_ns: extra_ms * 1_000_000,
+    });
 }
 
 /// Run one seed: the safety phase, then the liveness phase.
