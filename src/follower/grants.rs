@@ -376,6 +376,21 @@ mod tests {
     }
 
     #[test]
+    fn control_a_lagging_holder_is_granted_and_holds_the_exposed_index_where_it_is() {
+        let mut t = GrantTable::new(G, 0, 0).control_grant_lagging();
+        t.expose(9, true, 0);
+        assert!(
+            t.grant(req(2, 1, 8), 3, Some(G)).is_ok(),
+            "the bug: 8 < E 9"
+        );
+        assert_eq!(
+            t.expose(12, true, 2),
+            9,
+            "E never goes down, nor past the holder"
+        );
+    }
+
+    #[test]
     fn control_exposing_the_commit_index_passes_a_live_holder() {
         let mut t = GrantTable::new(G, 0, 0).control_expose_commit();
         t.grant(req(2, 0, 5), 3, Some(G)).unwrap();

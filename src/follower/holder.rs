@@ -271,6 +271,16 @@ mod tests {
     }
 
     #[test]
+    fn control_one_tag_for_every_acknowledgement_counts_from_the_latest() {
+        let mut h = ReadLease::new(1, 0, 0).control_reuse_tags();
+        let first = h.tag(5, 100);
+        let second = h.tag(5, 300);
+        assert_eq!(first, second, "the bug: the counter never moves");
+        assert!(h.on_grant(&grant(first, 1_010), 5, 400));
+        assert_eq!(h.until_ns(), 300 + 988, "counted from the second send time");
+    }
+
+    #[test]
     fn old_tags_are_forgotten_and_then_grant_nothing() {
         let mut h = ReadLease::new(1, 0, 0);
         let first = h.tag(5, 0);
