@@ -174,9 +174,16 @@ fn faults(c: &Ctx<'_>, what: &str, body: Value) -> Result<Reply, Reply> {
                 .and_then(Value::as_u64)
                 .filter(|&ms| ms <= 60_000)
                 .ok_or_else(|| error(400, "bad_json", "expected {\"ms\": N}, N at most 60000"))?;
-            app.peer_delay_ms
-                .store(ms, std::sync::atomic::Ordering::Relaxed);
-            reply(200, json!({"peer_delay_ms": ms}))
+            let (delay, name) = match body.get("direction").and_then(Value::as_str) {
+                None | Some("out") => (&app.peer_delay_ms, "peer_delay_ms"),
+                Some("in") => (&app.peer_delay_in_ms, "peer_delay_in_ms"),
+                Some(d) => {
+                    let detail = format!("direction {d:?}: use out (the default) or in");
+                    return Err(error(400, "bad_json", detail));
+                }
+            };
+            delay.store(ms, std::sync::atomic::Ordering::Relaxed);
+            reply(200, json!({ name: ms }))
         }
         _ => {
             let rate = body

@@ -30,6 +30,8 @@ pub struct App {
     /// The stalled-disk fault (fault injection sets it).
     pub disk_stall: Arc<crate::base::disk_stall::DiskStall>,
     /// The transport's extra one-way delay, in ms (fault injection changes it).
+    /// The extra delay on incoming peer messages (fault injection).
+    pub peer_delay_in_ms: Arc<std::sync::atomic::AtomicU64>,
     pub peer_delay_ms: Arc<std::sync::atomic::AtomicU64>,
     /// When each peer was last heard from (the peer listener records it).
     pub heard: Arc<Heard>,

@@ -277,6 +277,18 @@ impl Nemesis {
                     format!("transfer answered {:?}", r.map(|r| r.0)),
                 )
             }
+            Fault::SlowFollower { ms, delay_ms } => {
+                let id = self.resolve(Who::Follower(delay_ms as usize), l);
+                let t0 = Instant::now();
+                while t0.elapsed() < Duration::from_millis(ms) {
+                    let slow = json!({"ms": delay_ms, "direction": "in"});
+                    self.admin(id, "/admin/delay", slow);
+                    sleep_ms(3 * delay_ms);
+                    self.admin(id, "/admin/delay", json!({"ms": 0, "direction": "in"}));
+                    sleep_ms(200);
+                }
+                (vec![id], done)
+            }
             Fault::RemoveAddBack { who } => self.remove_add_back(self.resolve(who, l), l),
             Fault::Replace { who } => self.replace(self.resolve(who, l), l),
             Fault::Lagging {
@@ -495,6 +507,7 @@ impl Nemesis {
         for id in self.members() {
             self.admin(id, "/admin/heal", Value::Null);
             self.admin(id, "/admin/clock", json!({"rate": 1.0}));
+            self.admin(id, "/admin/delay", json!({"ms": 0, "direction": "in"}));
         }
         exited
     }

@@ -78,12 +78,7 @@ fn reserve_base(seed: u64) -> Result<(u16, Vec<File>), String> {
 
 impl Procs {
     /// Set up `dir` and start founders `1..=nodes`; `flags` go to every node.
-    pub fn start(
-        dir: &Path,
-        nodes: u64,
-        seed: u64,
-        flags: ClusterFlags,
-    ) -> Result<Procs, String> {
+    pub fn start(dir: &Path, nodes: u64, seed: u64, flags: ClusterFlags) -> Result<Procs, String> {
         let (base_port, ports) = reserve_base(seed)?;
         let layout = Layout {
             nodes: MAX_IDS,

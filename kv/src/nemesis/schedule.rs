@@ -51,6 +51,11 @@ pub enum Fault {
     Lagging { behind_ms: u64, restarts: u32 },
     /// The node's raft log syncs held for `ms` (a disk that stops answering).
     StallDisk { who: Who, ms: u64 },
+    /// For `ms`, every peer message into one follower delayed by `delay_ms`, on and off (one
+    /// flapping slow link): each time the delay starts, a holder of a follower read lease still
+    /// holds it while the leader's next writes reach it late. Drawn only with follower read
+    /// leases.
+    SlowFollower { ms: u64, delay_ms: u64 },
 }
 
 impl Fault {
@@ -69,6 +74,7 @@ impl Fault {
             Fault::Replace { .. } => "replace",
             Fault::Lagging { .. } => "lagging_snapshot",
             Fault::StallDisk { .. } => "stall_disk",
+            Fault::SlowFollower { .. } => "slow_follower",
         }
     }
 
@@ -110,6 +116,8 @@ pub struct Params {
     pub control_rate: Option<f64>,
     /// Whether membership changes are drawn.
     pub membership: bool,
+    /// Whether slow followers are drawn (with follower read leases).
+    pub slow_follower: bool,
 }
 
 fn draw(kind: usize, rng: &mut ChaCha8Rng, p: &Params) -> Fault {
@@ -166,15 +174,23 @@ fn draw(kind: usize, rng: &mut ChaCha8Rng, p: &Params) -> Fault {
             who: who(rng),
             ms: hold(rng),
         },
-        _ => Fault::Lagging {
+        11 => Fault::Lagging {
             behind_ms: rng.gen_range(e * 2..=e * 4),
             restarts: rng.gen_range(1..=3),
+        },
+        _ => Fault::SlowFollower {
+            ms: hold(rng) * 2,
+            delay_ms: rng.gen_range(e / 20..=e / 10),
         },
     }
 }
 
 /// How many kinds there are.
-pub const KINDS: usize = 12;
+pub const KINDS: usize = 13;
+
+/// The slow follower's kind (drawn only with `Params::slow_follower`, so that other runs keep
+/// their schedules).
+const SLOW_FOLLOWER: usize = 12;
 
 /// The membership kinds (remove and add back, replace).
 const MEMBERSHIP: [usize; 2] = [8, 9];
@@ -186,6 +202,7 @@ pub fn schedule(seed: u64, count: usize, p: &Params) -> Vec<Step> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let allowed: Vec<usize> = (0..KINDS)
         .filter(|k| p.membership || !MEMBERSHIP.contains(k))
+        .filter(|&k| p.slow_follower || k != SLOW_FOLLOWER)
         .collect();
     let mut kinds = allowed.clone();
     kinds.shuffle(&mut rng);
@@ -218,18 +235,30 @@ mod tests {
             rho: 0.1,
             control_rate: None,
             membership: true,
+            slow_follower: false,
         };
         let a = schedule(7, 30, &p);
         assert_eq!(a, schedule(7, 30, &p));
         assert_ne!(a, schedule(8, 30, &p));
-        let mut kinds: Vec<&str> = a[..KINDS].iter().map(|s| s.fault.kind()).collect();
+        let mut kinds: Vec<&str> = a[..KINDS - 1].iter().map(|s| s.fault.kind()).collect();
         kinds.sort_unstable();
         kinds.dedup();
         assert_eq!(
             kinds.len(),
-            KINDS,
-            "the first {KINDS} faults are one of each kind"
+            KINDS - 1,
+            "the first faults are one of each kind but the slow follower"
         );
+        assert!(a.iter().all(|s| s.fault.kind() != "slow_follower"));
+        let slow = Params {
+            slow_follower: true,
+            membership: false,
+            ..p
+        };
+        let first: Vec<&str> = schedule(7, 30, &slow)[..KINDS - 2]
+            .iter()
+            .map(|s| s.fault.kind())
+            .collect();
+        assert!(first.contains(&"slow_follower"), "{first:?}");
         for s in &a {
             if let Fault::Clock { rate, .. } = s.fault {
                 assert!((rate - 1.0).abs() <= 0.1, "within rho: {rate}");

@@ -17,6 +17,7 @@
 //! messages being received or waiting for the raft thread in the peer byte budget.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -281,26 +282,52 @@ async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
     recv_loop(r, None, ctx, log).await
 }
 
+/// A batch read off a connection and held back by the incoming delay (fault injection).
+type HeldBatch = (tokio::time::Instant, NodeBatch, Ticket);
+
 async fn recv_loop<R: AsyncRead + Unpin>(
     mut r: BufReader<R>,
     cert_id: Option<u64>,
     ctx: &Ctx,
     log: &Logger,
 ) {
-    let mut warned = false;
-    loop {
-        let read = read_message(&mut r, ctx.cfg.max_message_bytes, &ctx.cfg.peer_budget);
-        let (batch, ticket) = match timeout(peer::IDLE_TIMEOUT, read).await {
-            Err(_) | Ok(Ok(None)) => return, // idle or closed
-            Ok(Err(e)) => {
-                ctx.cfg.metrics.bad_frames.inc();
-                warn!(log, "bad frame on a peer socket; closing it"; "error" => %e);
-                return;
+    // Batches held back by `/admin/delay {"direction": "in"}` go through `held`, in order; with
+    // no delay and nothing held, a batch is delivered at once.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<HeldBatch>();
+    let held = std::sync::atomic::AtomicUsize::new(0);
+    let holding = &held;
+    let read = async move {
+        let mut warned = false;
+        loop {
+            let read = read_message(&mut r, ctx.cfg.max_message_bytes, &ctx.cfg.peer_budget);
+            let (batch, ticket) = match timeout(peer::IDLE_TIMEOUT, read).await {
+                Err(_) | Ok(Ok(None)) => return, // idle or closed
+                Ok(Err(e)) => {
+                    ctx.cfg.metrics.bad_frames.inc();
+                    warn!(log, "bad frame on a peer socket; closing it"; "error" => %e);
+                    return;
+                }
+                Ok(Ok(Some(m))) => m,
+            };
+            let delay_ms = ctx.cfg.peer_delay_in_ms.load(Ordering::Relaxed);
+            if delay_ms == 0 && holding.load(Ordering::Acquire) == 0 {
+                deliver(batch, ticket, cert_id, ctx, log, &mut warned);
+                continue;
             }
-            Ok(Ok(Some(m))) => m,
-        };
-        deliver(batch, ticket, cert_id, ctx, log, &mut warned);
-    }
+            holding.fetch_add(1, Ordering::AcqRel);
+            let _ = tx.send((tokio::time::Instant::now(), batch, ticket));
+        }
+    };
+    let forward = async {
+        let mut warned = false;
+        while let Some((at, batch, ticket)) = rx.recv().await {
+            let delay_ms = ctx.cfg.peer_delay_in_ms.load(Ordering::Relaxed);
+            tokio::time::sleep_until(at + std::time::Duration::from_millis(delay_ms)).await;
+            deliver(batch, ticket, cert_id, ctx, log, &mut warned);
+            holding.fetch_sub(1, Ordering::AcqRel);
+        }
+    };
+    tokio::join!(read, forward);
 }
 
 /// Check `batch` and hand what passes to the raft thread with its bytes' ticket.
@@ -366,6 +393,7 @@ mod tests {
             .into(),
             members: Arc::default(),
             peer_delay_ms: Arc::default(),
+            peer_delay_in_ms: Arc::default(),
             blocked: Arc::default(),
             metrics: Arc::default(),
             logger: Logger::root(slog::Discard, slog::o!()),

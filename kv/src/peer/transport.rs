@@ -98,6 +98,9 @@ pub struct TransportConfig {
     /// Extra one-way delay on every outgoing message, in ms (a cross-zone network on one
     /// machine; `/admin/delay` changes it).
     pub peer_delay_ms: Arc<AtomicU64>,
+    /// Extra delay on every incoming peer message before the raft thread gets it, in ms (one
+    /// slow link into this node; `/admin/delay` with `"direction": "in"` changes it).
+    pub peer_delay_in_ms: Arc<AtomicU64>,
     /// Peers cut off by fault injection.
     pub blocked: Blocked,
     /// Counters.

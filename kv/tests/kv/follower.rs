@@ -26,7 +26,11 @@ fn served_locally(port: u16, key: &str, leader: u64) -> Value {
         if code == 200 {
             return v;
         }
-        assert_eq!((code, v["error"].as_str()), (503, Some("no_read_lease")), "{v}");
+        assert_eq!(
+            (code, v["error"].as_str()),
+            (503, Some("no_read_lease")),
+            "{v}"
+        );
         if let Some(hint) = v["leader_id"].as_u64() {
             assert_eq!(hint, leader, "{v}");
         }
@@ -102,7 +106,10 @@ fn a_follower_lease_outside_its_bounds_or_the_control_alone_is_refused_at_start(
             .args(extra)
             .output()
             .expect("run kv node");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     for g in ["200", "40"] {
         let (code, err) = node(&["--follower-leases-ms", g]);
@@ -113,5 +120,8 @@ fn a_follower_lease_outside_its_bounds_or_the_control_alone_is_refused_at_start(
     let (code, err) = node(&["--unsafe-apply-to-commit"]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--follower-leases-ms"), "{err}");
-    assert!(!data.exists(), "nothing is made before the options are checked");
+    assert!(
+        !data.exists(),
+        "nothing is made before the options are checked"
+    );
 }
