@@ -102,6 +102,7 @@ fn state_machines(c: &mut Criterion) {
         renew_before_ns: 320_000_000,
         campaign_jitter_ns: 500_000_000,
         max_grant_ns: None,
+        max_lag_ns: None,
     };
     let mut lease = LeaderLease::new(&derived);
     lease.start_term(1);

@@ -9,10 +9,10 @@
 //! - `RAFT_LEASE_LONG=1` runs 1,000 seeds with a 10 s safety phase.
 //!
 //! Half the seeds run with follower read leases (`G` drawn in its valid range), every follower
-//! read checked with the rest; for them, membership changes give way to slow appends and a split
-//! with the leader in a minority (a committed configuration change waits for the exposed index,
-//! and raft-rs refuses to campaign meanwhile: docs/follower.md, "A liveness hole"). A
-//! follower-lease control runs every seed with them on.
+//! read checked with the rest; for them, half the membership changes give way to slow appends to
+//! one follower, and a split with the leader in a minority is drawn too (the faults that put a
+//! holder behind). A membership change is then refused while read leases live, as the node
+//! does. A follower-lease control runs every seed with them on.
 //!
 //! A control runs the CI seeds until one catches it, and prints that seed. The removed-leader
 //! control reinstates raft-rs 0.7's own handling of a leader's removal, under which raft-rs itself

@@ -53,7 +53,10 @@ impl LagPolicy {
             let until_ns = now_ns.saturating_add(self.hold_ns);
             self.excluded_until_ns.insert(voter, until_ns);
         }
-        let held = self.excluded_until_ns.get(&voter).is_some_and(|&t| now_ns < t);
+        let held = self
+            .excluded_until_ns
+            .get(&voter)
+            .is_some_and(|&t| now_ns < t);
         debug_assert!(held || !behind_long);
         held
     }

@@ -40,6 +40,14 @@ pub(crate) struct Exposure {
     entry_keys: fn(&Entry) -> Keys,
     /// The lagging-node policy, if set: no grant to a voter long behind the commit index.
     lag: Option<LagPolicy>,
+    /// raft's commit index when this node started: entries up to it are applied at once, `E` or
+    /// not. They were committed before the restart (an earlier run may have shown some), and a
+    /// committed membership change left unapplied would keep raft-rs from campaigning, with
+    /// only a leader able to raise `E`. Nothing above `E` is shown: no read lease is served
+    /// while applied is above the `E` this node knows.
+    replay_to: u64,
+    /// `G`.
+    max_grant_ns: u64,
     /// Negative control (tests only): membership changes are proposed and committed while read
     /// leases live.
     conf_with_grants: bool,
@@ -53,7 +61,13 @@ impl Exposure {
     /// (raft's `Config::applied`: the application's own persisted index, never raft's commit).
     /// Entries `applied + 1 ..= last_index` are already in the log: their keys are not read, so
     /// they block every follower read until applied.
-    pub(crate) fn new(derived: &Derived, boot_ns: u64, applied: u64, last_index: u64) -> Self {
+    /// `commit`: raft's commit index at start.
+    pub(crate) fn new(
+        derived: &Derived,
+        boot_ns: u64,
+        applied: u64,
+        (commit, last_index): (u64, u64),
+    ) -> Self {
         let max_grant_ns = derived.max_grant_ns.expect("follower leases on");
         Exposure {
             table: GrantTable::new(max_grant_ns, derived.drift_ppm, derived.margin_ns),
@@ -66,15 +80,19 @@ impl Exposure {
             entry_keys: Keys::unknown,
             lag: (derived.max_lag_ns).map(|lag_ns| LagPolicy::new(lag_ns, max_grant_ns)),
             grants_paused_until_ns: 0,
+            replay_to: commit,
+            max_grant_ns,
             conf_with_grants: false,
         }
     }
 
     /// A membership change waits for the read leases at `now_ns`: pause granting until every
-    /// grant has ended, and return that instant.
+    /// grant has ended and for `G` after (the window in which the change, proposed again, finds
+    /// none), and return the instant the last grant ends.
     fn pause_grants_for_conf_change(&mut self, now_ns: u64) -> u64 {
         let end_ns = self.table.last_end_ns().max(now_ns);
-        self.grants_paused_until_ns = self.grants_paused_until_ns.max(end_ns);
+        let until_ns = end_ns.saturating_add(self.max_grant_ns);
+        self.grants_paused_until_ns = self.grants_paused_until_ns.max(until_ns);
         end_ns
     }
 
@@ -269,7 +287,7 @@ impl Exposure {
             );
         }
         self.held.extend(entries);
-        let exposed = self.exposed();
+        let exposed = self.exposed().max(self.replay_to);
         let n = self.held.iter().take_while(|e| e.index <= exposed).count();
         let out: Vec<Entry> = self.held.drain(..n).collect();
         if let Some(last) = out.last() {
@@ -337,6 +355,13 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// is handed committed entries up to it only.
     pub fn exposed(&self) -> Option<u64> {
         self.exposure.as_ref().map(Exposure::exposed)
+    }
+
+    /// The last index this node may hand the application: the `E` it knows, or raft's commit
+    /// index when it started if that is higher (a replay of what was committed before the
+    /// restart; no read lease is served until `E` covers it). `None`: follower leases are off.
+    pub fn apply_limit(&self) -> Option<u64> {
+        self.exposure.as_ref().map(|x| x.exposed().max(x.replay_to))
     }
 
     /// As the leader, recompute `E` from raft's commit index.
@@ -662,7 +687,7 @@ mod tests {
 
     #[test]
     fn entries_past_the_exposed_index_wait_for_it() {
-        let mut x = Exposure::new(&derived(), 1, 2, 2);
+        let mut x = Exposure::new(&derived(), 1, 2, (2, 2));
         assert!(x.release(entries(3..=5)).is_empty(), "E is 0: nothing");
         x.on_note(
             &LeaderNote {
@@ -690,7 +715,7 @@ mod tests {
 
     #[test]
     fn a_leader_exposes_only_once_its_term_has_a_committed_entry() {
-        let mut x = Exposure::new(&derived(), 1, 0, 0);
+        let mut x = Exposure::new(&derived(), 1, 0, (0, 0));
         x.expose(7, false, 0);
         assert_eq!(x.exposed(), 0);
         x.expose(7, true, 0);
@@ -699,7 +724,7 @@ mod tests {
 
     #[test]
     fn a_snapshot_drops_what_it_covers_and_never_raises_the_exposed_index() {
-        let mut x = Exposure::new(&derived(), 1, 0, 0);
+        let mut x = Exposure::new(&derived(), 1, 0, (0, 0));
         assert!(x.release(entries(1..=4)).is_empty());
         x.on_snapshot(3);
         assert_eq!((x.applied(), x.exposed()), (3, 0));
@@ -716,7 +741,7 @@ mod tests {
 
     #[test]
     fn every_timeout_now_waits_for_the_grants_and_only_the_current_transferee_gets_one() {
-        let mut x = Exposure::new(&derived(), 1, 0, 0);
+        let mut x = Exposure::new(&derived(), 1, 0, (0, 0));
         let tag = crate::follower::AckTag {
             term: 2,
             boot: 9,
@@ -758,7 +783,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "out of order")]
     fn a_gap_in_committed_entries_is_a_bug() {
-        let mut x = Exposure::new(&derived(), 1, 0, 0);
+        let mut x = Exposure::new(&derived(), 1, 0, (0, 0));
         x.release(entries(1..=2));
         x.release(entries(4..=4));
     }

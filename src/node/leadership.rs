@@ -33,7 +33,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                 .div_ceil(1_000_000);
             return Err(raft::Error::ConfChangeError(format!(
                 "follower read leases are live for {wait_ms} ms more; granting has stopped: \
-                 propose the change again then"
+                 propose the change again after that (within G)"
             )));
         }
         let r = self.raw.propose_conf_change(context, cc);

@@ -305,7 +305,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         };
         let jitter_seed = config.seed ^ rc.id.rotate_left(32) ^ boot_ns;
         let seen = (raw.raft.state, raw.raft.term);
-        let last_index = raw.raft.raft_log.last_index();
+        let (commit, last_index) = (raw.raft.raft_log.committed, raw.raft.raft_log.last_index());
         let mut node = LeaseNode {
             raw,
             clock,
@@ -331,7 +331,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             ticks_since_round: 0,
             raw_read_states: Vec::new(),
             exposure: derived.max_grant_ns.map(|_| {
-                let x = exposure::Exposure::new(&derived, boot_ns, rc.applied, last_index);
+                let x =
+                    exposure::Exposure::new(&derived, boot_ns, rc.applied, (commit, last_index));
                 x.with_controls(&safeties.testing)
             }),
         };

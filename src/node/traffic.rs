@@ -33,10 +33,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                 return Ok(());
             }
             MessageType::MsgHeartbeatResponse => self.on_heartbeat_response(&mut m),
-            MessageType::MsgPropose if self.is_leader() && proposes_conf_change(&m) => {
-                if self.conf_change_waits().is_err() {
-                    return Err(raft::Error::ProposalDropped); // forwarded: dropped, as raft would
-                }
+            MessageType::MsgPropose
+                if self.is_leader()
+                    && proposes_conf_change(&m)
+                    && self.conf_change_waits().is_err() =>
+            {
+                return Err(raft::Error::ProposalDropped); // forwarded: dropped, as raft would
             }
             _ => {}
         }

@@ -163,7 +163,7 @@ impl ReadyIo<SimStorage, SimClock> for SimIo<'_> {
     /// FOLLOWER.md's rule 1 (it would show a write no holder may have yet): recorded in the
     /// history, and the run goes on, so that what it leads to is checked too.
     fn apply(&mut self, node: &mut SimLeaseNode, entries: Vec<Entry>) -> raft::Result<()> {
-        let exposed = node.exposed().unwrap_or(u64::MAX);
+        let exposed = node.apply_limit().unwrap_or(u64::MAX);
         if let Some(e) = entries.iter().find(|e| e.index > exposed) {
             let at_ns = self.now_ns;
             self.history

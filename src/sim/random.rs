@@ -221,8 +221,8 @@ struct Nemesis {
     episode_until_ms: u64,
     /// Clients do not write during the episode (a node leaving takes no new work).
     episode_without_writes: bool,
-    /// Follower read leases are on: membership changes give way to slow appends (see
-    /// [`Nemesis::slow_appends`]).
+    /// Follower read leases are on: half the membership changes give way to slow appends (see
+    /// [`Nemesis::slow_appends`]), and a split with the leader in a minority is drawn too.
     follower_leases: bool,
 }
 
@@ -295,7 +295,7 @@ impl Nemesis {
                 format!("drift {node} {ppm}ppm")
             }
             9 => self.delay(sim, &ids),
-            10 if self.follower_leases => self.slow_appends(sim),
+            10 if self.follower_leases && self.rng.gen_bool(0.5) => self.slow_appends(sim),
             11 | 13 if self.follower_leases => self.split_leader_minority(sim),
             10 | 11 => self.membership(sim),
             12 | 13 => self.flaky_leader(sim),

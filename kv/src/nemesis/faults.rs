@@ -310,13 +310,19 @@ impl Nemesis {
         }
     }
 
-    /// `POST /admin/members` through the leader (redirects followed once).
+    /// `POST /admin/members` through the leader (redirects followed once). With follower read
+    /// leases a change is refused while read leases live (granting stops meanwhile): asked
+    /// again, up to 10 times, 200 ms apart.
     fn change(&self, changes: Value) -> Result<Value, String> {
-        let l = self.leader(20).ok_or("no leader")?;
-        match self.admin(l, "/admin/members", json!({ "changes": changes })) {
-            Some((200, v)) => Ok(v),
-            other => Err(format!("membership change answered {other:?}")),
+        for _ in 0..10 {
+            let l = self.leader(20).ok_or("no leader")?;
+            match self.admin(l, "/admin/members", json!({ "changes": changes.clone() })) {
+                Some((200, v)) => return Ok(v),
+                Some((409, v)) if v.to_string().contains("read leases are live") => sleep_ms(200),
+                other => return Err(format!("membership change answered {other:?}")),
+            }
         }
+        Err("membership change refused 10 times: read leases stayed live".into())
     }
 
     /// Wait until the leader's configuration has `id` as a voter (`want`) or not.

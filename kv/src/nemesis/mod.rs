@@ -311,8 +311,7 @@ fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>
         election_ms: ELECTION_MS,
         rho: RHO,
         control_rate: a.clock_rate,
-        // Follower read leases have a liveness hole with membership changes (docs/follower.md).
-        membership: a.follower_leases_ms.is_none(),
+        membership: true,
         slow_follower: a.follower_leases_ms.is_some(),
     };
     let steps = schedule::schedule(seed, 100_000, &params);
