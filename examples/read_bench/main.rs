@@ -87,12 +87,14 @@ fn main() {
     warn_if_busy(load_before);
     if let Some(path) = &cli.json {
         let reads = cells.iter().chain(&scaled).map(Cell::json);
-        let json = serde_json::Value::Array(reads.chain(writes).collect());
+        let all: Vec<serde_json::Value> = reads.chain(writes).collect();
+        let count = all.len();
+        let json = serde_json::Value::Array(all);
         if let Err(e) = std::fs::write(path, serde_json::to_string_pretty(&json).expect("json")) {
             eprintln!("error: cannot write {}: {e}", path.display());
             std::process::exit(1);
         }
-        println!("wrote {} cells to {}", cells.len(), path.display());
+        println!("wrote {count} cells to {}", path.display());
     }
     if let Some(path) = &cli.svg {
         if let Err(e) = std::fs::write(path, svg::chart(&cells)) {

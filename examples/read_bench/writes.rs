@@ -89,15 +89,19 @@ fn write_loop(cluster: &Cluster, leader: usize, window: Duration, seq: &mut u64)
     s
 }
 
-/// Measure `clusters` in turns (four rounds of a quarter `window` each, after a warm-up), so
-/// that slow drifts of the machine fall on every one alike.
+/// Turns per write cell: a write cell measures `TURNS` times the read cells' window, so that
+/// its p99 rests on a few dozen samples even at 5 ms one-way.
+const TURNS: u32 = 12;
+
+/// Measure `clusters` in turns (`TURNS` rounds of `window` each, after a warm-up), so that slow
+/// drifts of the machine fall on every one alike.
 fn in_turns(clusters: &[(Cluster, usize)], window: Duration) -> Vec<Samples> {
     let mut seq = 0;
     let mut out: Vec<Samples> = clusters.iter().map(|_| Samples::default()).collect();
     for (c, l) in clusters {
         let _ = write_loop(c, *l, window / 5, &mut seq); // warm-up
     }
-    for _ in 0..4 {
+    for _ in 0..TURNS {
         for ((c, l), s) in clusters.iter().zip(out.iter_mut()) {
             s.merge(write_loop(c, *l, window / 4, &mut seq));
         }
