@@ -312,8 +312,8 @@ pub struct LeaseConfig {
     pub prior_promise_ms: u64,
     /// Read leases for followers: every voter serves linearizable reads locally while it holds
     /// one (see [`crate::follower`] and `docs/follower.md`). Off (`None`) by default.
-    /// Experimental: give-ups, keys per pending entry and the randomized simulation with it on
-    /// are not built yet; do not turn it on in production.
+    /// Experimental: a write waits for every live holder, and a transfer or a membership change
+    /// waits up to `G` for the read leases to end (holders do not give theirs up early yet).
     pub follower_leases: Option<FollowerLeases>,
 }
 
