@@ -478,9 +478,13 @@ impl<C: Clock> ReadHandle<C> {
         }
         let value = read_state();
         // Validate after the read: a pause before this point shows up as an expired lease.
+        // Against the lease the read began under, not only the one published now: a follower's
+        // read lease may lapse and be renewed in one epoch, and writes may be exposed without it
+        // in between, so a read that began under the lapsed one is not covered by the renewal.
         let now_ns = self.now_ns();
         let still_until_ns = p.lease_until_ns.load(Ordering::Acquire);
-        if epoch(p.stamp.load(Ordering::Acquire)) != epoch_before || now_ns >= still_until_ns {
+        let covered_until_ns = until_ns.min(still_until_ns);
+        if epoch(p.stamp.load(Ordering::Acquire)) != epoch_before || now_ns >= covered_until_ns {
             self.count(REFUSAL_UNIT);
             return Err(Attempt::NotHeld);
         }

@@ -266,11 +266,12 @@ impl GrantTable {
         self.holders.values().map(|h| h.until_ns).max().unwrap_or(0)
     }
 
-    /// The first instant (after `now_ns`) at which a grant to a holder whose matched index is
-    /// below `commit` ends: `E` may move then with no message (`None`: no holder holds it back).
+    /// The first instant (`now_ns` at the earliest) at which a grant to a holder whose matched
+    /// index is below `commit` ends: `E` may move then with no message (`None`: no holder holds
+    /// it back).
     pub fn next_unblock_ns(&self, commit: u64, now_ns: u64) -> Option<u64> {
         let blocking = self.holders.values().filter(|h| h.matched < commit);
-        blocking.map(|h| h.until_ns).filter(|&t| t > now_ns).min()
+        blocking.map(|h| h.until_ns.max(now_ns)).min() // one ended but not yet pruned: now
     }
 
     /// Whether `holder` may hold a read lease at `now_ns`.

@@ -56,6 +56,16 @@ impl PendingKeys {
     pub fn on_persisted(&mut self, index: u64, keys: Keys) {
         self.entries.split_off(&index);
         self.entries.insert(index, keys);
+        self.unknown_through = self.unknown_through.min(index.saturating_sub(1));
+        // overwritten from `index`
+    }
+
+    /// A snapshot up to `index` was installed: the log it replaced is gone, and what it covers
+    /// is applied.
+    pub fn on_snapshot(&mut self, index: u64) {
+        self.entries.clear();
+        self.unknown_through = self.unknown_through.min(index);
+        self.on_applied(index);
     }
 
     /// Entries up to `applied` were applied: no longer pending.
@@ -150,6 +160,28 @@ mod tests {
         p.on_applied(6);
         assert!(!p.touches(b"a") && !p.touches_any());
         assert_eq!(p.last_writing(), 0);
+    }
+
+    #[test]
+    fn an_overwritten_or_snapshotted_tail_stops_blocking_reads() {
+        let mut p = PendingKeys::at_start(3, 20);
+        p.on_persisted(6, Keys::Some(vec![b"x".to_vec()]));
+        assert_eq!(
+            p.last_writing(),
+            6,
+            "entries 6..=20 of the last run were overwritten"
+        );
+        assert!(p.touches(b"a"), "4 and 5 are still unknown");
+        p.on_applied(5);
+        assert!(!p.touches(b"a") && p.touches(b"x"));
+        p.on_snapshot(15);
+        assert!(
+            p.is_empty() && !p.touches_any(),
+            "the snapshot replaced the log"
+        );
+        let mut q = PendingKeys::at_start(0, 20);
+        q.on_snapshot(10);
+        assert_eq!(q.last_writing(), 0, "nothing above the snapshot is left");
     }
 
     #[test]

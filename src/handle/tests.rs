@@ -157,9 +157,11 @@ fn refused(start: Model, start_now_ns: u64, captured: Option<u64>) -> Option<Att
     None
 }
 
-/// The verdict on a read that saw `state`, validated at `now_ns` against the values `end`.
+/// The verdict on a read that saw `state`, validated at `now_ns` against the values `end`: the
+/// lease it began under and the one published at the end must both still hold.
 fn validated(start: Model, state: u64, end: Model, now_ns: u64) -> Result<u64, Attempt> {
-    match end.epoch == start.epoch && now_ns < end.lease_until_ns {
+    let until_ns = start.lease_until_ns.min(end.lease_until_ns);
+    match end.epoch == start.epoch && now_ns < until_ns {
         true => Ok(state),
         false => Err(Attempt::NotHeld),
     }
@@ -329,5 +331,28 @@ fn a_handle_is_24_bytes_and_a_slot_16() {
     assert!(
         !Arc::ptr_eq(&slots[0].chunk, &slots[CHUNK_SLOTS].chunk),
         "a full chunk is followed by a new one"
+    );
+}
+
+/// A follower's read lease that lapses and is renewed while a read runs, in one epoch: the read
+/// began under the lapsed lease, and a write may have been exposed without this holder in the
+/// lapse, so the renewal does not cover it. Without the check against the lease the read began
+/// under, it would be served.
+#[test]
+fn a_read_begun_under_a_lapsed_lease_is_not_covered_by_its_renewal() {
+    let clock = SimClock::new(0, 0);
+    let shared = Arc::new(Shared::new(Slot::alone(Arc::new(clock.clone()))));
+    shared.publish(5, 5, 1_000);
+    let handle = ReadHandle::new(shared.clone());
+    let read = handle.read(|| {
+        clock.advance(1_500); // the lease lapses while the state is read...
+        shared.publish(6, 6, 5_000); // ...and is renewed before it is validated
+        "old"
+    });
+    assert_eq!(read, Err(ReadError::LeaseNotHeld));
+    assert_eq!(
+        handle.read(|| "new"),
+        Ok("new"),
+        "a read begun under the renewal"
     );
 }

@@ -28,8 +28,13 @@ pub(crate) struct Exposure {
     /// Committed entries above `E`, in index order, not yet handed to the application.
     held: VecDeque<Entry>,
     /// The last index handed to the application (or covered by a snapshot). Never above
-    /// [`Exposure::exposed`] but for a snapshot's.
+    /// [`Exposure::exposed`] but for a snapshot's or the replay's at start.
     applied: u64,
+    /// The last index the application has finished applying: `applied` once the entries handed
+    /// over have gone through the application ([`Exposure::mark_shown`]). Only this is published
+    /// to read handles and checked by reads: a handle must never see an index whose entry is
+    /// still on its way into the state (a membership change applied first publishes mid-batch).
+    shown: u64,
     /// Grants made and not yet sent, by holder: each leaves on the next append or heartbeat to it.
     pending: BTreeMap<u64, Grant>,
     /// `MsgTimeoutNow`s held until every read lease this node granted has ended (rule 4).
@@ -74,6 +79,7 @@ impl Exposure {
             lease: ReadLease::new(boot_ns, derived.drift_ppm, derived.margin_ns),
             held: VecDeque::new(),
             applied,
+            shown: applied,
             pending: BTreeMap::new(),
             held_timeout_now: Vec::new(),
             pending_keys: PendingKeys::at_start(applied, last_index),
@@ -139,6 +145,19 @@ impl Exposure {
     /// The last index handed to the application.
     pub(crate) fn applied(&self) -> u64 {
         self.applied
+    }
+
+    /// The last index the application has finished applying.
+    pub(crate) fn shown(&self) -> u64 {
+        self.shown
+    }
+
+    /// The application has applied everything handed to it: what reads may rely on moves up,
+    /// and the entries it covers are no longer pending.
+    pub(crate) fn mark_shown(&mut self) {
+        debug_assert!(self.shown <= self.applied);
+        self.shown = self.applied;
+        self.pending_keys.on_applied(self.shown);
     }
 
     /// As the leader of `term` at `now_ns`, with raft's `commit` (an entry of `term` committed or
@@ -297,7 +316,6 @@ impl Exposure {
                 last.index
             );
             self.applied = last.index;
-            self.pending_keys.on_applied(self.applied);
         }
         debug_assert!(self.applied <= exposed || out.is_empty());
         debug_assert!(self.held.front().is_none_or(|e| e.index > exposed));
@@ -310,7 +328,6 @@ impl Exposure {
         out.extend(entries);
         if let Some(last) = out.last() {
             self.applied = last.index;
-            self.pending_keys.on_applied(self.applied);
         }
         out
     }
@@ -332,7 +349,8 @@ impl Exposure {
     pub(crate) fn on_snapshot(&mut self, index: u64) {
         self.held.retain(|e| e.index > index);
         self.applied = self.applied.max(index);
-        self.pending_keys.on_applied(self.applied);
+        self.pending_keys.on_snapshot(index);
+        self.shown = self.shown.max(index); // the application installed it before this call
     }
 
     /// As the leader at `now_ns`: how far behind `commit` each voter's `matched` is.
@@ -395,6 +413,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// Tell raft what the application applied: with follower leases, only what was released.
     pub(crate) fn advance_applied(&mut self) {
+        if let Some(x) = self.exposure.as_mut() {
+            x.mark_shown();
+        }
         match self.exposure.as_ref().map(Exposure::applied) {
             Some(applied) => {
                 let applied = applied.max(self.raw.raft.raft_log.applied);
@@ -555,7 +576,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 
     /// [`Self::check_local_read`] for a read of `key` alone: only a pending entry that writes
-    /// `key` refuses it (as [`Self::set_entry_keys`] says an entry's keys).
+    /// `key` refuses it (as [`Self::set_entry_keys`] says an entry's keys). Call it on the
+    /// thread that drives the node, with nothing applied between the state read and the call
+    /// (other threads read through a [`crate::ReadHandle`]).
     pub fn check_local_read_key(&self, key: &[u8]) -> Result<(), LocalRefusal> {
         self.check_local_with(|p| p.touches(key))
     }
@@ -572,7 +595,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         let Some(x) = self.exposure.as_ref() else {
             return Err(LocalRefusal::NoReadLease);
         };
-        let applied = x.applied();
+        let applied = x.shown();
         if applied > x.exposed() {
             return Err(LocalRefusal::NoReadLease); // a snapshot above E: none until E catches up
         }
@@ -606,7 +629,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if self.raw.raft.state == StateRole::Leader {
             return None;
         }
-        let applied = x.applied();
+        let applied = x.shown();
         let until_ns = match x.holds_read_lease(now_ns) && applied <= x.exposed() {
             true => x.lease.until_ns(),
             false => 0,
@@ -720,6 +743,39 @@ mod tests {
         assert_eq!(x.exposed(), 0);
         x.expose(7, true, 0);
         assert_eq!(x.exposed(), 7);
+    }
+
+    #[test]
+    fn reads_rely_only_on_what_the_application_finished_applying() {
+        let mut x = Exposure::new(&derived(), 1, 2, (2, 2));
+        x.on_note(
+            &LeaderNote {
+                exposed: 5,
+                grant: None,
+            },
+            1,
+            0,
+        );
+        let puts: Vec<Entry> = (entries(3..=5).into_iter())
+            .map(|e| Entry {
+                data: b"k=v".to_vec().into(),
+                ..e
+            })
+            .collect();
+        x.on_persisting(&puts);
+        assert_eq!(indexes(&x.release(puts)), [3, 4, 5]);
+        assert_eq!(
+            (x.applied(), x.shown()),
+            (5, 2),
+            "handed over, not yet applied"
+        );
+        assert!(
+            x.pending_keys.touches(b"k"),
+            "still pending while being applied"
+        );
+        x.mark_shown();
+        assert_eq!(x.shown(), 5);
+        assert!(!x.pending_keys.touches(b"k"));
     }
 
     #[test]

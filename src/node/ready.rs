@@ -9,6 +9,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 
     /// Take raft's `Ready`. The node consumes its `read_states`; handle the rest as with `RawNode`.
+    ///
+    /// With follower read leases on, drive the node with [`LeaseNode::handle_ready`] (or a
+    /// `MultiNode`) instead: committed entries must be held back to the exposed index, which
+    /// `Ready`'s own committed entries are not ([`LeaseNode::advance`] panics then).
     pub fn ready(&mut self) -> Ready {
         self.issue_index_round(); // reads started since the last round share this one
         let mut rd = self.raw.ready();
@@ -127,7 +131,15 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     }
 
     /// Like `RawNode::advance`: apply the `Ready`'s committed entries first.
+    ///
+    /// # Panics
+    /// With follower read leases on: it would count entries held back for the exposed index as
+    /// applied. Drive such a node with [`LeaseNode::handle_ready`].
     pub fn advance(&mut self, rd: Ready) -> LightReady {
+        assert!(
+            self.exposure.is_none(),
+            "LeaseNode::advance with follower read leases on: drive the node with handle_ready"
+        );
         let light = self.raw.advance(rd);
         self.note_timeout_now(light.messages());
         self.after_advance();

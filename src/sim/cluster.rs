@@ -341,7 +341,7 @@ impl SimCluster {
             ..c.lease.clone()
         };
         n.max_promise_ms = n.max_promise_ms.max(promise_ms);
-        let node = LeaseNode::new(
+        let mut node = LeaseNode::new(
             &rc,
             n.storage.clone(),
             lease,
@@ -350,6 +350,7 @@ impl SimCluster {
             &self.logger,
         )
         .unwrap_or_else(|e| panic!("node {} failed to start: {e}", n.id));
+        node.set_entry_keys(crate::sim::kv::entry_keys);
         n.next_tick_ns = n.clock.now_ns() + c.tick_ms * 1_000_000;
         n.node = Some(node);
     }
@@ -602,11 +603,12 @@ impl SimCluster {
     }
 
     /// Read `key` from `node`'s local state under its follower read lease: read first, then
-    /// validate ([`crate::LeaseNode::check_local_read`]); a refused read fails.
+    /// validate ([`crate::LeaseNode::check_local_read_key`]: only a pending write of `key`
+    /// holds it back); a refused read fails.
     pub fn follower_get(&mut self, node: u64, key: &[u8]) -> OpId {
         self.local_get(node, key, |n| {
             let value = n.kv.get(key);
-            match n.node.as_ref().expect("live").check_local_read() {
+            match n.node.as_ref().expect("live").check_local_read_key(key) {
                 Ok(()) => OpResult::Read {
                     value,
                     served: crate::ReadKind::FollowerLease,
@@ -616,15 +618,17 @@ impl SimCluster {
         })
     }
 
-    /// Read `key` through `node`'s [`crate::ReadHandle`], as an application thread would.
+    /// Read `key` through `node`'s [`crate::ReadHandle`], as an application thread would (on a
+    /// follower, under its follower read lease).
     pub fn handle_get(&mut self, node: u64, key: &[u8]) -> OpId {
         self.local_get(node, key, |n| {
-            let handle = n.node.as_ref().expect("live").read_handle();
-            match handle.try_read(|| n.kv.get(key)) {
-                Ok(value) => OpResult::Read {
-                    value,
-                    served: crate::ReadKind::Lease,
-                },
+            let live = n.node.as_ref().expect("live");
+            let served = match live.is_leader() {
+                true => crate::ReadKind::Lease,
+                false => crate::ReadKind::FollowerLease,
+            };
+            match live.read_handle().try_read(|| n.kv.get(key)) {
+                Ok(value) => OpResult::Read { value, served },
                 Err(e) => OpResult::Failed(e.to_string()),
             }
         })
@@ -965,6 +969,9 @@ impl SimCluster {
                         .collect();
                     for node in others {
                         self.follower_get(node, &key);
+                        if load.handle_reads {
+                            self.handle_get(node, &key);
+                        }
                     }
                 }
             }

@@ -74,6 +74,19 @@ fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// The keys an entry writes, for follower reads ([`crate::LeaseNode::set_entry_keys`]): a put's
+/// key; nothing for raft's empty entry; every key for anything else.
+pub fn entry_keys(e: &Entry) -> crate::follower::Keys {
+    use crate::follower::Keys;
+    if e.get_entry_type() != EntryType::EntryNormal || e.data.is_empty() {
+        return Keys::unknown(e);
+    }
+    match decode_put(&e.data) {
+        Some((_, key, _)) => Keys::Some(vec![key.to_vec()]),
+        None => Keys::All,
+    }
+}
+
 /// Split a length-prefixed field off the front of `data`.
 fn take_bytes(data: &[u8]) -> Option<(&[u8], &[u8])> {
     let len = u32::from_be_bytes(data.get(..4)?.try_into().ok()?) as usize;
