@@ -323,9 +323,11 @@ fn kv_cluster_keeps_its_data_reports_a_dead_node_restarts_it_and_explains_a_port
         .unwrap();
     // SAFETY: a node process the console under test started for us.
     unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    let text = first.wait_printed(&format!("node {victim} exited"), 10);
+    // The report is several lines: wait for its last, the restart command.
+    let text = first.wait_printed(&format!(" node --id {victim} "), 10);
     assert!(
-        text.contains(&format!("`restart {victim}`"))
+        text.contains(&format!("node {victim} exited"))
+            && text.contains(&format!("`restart {victim}`"))
             && text.contains(&format!(" node --id {victim} ")),
         "{text}"
     );
