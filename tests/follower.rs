@@ -4,19 +4,10 @@
 //! Control: replicas that apply up to raft's commit index are caught at their first apply past
 //! `E` (a holder's acknowledgement still on its way holds `E` below the commit index).
 
-use raft::eraftpb::MessageType;
-use raft_lease::sim::{CheckReport, DelayRule, Load, SimCluster, SimConfig, Violation};
-use raft_lease::FollowerLeases;
+mod follower_common;
 
-fn config(seed: u64) -> SimConfig {
-    let mut c = SimConfig {
-        seed,
-        ..SimConfig::default()
-    };
-    // Election timeout 100 ms, heartbeats 20 ms: G between them and below half the timeout.
-    c.lease.follower_leases = Some(FollowerLeases::new(40));
-    c
-}
+use follower_common::{config, followers_hold, slow_appends_to};
+use raft_lease::sim::{CheckReport, Load, SimCluster, SimConfig, Violation};
 
 fn run(c: SimConfig) -> SimCluster {
     let mut sim = SimCluster::new(c);
@@ -24,14 +15,6 @@ fn run(c: SimConfig) -> SimCluster {
     sim.run_with_load(400, &Load::default());
     sim.run_for_ms(200);
     sim
-}
-
-/// Whether every follower holds a read lease.
-fn followers_hold(sim: &SimCluster) -> bool {
-    let l = sim.leader();
-    (1..=3)
-        .filter(|&id| Some(id) != l)
-        .all(|id| sim.node(id).is_some_and(|n| n.holds_read_lease()))
 }
 
 #[test]
@@ -96,17 +79,6 @@ fn control_replicas_applying_up_to_raft_commit_are_caught() {
         .filter(|v| matches!(v, Violation::AppliedPastExposed { .. }))
         .count();
     assert!(past > 0, "no apply past the exposed index was seen");
-}
-
-/// Appends to `slow` take 3 ms more: it acknowledges every heartbeat at once but receives each
-/// write late.
-fn slow_appends_to(sim: &mut SimCluster, slow: u64) {
-    sim.net_mut().delay(DelayRule {
-        from: None,
-        to: Some(slow),
-        msg_type: Some(MessageType::MsgAppend),
-        extra_ns: 3_000_000,
-    });
 }
 
 /// After the followers hold read leases, appends to one of them take 3 ms more: it acknowledges

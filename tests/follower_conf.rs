@@ -8,18 +8,11 @@
 //! Control: `conf_with_grants` proposes the change, and goes on granting, while read leases
 //! live: the group is left with no leader.
 
-use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2, MessageType};
-use raft_lease::sim::{DelayRule, SimCluster, SimConfig};
-use raft_lease::FollowerLeases;
+mod follower_common;
 
-fn config(seed: u64) -> SimConfig {
-    let mut c = SimConfig {
-        seed,
-        ..SimConfig::default()
-    };
-    c.lease.follower_leases = Some(FollowerLeases::new(40));
-    c
-}
+use follower_common::{config, followers_hold, slow_appends_to};
+use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
+use raft_lease::sim::{SimCluster, SimConfig};
 
 /// A change that changes nothing: node 1, already a voter, added as a voter again.
 fn no_op_change() -> ConfChangeV2 {
@@ -46,16 +39,8 @@ fn leader_after_change_and_crash(c: SimConfig) -> bool {
     let leader = sim.leader().expect("a leader");
     let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
     let (fast, slow) = (followers[0], followers[1]);
-    let holds = |s: &SimCluster| {
-        (followers.iter()).all(|&id| s.node(id).is_some_and(|n| n.holds_read_lease()))
-    };
-    assert!(sim.run_until(500, holds), "no read leases");
-    sim.net_mut().delay(DelayRule {
-        from: None,
-        to: Some(slow),
-        msg_type: Some(MessageType::MsgAppend),
-        extra_ns: 3_000_000,
-    });
+    assert!(sim.run_until(500, followers_hold), "no read leases");
+    slow_appends_to(&mut sim, slow);
     let proposed = (0..500).any(|_| {
         let ok = sim.propose_conf_change(leader, no_op_change()).is_ok();
         if !ok {

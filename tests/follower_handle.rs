@@ -5,18 +5,10 @@
 //! answered; its handle reads are checked by the linearizability checker.
 //! Control: a follower that ignores its pending entries serves stale reads.
 
-use raft::eraftpb::MessageType;
-use raft_lease::sim::{CheckReport, DelayRule, OpResult, SimCluster, SimConfig};
-use raft_lease::FollowerLeases;
+mod follower_common;
 
-fn config(seed: u64) -> SimConfig {
-    let mut c = SimConfig {
-        seed,
-        ..SimConfig::default()
-    };
-    c.lease.follower_leases = Some(FollowerLeases::new(40));
-    c
-}
+use follower_common::{config, followers_hold, slow_appends_to};
+use raft_lease::sim::{CheckReport, OpResult, SimCluster, SimConfig};
 
 /// Reads through both followers' handles every millisecond for 400 ms, a write every 5 ms,
 /// appends to one follower 3 ms late. Returns the check and the handle reads served at
@@ -26,16 +18,8 @@ fn run_handle_reads(c: SimConfig) -> (CheckReport, usize) {
     assert!(sim.run_until(2_000, |s| s.leader().is_some()), "no leader");
     let leader = sim.leader().expect("a leader");
     let followers: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
-    let holds = |s: &SimCluster| {
-        (followers.iter()).all(|&id| s.node(id).is_some_and(|n| n.holds_read_lease()))
-    };
-    assert!(sim.run_until(500, holds), "no read leases");
-    sim.net_mut().delay(DelayRule {
-        from: None,
-        to: Some(followers[0]),
-        msg_type: Some(MessageType::MsgAppend),
-        extra_ns: 3_000_000,
-    });
+    assert!(sim.run_until(500, followers_hold), "no read leases");
+    slow_appends_to(&mut sim, followers[0]);
     for ms in 0..400 {
         if ms % 5 == 0 {
             sim.put(leader, b"k");
