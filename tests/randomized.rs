@@ -316,6 +316,14 @@ fn control_reuse_tags_is_caught() {
 }
 
 #[test]
+fn control_ignore_pending_keys_is_caught() {
+    assert_caught(
+        "a follower read ignoring the writes pending to its key",
+        Control::Safeties(knob(|k| k.ignore_pending_keys = true)),
+    );
+}
+
+#[test]
 fn control_drift_beyond_the_bound_is_caught() {
     assert_caught("drift beyond the bound", Control::DriftBeyondBound);
 }

@@ -129,6 +129,8 @@ pub fn follower_knob(k: &TestingKnobs) -> bool {
         || k.grant_lagging
         || k.lease_from_receipt
         || k.reuse_tags
+        || k.ignore_pending_keys
+        || k.conf_with_grants
 }
 
 /// `(tick_ms, heartbeat_tick, election_tick)`. One seed in ten has 1 ms heartbeats and a 300 ms
