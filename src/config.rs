@@ -102,6 +102,9 @@ pub struct TestingKnobs {
     /// Follower read leases: a membership change is proposed, and granting goes on, while
     /// read leases live, so it may be committed at a replica that cannot apply it.
     pub conf_with_grants: bool,
+    /// Follower read leases: a replica ignores that its leader runs without them, and waits for
+    /// an exposed index that leader never sends.
+    pub ignore_plain_leaders: bool,
     /// Many groups: a node's one sync of a round comes after every group's `advance`, so a
     /// leader counts entries towards a commit, and applies them, before they are durable.
     pub sync_after_advance: bool,
@@ -137,6 +140,7 @@ impl TestingKnobs {
             (self.reuse_tags, "reuse_tags"),
             (self.ignore_pending_keys, "ignore_pending_keys"),
             (self.conf_with_grants, "conf_with_grants"),
+            (self.ignore_plain_leaders, "ignore_plain_leaders"),
             (self.sync_after_advance, "sync_after_advance"),
             (self.count_own_promise, "count_own_promise"),
             (

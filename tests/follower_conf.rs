@@ -7,6 +7,10 @@
 //!
 //! Control: `conf_with_grants` proposes the change, and goes on granting, while read leases
 //! live: the group is left with no leader.
+//!
+//! The same holds under a leader that runs without follower leases (the setting turned on node
+//! by node): it grants nothing, so what it commits is exposed, and its followers apply it.
+//! Control: `ignore_plain_leaders` waits for an exposed index such a leader never sends.
 
 mod follower_common;
 
@@ -81,6 +85,55 @@ fn control_a_change_committed_under_read_leases_leaves_the_group_without_a_leade
             let mut c = config(seed);
             c.lease.safeties.testing.conf_with_grants = true;
             !leader_after_change_and_crash(c)
+        })
+        .count();
+    eprintln!("control: {stuck} of 4 seeds left without a leader");
+    assert!(stuck > 0, "every seed elected a leader");
+}
+
+/// Node 1 runs without follower leases and leads; nodes 2 and 3 run with them. Node 1 commits a
+/// membership change and is crashed. Returns whether 2 and 3 elect a leader within 3 s: they
+/// can only if they applied the change, which needs an exposed index node 1 never sends.
+fn leader_after_a_plain_leader_goes(mut c: SimConfig) -> bool {
+    c.follower_leases_off = vec![1];
+    let mut sim = SimCluster::new(c);
+    assert!(sim.run_until(2_000, |s| s.leader().is_some()), "no leader");
+    let leader = sim.leader().expect("a leader");
+    if leader != 1 {
+        sim.transfer_leader(leader, 1);
+        assert!(
+            sim.run_until(2_000, |s| s.leader() == Some(1)),
+            "node 1 never led"
+        );
+    }
+    sim.run_for_ms(100);
+    sim.propose_conf_change(1, no_op_change())
+        .expect("no read leases to wait for");
+    let change_index = sim.node(1).expect("up").raw().raft.raft_log.last_index();
+    let knows = |s: &SimCluster| (2..=3).all(|id| committed(s, id) >= change_index);
+    assert!(sim.run_until(500, knows), "the change was never committed");
+    sim.run_for_ms(50);
+    sim.crash(1);
+    sim.run_until(3_000, |s| s.leader().is_some())
+}
+
+#[test]
+fn replicas_under_a_leader_without_follower_leases_apply_and_can_take_over() {
+    for seed in 0..4 {
+        assert!(
+            leader_after_a_plain_leader_goes(config(seed)),
+            "seed {seed}: no leader after the plain leader went"
+        );
+    }
+}
+
+#[test]
+fn control_replicas_waiting_for_a_plain_leaders_exposed_index_elect_no_one() {
+    let stuck = (0..4)
+        .filter(|&seed| {
+            let mut c = config(seed);
+            c.lease.safeties.testing.ignore_plain_leaders = true;
+            !leader_after_a_plain_leader_goes(c)
         })
         .count();
     eprintln!("control: {stuck} of 4 seeds left without a leader");

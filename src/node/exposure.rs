@@ -225,13 +225,20 @@ impl Exposure {
     /// committed only with no read lease live, so every message that tells a replica it is
     /// committed also tells it that it is exposed (else a replica that knows it committed could
     /// not apply it, and raft-rs refuses to campaign with it unapplied).
+    ///
+    /// `E` is recomputed from `commit` first (`in_term`: an entry of `term` is committed), so
+    /// that a grant is checked against the `E` of now: a new leader whose first commit of its
+    /// term was stepped in the same batch would otherwise check against an `E` from before it,
+    /// below entries an earlier leader exposed and answered, and could grant to a node that
+    /// lacks them.
     pub(crate) fn on_ack(
         &mut self,
         req: GrantRequest,
         term: u64,
         leader_until_ns: Option<u64>,
-        (commit, pending_conf): (u64, u64),
+        (commit, in_term, pending_conf): (u64, bool, u64),
     ) {
+        self.table.expose(commit, in_term, req.received_ns);
         self.table.on_matched(req.holder, req.matched);
         let lagging = self.lag.as_mut().is_some_and(|lag| {
             let lagging = lag.lagging(req.holder, req.received_ns);
@@ -460,6 +467,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// malformed and the message must be dropped.
     pub(crate) fn take_note(&mut self, m: &mut Message) -> Result<Option<HolderNote>, ()> {
         if !m.get_context().ends_with(crate::follower::wire::MAGIC) {
+            self.on_leader_without_notes(m);
             return Ok(None); // no trailer: the message stays as it came, uncopied
         }
         let ctx = m.take_context();
@@ -490,6 +498,24 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
+    /// An append or heartbeat of this node's term with no follower-lease note comes from a
+    /// leader that runs without follower leases (a setting being turned on node by node): it
+    /// grants nothing, so every entry it has committed is exposed. Without this, a replica with
+    /// follower leases would never apply under it, and a committed membership change left
+    /// unapplied keeps raft-rs from campaigning once that leader is gone.
+    fn on_leader_without_notes(&mut self, m: &Message) {
+        let from_leader = matches!(
+            m.get_msg_type(),
+            MessageType::MsgAppend | MessageType::MsgHeartbeat
+        );
+        if let Some(x) = self.exposure.as_mut() {
+            let control = self.safeties.testing.ignore_plain_leaders;
+            if from_leader && m.term == self.raw.raft.term && m.term > 0 && !control {
+                x.lease.on_exposed(m.commit);
+            }
+        }
+    }
+
     /// As the leader: a voter's note, on an acknowledgement raft has just stepped.
     pub(crate) fn on_holder_note(&mut self, from: u64, note: HolderNote) {
         let r = &self.raw.raft;
@@ -513,11 +539,13 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if r.lead_transferee.is_some() {
             x.stop_granting(r.term);
         }
+        let commit = r.raft_log.committed;
+        let in_term = r.raft_log.term(commit).is_ok_and(|t| t == r.term);
         x.on_ack(
             req,
             r.term,
             until_ns,
-            (r.raft_log.committed, r.pending_conf_index),
+            (commit, in_term, r.pending_conf_index),
         );
     }
 
@@ -745,6 +773,32 @@ mod tests {
         assert_eq!(x.exposed(), 7);
     }
 
+    /// A new leader's first commit of its term and a voter's acknowledgement stepped in one
+    /// batch, before any `E` was recomputed: the grant is checked against the `E` of the commit,
+    /// so a voter lagging behind it gets none.
+    #[test]
+    fn a_grant_is_checked_against_the_exposed_index_of_the_current_commit() {
+        let mut x = Exposure::new(&derived(), 1, 0, (0, 0));
+        let tag = crate::follower::AckTag {
+            term: 2,
+            boot: 9,
+            seq: 1,
+        };
+        let req = |matched| GrantRequest {
+            holder: 3,
+            tag,
+            received_ns: 1_000,
+            is_voter: true,
+            matched,
+        };
+        assert_eq!(x.exposed(), 0, "no E computed in this term yet");
+        x.on_ack(req(5), 2, Some(1_000_000_000), (10, true, 0));
+        assert!(x.pending.is_empty(), "matched 5 is below E 10: no grant");
+        assert_eq!(x.exposed(), 10);
+        x.on_ack(req(10), 2, Some(1_000_000_000), (10, true, 0));
+        assert!(x.pending.contains_key(&3), "caught up: granted");
+    }
+
     #[test]
     fn reads_rely_only_on_what_the_application_finished_applying() {
         let mut x = Exposure::new(&derived(), 1, 2, (2, 2));
@@ -810,7 +864,7 @@ mod tests {
             is_voter: true,
             matched: 0,
         };
-        x.on_ack(req, 2, Some(1_000_000_000), (0, 0));
+        x.on_ack(req, 2, Some(1_000_000_000), (0, true, 0));
         let timeout_now = |to| Message {
             msg_type: MessageType::MsgTimeoutNow,
             to,

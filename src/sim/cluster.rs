@@ -61,6 +61,9 @@ pub struct SimConfig {
     /// in the middle of a rolling change of that setting. Change it between a crash and a restart
     /// with [`SimCluster::set_promise_ms`].
     pub promise_ms_per_node: Vec<u64>,
+    /// Nodes (by id) that run without follower read leases whatever `lease.follower_leases`
+    /// says: a setting being turned on node by node.
+    pub follower_leases_off: Vec<u64>,
 }
 
 impl Default for SimConfig {
@@ -88,6 +91,7 @@ impl Default for SimConfig {
             compact_every: 0,
             state_machine: || Box::new(KvState::new()),
             promise_ms_per_node: Vec::new(),
+            follower_leases_off: Vec::new(),
         }
     }
 }
@@ -334,10 +338,12 @@ impl SimCluster {
             max_inflight_msgs: 256,
             ..raft::Config::default()
         };
+        let off = c.follower_leases_off.contains(&n.id);
         let lease = LeaseConfig {
             seed: c.lease.seed ^ c.seed,
             promise_ms,
             prior_promise_ms: n.max_promise_ms,
+            follower_leases: c.lease.follower_leases.filter(|_| !off),
             ..c.lease.clone()
         };
         n.max_promise_ms = n.max_promise_ms.max(promise_ms);
