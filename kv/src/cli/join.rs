@@ -12,7 +12,12 @@
 //!    configuration, see `peer::follow`, and sends it that group's snapshot), it asks to be
 //!    promoted to voter.
 //!
-//! Every step is idempotent: a restarted joiner picks up where its configuration says it is.
+//! 4. The join ends when the promotion is answered. A node removed by an operator while it was
+//!    joining finds itself out of the configuration it was in, and ends the join without asking
+//!    to be added again.
+//!
+//! Every step is idempotent: a restarted joiner picks up where its configuration says it is (a
+//! restart with `--join` after a removal asks again).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -48,24 +53,43 @@ fn step(app: &App) -> Step {
     }
 }
 
-/// Run the join until this node is a voter or `stop` is set.
+/// Run the join until this node is a voter or `stop` is set. The join ends when its promotion
+/// is answered, and also if the node, once a member, finds itself out of the configuration: an
+/// operator removed it while it was joining, and it does not add itself back (a restart with
+/// `--join` asks again).
 pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
     let mut added_at = 0;
     let mut last_error = String::new();
+    // Whether this node's own configuration has listed it (as a learner or a voter).
+    let mut was_member = false;
     while !stop.load(Ordering::Relaxed) {
-        let result = match step(&app) {
+        let now = step(&app);
+        let result = match now {
             Step::Done => {
                 info!(log, "joined the cluster as a voter");
                 return;
             }
+            Step::Add if was_member => {
+                warn!(
+                    log,
+                    "removed from the cluster while joining: not asking to be added again"
+                );
+                return;
+            }
             Step::Add => add(&app, &join, &log).map(|index| added_at = index),
-            Step::Promote => promote(&app, &join, added_at),
+            Step::Promote => promote(&app, &join, added_at).map(|()| {
+                info!(log, "joined the cluster as a voter");
+            }),
         };
-        if let Err(e) = result {
-            if e != last_error {
+        was_member |= now == Step::Promote;
+        match result {
+            Ok(()) if now == Step::Promote => return,
+            Ok(()) => {}
+            Err(e) if e != last_error => {
                 warn!(log, "joining: not yet"; "why" => &e);
                 last_error = e;
             }
+            Err(_) => {}
         }
         std::thread::sleep(Duration::from_millis(200));
     }

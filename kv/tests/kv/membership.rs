@@ -248,3 +248,58 @@ fn a_node_listing_only_some_members_joins_through_a_follower_and_catches_up() {
         c.log_tail()
     );
 }
+
+/// An operator removes a joiner the moment it becomes a voter (while its join may still be
+/// running): it stays removed. Its join ends on its promotion's answer, or on finding itself out
+/// of the configuration, and never asks to be added again.
+#[test]
+fn a_joiner_removed_as_soon_as_it_is_a_voter_does_not_add_itself_back() {
+    let mut c = Cluster::start(3, &[]);
+    leader(&c, &[1, 2, 3]);
+    c.add_slot(4);
+    c.spawn_join(4, 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = http_follow(c.port(1), "GET", "/members", b"").map(|(_, b)| json(&b));
+        let voters = m.as_ref().map(|m| m["voters"].to_string());
+        if voters.is_some_and(|v| v.contains('4')) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never a voter: {m:?}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (code, body) = change(&c, 1, json!([{"op": "remove", "id": 4}]));
+    assert_eq!(code, 200, "{body}");
+    // The join has ended once node 4 says how: only then can no request of it be in flight.
+    let ended = [
+        "joined the cluster as a voter",
+        "removed from the cluster while joining",
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ended
+        .iter()
+        .any(|l| std::fs::read_to_string(c.log_path(4)).unwrap().contains(l))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the join never ended\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logs = (1..=3).map(|id| std::fs::read_to_string(c.log_path(id)).unwrap());
+    let asked: usize = logs
+        .map(|l| l.matches("op: AddLearner, id: 4").count())
+        .sum();
+    assert_eq!(
+        asked,
+        1,
+        "node 4 asked to be added {asked} times\n{}",
+        c.log_tail()
+    );
+    wait_conf(&c, 1, &[1, 2, 3], &[]);
+}
