@@ -251,6 +251,8 @@ pub struct SimCluster {
     /// Running totals; evictions of crashed nodes are added at the crash.
     totals: SimTotals,
     logger: Logger,
+    /// Elections to start at simulated instants: (instant in ns, node).
+    campaigns_at: Vec<(u64, u64)>,
 }
 
 impl SimCluster {
@@ -303,6 +305,7 @@ impl SimCluster {
             monitor: LeaseMonitor::default(),
             totals: SimTotals::default(),
             logger,
+            campaigns_at: Vec::new(),
         };
         for idx in 0..cluster.nodes.len() {
             cluster.boot(idx);
@@ -378,6 +381,7 @@ impl SimCluster {
         for m in self.net.due(self.now_ns) {
             self.deliver(m);
         }
+        self.start_campaigns_due();
         self.report_dropped_snapshots();
         for idx in 0..self.nodes.len() {
             self.tick_node(idx);
@@ -771,6 +775,39 @@ impl SimCluster {
         self.process(idx);
     }
 
+    /// Start an election on `node` at the simulated instant `at_ns` (an election timer that
+    /// fires early), unless it is then down, paused, leading or a candidate. The node
+    /// refuses it as [`LeaseNode::campaign`] does (a promise that holds, grants that live).
+    pub fn campaign_at(&mut self, node: u64, at_ns: u64) {
+        self.campaigns_at.push((at_ns, node));
+    }
+
+    fn start_campaigns_due(&mut self) {
+        let now_ns = self.now_ns;
+        let due: Vec<u64> = self
+            .campaigns_at
+            .iter()
+            .filter(|c| c.0 <= now_ns)
+            .map(|c| c.1)
+            .collect();
+        self.campaigns_at.retain(|c| c.0 > now_ns);
+        for node in due {
+            let Some(idx) = self.live_index(node) else {
+                continue;
+            };
+            let role = self.nodes[idx]
+                .node
+                .as_ref()
+                .expect("live")
+                .raw()
+                .raft
+                .state;
+            if matches!(role, StateRole::Follower | StateRole::PreCandidate) {
+                self.campaign(node);
+            }
+        }
+    }
+
     /// Start an election on `node` now.
     pub fn campaign(&mut self, node: u64) {
         let idx = self.live_index(node).expect("live node");
@@ -804,6 +841,18 @@ impl SimCluster {
             .filter(|n| !n.paused)
             .filter_map(|n| n.node.as_ref())
             .filter(|n| n.is_leader())
+            .max_by_key(|n| n.raw().raft.term)
+            .map(|n| n.id())
+    }
+
+    /// The node of `among` that believes it leads with the highest term, if any (up and
+    /// unpaused).
+    pub fn leader_among(&self, among: &[u64]) -> Option<u64> {
+        let up = self.nodes.iter().filter(|n| !n.paused);
+        let up = up
+            .filter_map(|n| n.node.as_ref())
+            .filter(|n| among.contains(&n.id()));
+        up.filter(|n| n.is_leader())
             .max_by_key(|n| n.raw().raft.term)
             .map(|n| n.id())
     }
@@ -931,6 +980,10 @@ pub struct Load {
     pub write_every_us: u64,
     /// Keys used: `k0..k{keys-1}`.
     pub keys: u64,
+    /// The nodes the writing clients reach (`None`: every node): writes go to the leader with
+    /// the highest term among them, and to none while none of them leads (clients cut off with
+    /// one side of a partition).
+    pub writes_at: Option<Vec<u64>>,
 }
 
 impl Default for Load {
@@ -942,6 +995,7 @@ impl Default for Load {
             read_every_us: 1_000,
             write_every_us: 5_000,
             keys: 1,
+            writes_at: None,
         }
     }
 }
@@ -956,7 +1010,11 @@ impl SimCluster {
             let key = format!("k{}", self.rng.gen_range(0..load.keys.max(1))).into_bytes();
             if write_ns > 0 && self.now_ns >= next_write {
                 next_write += write_ns;
-                if let Some(leader) = self.leader() {
+                let leader = match &load.writes_at {
+                    None => self.leader(),
+                    Some(reach) => self.leader_among(reach),
+                };
+                if let Some(leader) = leader {
                     self.put(leader, &key);
                 }
             }

@@ -51,6 +51,10 @@ pub struct RunOutcome {
     pub lease_reads_after_install: u64,
 }
 
+/// The safety phase runs in slices of this many simulated ms: a fault may start, and faults
+/// due end, between two slices.
+const SLICE_MS: u64 = 20;
+
 /// The largest drift of the drift control: 30%, against a configured bound of at most 2%.
 const DRIFT_BEYOND_PPM: i64 = 300_000;
 
@@ -88,24 +92,27 @@ pub fn random_config(seed: u64, control: Option<Control>, rng: &mut ChaCha8Rng) 
     if let Some(Control::Safeties(safeties)) = control {
         c.lease.safeties = safeties;
     }
-    c.lease.follower_leases = random_follower_leases(&c, control);
+    random_follower_leases(&mut c, control);
     c
 }
 
 /// Follower read leases for half the seeds, and for every seed of a follower-lease control, with
-/// `G` drawn from above one heartbeat interval to below half the election timeout. Drawn from a
-/// generator of their own, so that every other draw of the seed stays as it was.
-fn random_follower_leases(c: &SimConfig, control: Option<Control>) -> Option<FollowerLeases> {
+/// `G` drawn from above one heartbeat interval to below half the election timeout; and on half of
+/// those, `P` raised into the top quarter of its range (up to the election timeout), where a
+/// leader lease ends late enough for an election to follow it within `G` (a read lease that
+/// outlived it would then be read from). Drawn from a generator of their own, so that every
+/// other draw of the seed stays as it was.
+fn random_follower_leases(c: &mut SimConfig, control: Option<Control>) {
     let mut rng = ChaCha8Rng::seed_from_u64(c.seed ^ 0xf0_11_0e_4e);
     let forced = matches!(control, Some(Control::Safeties(s)) if follower_knob(&s.testing));
     if !rng.gen_bool(0.5) && !forced {
-        return None;
+        return;
     }
     let heartbeat_ms = c.heartbeat_tick as u64 * c.tick_ms;
     let election_ms = c.election_tick as u64 * c.tick_ms;
     let (lo_ms, hi_ms) = (heartbeat_ms + 1, (election_ms - 1) / 2);
     assert!(lo_ms <= hi_ms, "no valid G for {c:?}");
-    let lease = LeaseConfig {
+    let mut lease = LeaseConfig {
         follower_leases: Some(FollowerLeases::new(rng.gen_range(lo_ms..=hi_ms))),
         ..c.lease.clone()
     };
@@ -117,7 +124,17 @@ fn random_follower_leases(c: &SimConfig, control: Option<Control>) -> Option<Fol
     lease
         .validate(&raft, c.tick_ms)
         .unwrap_or_else(|e| panic!("G drawn out of range: {e}"));
-    lease.follower_leases
+    if rng.gen_bool(0.5) {
+        let promise_ms = rng.gen_range(election_ms * 3 / 4..=election_ms);
+        let late = LeaseConfig {
+            promise_ms: promise_ms.max(lease.promise_ms),
+            ..lease.clone()
+        };
+        if late.validate(&raft, c.tick_ms).is_ok() {
+            lease = late;
+        }
+    }
+    c.lease = lease;
 }
 
 /// Whether a knob of follower read leases is set: its control runs with them on.
@@ -223,6 +240,10 @@ struct Nemesis {
     episode_until_ms: u64,
     /// Clients do not write during the episode (a node leaving takes no new work).
     episode_without_writes: bool,
+    /// The nodes the writing clients reach during the episode (`None`: every node).
+    episode_writes_at: Option<Vec<u64>>,
+    /// The longest follower read lease a grant may give (`G`), in ms; 0 when they are off.
+    grant_ms: u64,
     /// Follower read leases are on: half the membership changes give way to slow appends (see
     /// [`Nemesis::slow_appends`]), and a split with the leader in a minority is drawn too.
     follower_leases: bool,
@@ -458,30 +479,71 @@ impl Nemesis {
     /// The leader and fewer than half the other nodes on one side (one at least, when there are
     /// three others or more), the rest on the other, as an undisturbed episode: the leader's side
     /// keeps talking (its followers keep acknowledging it, and it keeps granting them read leases
-    /// while its own lease runs out) while the other side elects a leader of its own. Appends to
-    /// the followers on the leader's side are slow (`P` to `2P`), so that what the old leader
-    /// takes after the split reaches them late.
+    /// while its own lease runs out) while the other side elects a leader of its own. Either
+    /// appends to the followers on the leader's side are slow (`P` to `2P`), so that what the old
+    /// leader takes after the split reaches them late; or the writing clients are cut off with the
+    /// other side, so that the old leader takes nothing and its followers have nothing pending
+    /// when the new leader's writes are exposed (a read lease that outlives the old leader's own
+    /// lease is then read from).
     fn split_leader_minority(&mut self, sim: &mut SimCluster) -> String {
         let Some(leader) = sim.leader() else {
             return String::new();
         };
+        let voters = sim.conf_state(leader).map_or_else(Vec::new, |c| c.voters);
         let mut rest: Vec<u64> = sim.ids().into_iter().filter(|&i| i != leader).collect();
-        let most = rest.len().saturating_sub(1) / 2;
+        // The leader's side takes voters (only a voter holds a read lease): fewer than half.
+        let mut others: Vec<u64> = voters.iter().copied().filter(|&v| v != leader).collect();
+        let most = others.len().saturating_sub(1) / 2;
         let with_leader = self.rng.gen_range(most.min(1)..=most);
         let mut side = vec![leader];
         for _ in 0..with_leader {
-            side.push(rest.remove(self.rng.gen_range(0..rest.len())));
+            let v = others.remove(self.rng.gen_range(0..others.len()));
+            rest.retain(|&id| id != v);
+            side.push(v);
         }
         let slow_ms = self
             .rng
             .gen_range(self.promise_ms.max(1)..=2 * self.promise_ms.max(1));
-        for &f in &side[1..] {
-            slow_appends_to(sim, f, slow_ms);
+        let clients_with_rest = side.len() > 1 && self.rng.gen_bool(0.5);
+        if !clients_with_rest {
+            for &f in &side[1..] {
+                slow_appends_to(sim, f, slow_ms);
+            }
+        } else {
+            self.campaign_once_free(sim, &voters, &rest);
         }
         sim.partition(&side, &rest);
         self.episode_until_ms = self.after(sim, 2 * self.election_ms, 3 * self.election_ms);
         self.episode_without_writes = false;
-        format!("split {side:?} | {rest:?}, appends to the leader's side +{slow_ms}ms")
+        self.episode_writes_at = clients_with_rest.then(|| rest.clone());
+        match clients_with_rest {
+            true => format!("split {side:?} | {rest:?}, clients with {rest:?}"),
+            false => {
+                format!("split {side:?} | {rest:?}, appends to the leader's side +{slow_ms}ms")
+            }
+        }
+    }
+
+    /// A voter of `rest` tries to campaign every 5 ms from `P` to `G` past the election timeout
+    /// from now (an election timer that fires as early as the promise and raft's own check
+    /// allow): the other side of a split elects as soon as it may, while a read lease the old
+    /// leader granted past its own lease would still be live.
+    fn campaign_once_free(&mut self, sim: &mut SimCluster, voters: &[u64], rest: &[u64]) {
+        let rest: Vec<u64> = rest
+            .iter()
+            .copied()
+            .filter(|id| voters.contains(id))
+            .collect();
+        if rest.is_empty() {
+            return;
+        }
+        let node = self.pick(&rest);
+        let now_ns = sim.now_ns();
+        let last_ms = self.promise_ms.max(self.election_ms) + self.grant_ms;
+        // A try restarts a pre-vote under way: leave it a round trip (4 ms at most) first.
+        for at_ms in (self.promise_ms..=last_ms).step_by(5) {
+            sim.campaign_at(node, now_ns + at_ms * 1_000_000);
+        }
     }
 
     /// A flaky leader, as an undisturbed episode: the heartbeat responses of just enough
@@ -540,6 +602,7 @@ impl Nemesis {
         }
         self.episode_until_ms = cut_at + extra_ms + 3 * p;
         self.episode_without_writes = false;
+        self.episode_writes_at = None;
         desc + &format!(", cut from them at {cut_at}ms")
     }
 
@@ -570,6 +633,7 @@ impl Nemesis {
         self.later.push((cut_at, Later::Isolate(leader)));
         self.episode_until_ms = cut_at + 2 * self.election_ms;
         self.episode_without_writes = true;
+        self.episode_writes_at = None;
         format!("{desc}, then isolated at {cut_at}ms")
     }
 
@@ -639,6 +703,8 @@ pub fn run(run: RandomRun) -> RunOutcome {
         election_ms: config.election_tick as u64 * config.tick_ms,
         episode_until_ms: 0,
         episode_without_writes: false,
+        episode_writes_at: None,
+        grant_ms: config.lease.follower_leases.map_or(0, |f| f.max_grant_ms),
         follower_leases: config.lease.follower_leases.is_some(),
     };
     let faults = safety_phase(&mut sim, &mut nemesis, run.safety_ms);
@@ -685,11 +751,16 @@ fn safety_phase(sim: &mut SimCluster, nemesis: &mut Nemesis, safety_ms: u64) -> 
             Load::default().write_every_us
         };
         sim.run_with_load(
-            20,
+            SLICE_MS,
             &Load {
                 read_mode,
                 keys: 3,
                 write_every_us,
+                // An episode that began in this slice counts from now.
+                writes_at: nemesis
+                    .episode_writes_at
+                    .clone()
+                    .filter(|_| now_ms < nemesis.episode_until_ms),
                 ..Load::default()
             },
         );
