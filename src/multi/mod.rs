@@ -995,6 +995,31 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         }
     }
 
+    /// With follower leases: the earliest instant on this node's clock at which a read lease a
+    /// group led here granted ends, so that, with no message, writes held back for it may be
+    /// applied or a held transfer may go on ([`LeaseNode::next_wake_ns`] over the awake groups;
+    /// a group that grants is not quiescent). `None`: nothing waits on a grant. A driver that
+    /// sleeps until its next tick wakes then, and calls [`Self::wake_due`] and `handle_ready`.
+    pub fn next_wake_ns(&self) -> Option<u64> {
+        let groups = self.awake.iter().filter_map(|gid| self.groups.get(gid));
+        groups.filter_map(|g| g.node.next_wake_ns()).min()
+    }
+
+    /// Make due, for the next `handle_ready`, every awake group whose
+    /// [`LeaseNode::next_wake_ns`] has come.
+    pub fn wake_due(&mut self) {
+        let now_ns = self.clock.now_ns();
+        for &gid in &self.awake {
+            let node = self.groups.get(&gid).map(|g| &g.node);
+            if node
+                .and_then(|n| n.next_wake_ns())
+                .is_some_and(|at| at <= now_ns)
+            {
+                self.dirty.insert(gid);
+            }
+        }
+    }
+
     // ----- inspection --------------------------------------------------------------------------
 
     /// Group `gid`'s replica here.

@@ -358,6 +358,7 @@ fn start(
         queue_len: 4096,
         admission_checks: !opts.no_admission_checks,
         balance_leaders: opts.balance_leaders,
+        follower_leases: opts.follower_leases_ms.is_some(),
     };
     let (raft_loop, groups) = RaftLoop::open(cfg, wiring, log.clone()).map_err(fatal)?;
     let app = Arc::new(App {

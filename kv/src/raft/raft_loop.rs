@@ -77,6 +77,9 @@ pub struct LoopConfig {
     /// Hand leaderships above this node's share to the node leading the fewest groups (see
     /// `balance`).
     pub balance_leaders: bool,
+    /// Follower read leases are on: the loop also wakes when a read lease a group granted ends
+    /// (writes held back for it go on then, not at the next tick).
+    pub follower_leases: bool,
 }
 
 /// What the loop is given.
@@ -301,8 +304,12 @@ impl<M: StateMachine> RaftLoop<M> {
         let mut next_tick = Instant::now() + tick;
         let mut result = Ok(());
         while !self.stop.load(Ordering::Relaxed) {
-            self.wait(next_tick.saturating_duration_since(Instant::now()));
+            let wake = self.grant_ends().map_or(next_tick, |at| at.min(next_tick));
+            self.wait(wake.saturating_duration_since(Instant::now()));
             self.drain();
+            if self.cfg.follower_leases {
+                self.multi.wake_due();
+            }
             let now = Instant::now();
             let ticked = now >= next_tick;
             if ticked {
@@ -337,6 +344,18 @@ impl<M: StateMachine> RaftLoop<M> {
         }
         self.shutdown();
         result
+    }
+
+    /// With follower leases, when the next read lease a group here granted ends (see
+    /// `MultiNode::next_wake_ns`). With a lease clock rate set for a test, the wake-up comes
+    /// somewhat early (the loop then waits again) or late (never later than the next tick).
+    fn grant_ends(&self) -> Option<Instant> {
+        if !self.cfg.follower_leases {
+            return None;
+        }
+        let at_ns = self.multi.next_wake_ns()?;
+        let now_ns = raft_lease::Clock::now_ns(&*self.groups[0].shared.clock);
+        Some(Instant::now() + Duration::from_nanos(at_ns.saturating_sub(now_ns)))
     }
 
     /// Wait for one thing to do, or until `timeout`.
