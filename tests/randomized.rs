@@ -48,11 +48,25 @@ fn run(seed: u64, control: Option<Control>) -> RunOutcome {
     })
 }
 
+/// Prints how to replay a seed whose run panicked (a check inside the simulation).
+struct SeedOnPanic(u64);
+
+impl Drop for SeedOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let seed = self.0;
+            eprintln!("seed {seed} panicked; reproduce: RAFT_LEASE_SEED={seed} cargo test --all-features --test randomized");
+        }
+    }
+}
+
 #[test]
 fn randomized_faults_never_break_the_lease() {
     let mut totals = [0u64; 10];
     for seed in seeds() {
+        let guard = SeedOnPanic(seed);
         let out = run(seed, None);
+        drop(guard);
         let r = &out.report;
         assert!(
             r.violations.is_empty(),

@@ -674,8 +674,12 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
     /// granted ends and so, with no message, writes held back for it may be applied or a held
     /// transfer may go on. A driver that sleeps until its next tick should wake then and call
     /// `handle_ready`: a killed holder then stalls writes for one grant, not one grant and a
-    /// tick. `None`: nothing waits on a grant.
+    /// tick. `None`: nothing waits on a grant (always on a node that does not lead: a grant
+    /// table kept from an earlier term holds nothing back here).
     pub fn next_wake_ns(&self) -> Option<u64> {
+        if !self.is_leader() {
+            return None;
+        }
         let commit = self.raw.raft.raft_log.committed;
         let x = self.exposure.as_ref()?;
         x.next_wake_ns(commit, self.clock.now_ns())

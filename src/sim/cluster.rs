@@ -531,6 +531,16 @@ impl SimCluster {
         };
         node.handle_ready(&mut io)
             .expect("the sim's storage never fails");
+        // A driver that sleeps until `next_wake_ns` must never be woken at once again: a `Ready`
+        // clears what that instant waited for.
+        if let Some(at_ns) = node.next_wake_ns() {
+            let now = node.clock().now_ns();
+            assert!(
+                at_ns > now,
+                "node {} asks to be woken at {at_ns}, now {now}, again",
+                n.id
+            );
+        }
         compact_if_due(node, &n.storage, n.kv.as_ref(), config.compact_every);
         let (kv, reads) = (&n.kv, &mut n.reads);
         let served = node.serve_reads(|rid| reads.get(&rid).and_then(|(_, key)| kv.get(key)));
