@@ -54,9 +54,10 @@ fn step(app: &App) -> Step {
 }
 
 /// Run the join until this node is a voter or `stop` is set. The join ends when its promotion
-/// is answered, and also if the node, once a member, finds itself out of the configuration: an
-/// operator removed it while it was joining, and it does not add itself back (a restart with
-/// `--join` asks again).
+/// is answered, and also if the node finds itself out of the configuration once it has applied
+/// its own addition (or once its configuration listed it): an operator removed it while it was
+/// joining, and it does not add itself back (a restart with `--join` asks again). Between its
+/// addition and the snapshot that brings it, it waits rather than asking again.
 pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
     let mut added_at = 0;
     let mut last_error = String::new();
@@ -69,13 +70,16 @@ pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
                 info!(log, "joined the cluster as a voter");
                 return;
             }
-            Step::Add if was_member => {
+            Step::Add if was_member || (added_at > 0 && app.status().applied >= added_at) => {
                 warn!(
                     log,
                     "removed from the cluster while joining: not asking to be added again"
                 );
                 return;
             }
+            Step::Add if added_at > 0 => Err(format!(
+                "added at index {added_at}: waiting for the leader's snapshot"
+            )),
             Step::Add => add(&app, &join, &log).map(|index| added_at = index),
             Step::Promote => promote(&app, &join, added_at).map(|()| {
                 info!(log, "joined the cluster as a voter");
