@@ -304,7 +304,8 @@ fn control_uncapped_grant_is_caught() {
 
 /// Not caught within the CI seeds (run with `--ignored`), and not expected to be: every grant
 /// travels in the same note as the leader's exposed index, so a lagging holder learns an `E`
-/// above what it applied with the grant itself, and refuses reads until it has applied it.
+/// above what it applied with the grant itself, and refuses reads until it has applied it. The
+/// property of the exposed index finds it (`follower::props`).
 #[test]
 #[ignore]
 fn control_grant_lagging_is_caught() {
