@@ -6,7 +6,7 @@
 
 mod follower_common;
 
-use follower_common::{config, followers_hold, slow_appends_to};
+use follower_common::{config, followers_hold, slow_appends_to, stale_reads_with};
 use raft_lease::sim::{CheckReport, Load, SimCluster, SimConfig, Violation};
 
 fn run(c: SimConfig) -> SimCluster {
@@ -116,13 +116,7 @@ fn a_holder_that_receives_writes_late_never_serves_a_stale_read() {
 /// holder serves the value before a write that was already answered.
 #[test]
 fn control_exposing_past_a_holder_serves_stale_follower_reads() {
-    let mut stale = 0;
-    for seed in 0..4 {
-        let mut c = config(seed);
-        c.lease.safeties.testing.expose_commit = true;
-        stale += run_slow_holder(c).stale_reads();
-    }
-    eprintln!("control: {stale} stale follower reads over 4 seeds");
+    let stale = stale_reads_with(|k| k.expose_commit = true, run_slow_holder);
     assert!(stale > 0, "no stale follower read found over 4 seeds");
 }
 
@@ -163,12 +157,6 @@ fn a_transfer_waits_out_the_read_leases_and_no_holder_serves_a_stale_read() {
 /// late holder has not received, while that holder still serves reads.
 #[test]
 fn control_a_transfer_that_does_not_wait_serves_stale_follower_reads() {
-    let mut stale = 0;
-    for seed in 0..4 {
-        let mut c = config(seed);
-        c.lease.safeties.testing.no_transfer_wait = true;
-        stale += run_transfer(c).0.stale_reads();
-    }
-    eprintln!("control: {stale} stale follower reads over 4 seeds");
+    let stale = stale_reads_with(|k| k.no_transfer_wait = true, |c| run_transfer(c).0);
     assert!(stale > 0, "no stale follower read found over 4 seeds");
 }

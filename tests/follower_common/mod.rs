@@ -2,7 +2,8 @@
 //! read leases, and a holder that receives writes late.
 
 use raft::eraftpb::MessageType;
-use raft_lease::sim::{DelayRule, SimCluster, SimConfig};
+use raft_lease::config::TestingKnobs;
+use raft_lease::sim::{CheckReport, DelayRule, SimCluster, SimConfig};
 use raft_lease::FollowerLeases;
 
 /// Seed `seed`, with follower leases of `G` = 40 ms (election timeout 100 ms, heartbeats 20 ms:
@@ -33,4 +34,21 @@ pub fn slow_appends_to(sim: &mut SimCluster, slow: u64) {
         msg_type: Some(MessageType::MsgAppend),
         extra_ns: 3_000_000,
     });
+}
+
+/// A control: `run` on seeds 0 to 3 with a safety switched off (`off` sets its testing knob).
+/// Returns the stale reads found over the four seeds. (Not every test file has such a control.)
+#[allow(dead_code)]
+pub fn stale_reads_with(
+    off: fn(&mut TestingKnobs),
+    run: impl Fn(SimConfig) -> CheckReport,
+) -> usize {
+    let stale = (0..4).map(|seed| {
+        let mut c = config(seed);
+        off(&mut c.lease.safeties.testing);
+        run(c).stale_reads()
+    });
+    let stale = stale.sum();
+    eprintln!("control: {stale} stale follower reads over 4 seeds");
+    stale
 }
