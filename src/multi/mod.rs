@@ -33,6 +33,7 @@ pub use mem::MultiMemApp;
 use crate::clock::Clock;
 use crate::config::{Derived, LeaseConfig};
 use crate::drive::ReadyStep;
+use crate::follower::Keys;
 use crate::handle::LeaseTable;
 use crate::liveness::{
     lease_until_ns, Epoch, Fortification, NodeId, Requester, SupportMsg, Supporter,
@@ -178,6 +179,9 @@ pub struct MultiNode<S: Storage, C: Clock + Clone> {
     rng: ChaCha8Rng,
     config: MultiConfig,
     logger: Logger,
+    /// Which keys an entry writes, for follower read leases: given to every group hosted here
+    /// (see [`MultiNode::set_entry_keys`]).
+    entry_keys: Option<fn(&Entry) -> Keys>,
 }
 
 impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
@@ -216,11 +220,22 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             rng: ChaCha8Rng::seed_from_u64(config.seed ^ config.node_id.rotate_left(17) ^ now_ns),
             config,
             logger,
+            entry_keys: None,
         };
         for (gid, storage) in groups {
             node.add_group(gid, storage)?;
         }
         Ok(node)
+    }
+
+    /// Say which keys each entry writes, for every group hosted here and every group added
+    /// later (see [`LeaseNode::set_entry_keys`]). Call it before the groups take entries: until
+    /// then, every entry with data writes every key.
+    pub fn set_entry_keys(&mut self, keys: fn(&Entry) -> Keys) {
+        self.entry_keys = Some(keys);
+        for g in self.groups.values_mut() {
+            g.node.set_entry_keys(keys);
+        }
     }
 
     /// Host one more group. A group id already hosted is refused ([`NodeError::GroupExists`]):
@@ -248,7 +263,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let mut lease = self.config.lease.clone();
         lease.seed ^= gid.wrapping_mul(0x9e37_79b9_7f4a_7c15);
         let logger = self.logger.new(slog::o!("group" => gid));
-        let node = LeaseNode::in_node(
+        let mut node = LeaseNode::in_node(
             &rc,
             storage,
             lease,
@@ -257,6 +272,9 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             self.leases.slot(),
             &logger,
         )?;
+        if let Some(keys) = self.entry_keys {
+            node.set_entry_keys(keys);
+        }
         let safeties = self.config.lease.safeties;
         let mut group = Group::new(
             node,

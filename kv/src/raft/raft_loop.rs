@@ -178,12 +178,10 @@ impl<M: StateMachine> MultiApp<DiskStorage, Arc<ScaledClock>> for Apps<'_, M> {
     type Error = DiskError;
 
     fn install_snapshot(&mut self, g: GroupId, n: &mut Node, s: Snapshot) -> Result<(), DiskError> {
-        n.set_entry_keys(M::entry_keys);
         self.io(g).install_snapshot(n, s)
     }
 
     fn apply(&mut self, g: GroupId, n: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
-        n.set_entry_keys(M::entry_keys);
         self.io(g).apply(n, entries)?;
         if self.io(g).take_unsynced() {
             self.writing.get_or_insert_default(); // a configuration written: this round syncs
@@ -194,14 +192,10 @@ impl<M: StateMachine> MultiApp<DiskStorage, Arc<ScaledClock>> for Apps<'_, M> {
     fn persist(
         &mut self,
         g: GroupId,
-        n: &mut Node,
+        _: &mut Node,
         entries: &[Entry],
         hs: Option<&HardState>,
     ) -> Result<(), DiskError> {
-        // `MultiNode` lends a group's node only inside these calls, so the entry keys are set
-        // here (a field store): a group's first entries, noted before its first `persist`, count
-        // as writing every key, which only makes a follower read wait.
-        n.set_entry_keys(M::entry_keys);
         let t = Instant::now();
         if self.io(g).persist(entries, hs)? {
             self.writing = Some(self.writing.unwrap_or_default() + t.elapsed());
@@ -209,8 +203,7 @@ impl<M: StateMachine> MultiApp<DiskStorage, Arc<ScaledClock>> for Apps<'_, M> {
         Ok(())
     }
 
-    fn set_commit(&mut self, g: GroupId, n: &mut Node, commit: u64) -> Result<(), DiskError> {
-        n.set_entry_keys(M::entry_keys);
+    fn set_commit(&mut self, g: GroupId, _: &mut Node, commit: u64) -> Result<(), DiskError> {
         self.io(g).set_commit(commit)
     }
 
@@ -237,6 +230,7 @@ impl<M: StateMachine> RaftLoop<M> {
         assert!(!w.storages.is_empty(), "a node hosts at least one group");
         let store = w.storages[0].clone();
         let mut multi = MultiNode::new(w.multi, std::iter::empty(), w.clock.clone(), &logger)?;
+        multi.set_entry_keys(M::entry_keys);
         let (req_tx, req_rx) = crossbeam_channel::bounded(cfg.queue_len);
         let mut groups = Vec::with_capacity(w.storages.len());
         for (gid, storage) in w.storages.into_iter().enumerate() {
@@ -304,11 +298,12 @@ impl<M: StateMachine> RaftLoop<M> {
         let mut next_tick = Instant::now() + tick;
         let mut result = Ok(());
         while !self.stop.load(Ordering::Relaxed) {
-            let wake = self.grant_ends().map_or(next_tick, |at| at.min(next_tick));
+            let grant_ends = self.grant_ends();
+            let wake = grant_ends.map_or(next_tick, |at| at.min(next_tick));
             self.wait(wake.saturating_duration_since(Instant::now()));
             self.drain();
-            if self.cfg.follower_leases {
-                self.multi.wake_due();
+            if grant_ends.is_some_and(|at| Instant::now() >= at) {
+                self.multi.wake_due(); // before then no grant has ended
             }
             let now = Instant::now();
             let ticked = now >= next_tick;
@@ -354,7 +349,7 @@ impl<M: StateMachine> RaftLoop<M> {
             return None;
         }
         let at_ns = self.multi.next_wake_ns()?;
-        let now_ns = raft_lease::Clock::now_ns(&*self.groups[0].shared.clock);
+        let now_ns = raft_lease::Clock::now_ns(self.multi.clock());
         Some(Instant::now() + Duration::from_nanos(at_ns.saturating_sub(now_ns)))
     }
 
