@@ -248,7 +248,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             step(self, ReadyStep::InstallSnapshot(rd.snapshot().clone()))?;
             self.exposure_on_snapshot(index);
         }
-        self.expose_now();
+        // `E` was recomputed as the messages were stamped (a snapshot is a follower's).
         let committed = self.hold_back(rd.take_committed_entries());
         step(self, ReadyStep::Apply(committed))?;
         step(self, ReadyStep::Persist(rd.entries(), rd.hs()))?;
@@ -268,8 +268,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         if let Some(commit) = light.commit_index() {
             step(self, ReadyStep::SetCommit(commit))?;
         }
-        self.expose_now();
-        let msgs = self.take_light_messages(&mut light);
+        let msgs = self.take_light_messages(&mut light); // `E` recomputed from the new commit
         step(self, ReadyStep::Send(msgs))?;
         let committed = self.hold_back(light.take_committed_entries());
         step(self, ReadyStep::Apply(committed))?;
