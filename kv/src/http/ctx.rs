@@ -93,10 +93,9 @@ pub fn leader_only_in(c: &Ctx<'_>, g: &Shared<KvState>) -> Result<(), Reply> {
 /// its address is not known here, or when this node has not heard from it lately (see
 /// [`App::live_leader`]): a redirect never points at a node this one has lost touch with.
 pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
-    let heard = leader.and_then(|id| c.app.heard.ago_ms(id));
-    let live = c.app.live_leader(leader);
-    let http = live.and_then(|id| c.app.http_of(id));
-    let more = leader_hint(c, leader);
+    let hint = LeaderHint::of(c, leader);
+    let more = hint.json();
+    let LeaderHint { heard, live, http } = hint;
     match (live, &http) {
         (Some(id), Some(addr)) => {
             let target = c.parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -116,10 +115,30 @@ pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
 /// `leader_http` (both null unless this node heard from that leader lately, see
 /// [`App::live_leader`](crate::http::app::App::live_leader)) and `last_heard_ms`.
 pub fn leader_hint(c: &Ctx<'_>, leader: Option<u64>) -> serde_json::Value {
-    let heard = leader.and_then(|id| c.app.heard.ago_ms(id));
-    let live = c.app.live_leader(leader);
-    let http = live.and_then(|id| c.app.http_of(id));
-    json!({"leader_id": live, "leader_http": http, "last_heard_ms": heard})
+    LeaderHint::of(c, leader).json()
+}
+
+/// What this node knows of `leader`, read once for one answer.
+struct LeaderHint {
+    /// How long ago this node last heard from it.
+    heard: Option<u64>,
+    /// It, if heard from lately.
+    live: Option<u64>,
+    /// Its HTTP address, if live and known.
+    http: Option<String>,
+}
+
+impl LeaderHint {
+    fn of(c: &Ctx<'_>, leader: Option<u64>) -> LeaderHint {
+        let heard = leader.and_then(|id| c.app.heard.ago_ms(id));
+        let live = c.app.live_leader(leader);
+        let http = live.and_then(|id| c.app.http_of(id));
+        LeaderHint { heard, live, http }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({"leader_id": self.live, "leader_http": self.http, "last_heard_ms": self.heard})
+    }
 }
 
 /// 503 `no_leader`: none is known, or the one known has not been heard from lately.

@@ -81,48 +81,53 @@ fn local_kind(g: &Shared<KvState>) -> ReadKind {
     }
 }
 
+/// A read served on this worker through the read handle (`handle_read`), timed from `t`;
+/// `None` when it cannot be.
+fn read_here(c: &Ctx<'_>, g: &Shared<KvState>, key: &str, t: Instant, raw: bool) -> Option<Reply> {
+    let follower_leases = c.app.opts.follower_leases_ms.is_some();
+    let stored = handle_read(g, key, follower_leases)?;
+    let seconds = t.elapsed().as_secs_f64();
+    c.app.metrics.lease_read_seconds.observe(seconds);
+    Some(value_reply(key, stored, local_kind(g), raw))
+}
+
 /// `read=local`: served here or refused here (503 `no_read_lease`, with the leader hint).
-fn get_local(c: &Ctx<'_>, key: &str, raw: bool) -> Result<Reply, Reply> {
-    let app = c.app;
-    if app.opts.follower_leases_ms.is_none() {
+fn get_local(
+    c: &Ctx<'_>,
+    g: &Shared<KvState>,
+    key: &str,
+    t: Instant,
+    raw: bool,
+) -> Result<Reply, Reply> {
+    if c.app.opts.follower_leases_ms.is_none() {
         let detail = "read=local needs follower read leases (start the nodes with \
                       --follower-leases-ms); use read=lease, auto or index";
         return Err(error(400, "follower_leases_off", detail));
     }
-    let g = app.group_of(key);
-    let t = Instant::now();
-    c.conn.set(Phase::Waiting);
-    let Some(stored) = handle_read(g, key, true) else {
+    read_here(c, g, key, t, raw).ok_or_else(|| {
         let detail = "this node holds no read lease now (or an entry it must show is not \
                       applied yet): read at the leader, or retry";
         let more = leader_hint(c, g.leadership.get().1);
-        return Err(error_with(503, "no_read_lease", detail, more).with_header("retry-after", "1"));
-    };
-    let kind = local_kind(g);
-    let seconds = t.elapsed().as_secs_f64();
-    app.metrics.lease_read_seconds.observe(seconds);
-    Ok(value_reply(key, stored, kind, raw))
+        error_with(503, "no_read_lease", detail, more).with_header("retry-after", "1")
+    })
 }
 
 pub async fn get(c: &Ctx<'_>, key: String) -> Result<Reply, Reply> {
     let app = c.app;
     let g = app.group_of(&key);
     let raw = accepts_raw(&c.parts.headers);
-    let mode = match read_mode(&c.query)? {
-        Asked::Local => return get_local(c, &key, raw),
-        Asked::Mode(mode) => mode,
-    };
+    let asked = read_mode(&c.query)?;
     let t = Instant::now();
     c.conn.set(Phase::Waiting);
+    let mode = match asked {
+        Asked::Local => return get_local(c, g, &key, t, raw),
+        Asked::Mode(mode) => mode,
+    };
     // Fast path: the lease, on this worker (with follower read leases, a follower's too).
     // raft-rs LeaseBased (unsafe mode) goes through raft.
     if mode != ReadMode::ReadIndex && !app.opts.unsafe_lease_based {
-        let follower_leases = app.opts.follower_leases_ms.is_some();
-        if let Some(stored) = handle_read(g, &key, follower_leases) {
-            app.metrics
-                .lease_read_seconds
-                .observe(t.elapsed().as_secs_f64());
-            return Ok(value_reply(&key, stored, local_kind(g), raw));
+        if let Some(reply) = read_here(c, g, &key, t, raw) {
+            return Ok(reply);
         }
         if mode == ReadMode::Lease {
             let (is_leader, leader) = g.leadership.get();

@@ -242,11 +242,8 @@ pub fn check_names(cmd: &Command) -> Result<(), String> {
 /// else (sessions, locks, housekeeping, membership changes, data that does not decode) may
 /// write any key. A pure function of the entry, the same on every replica.
 pub fn entry_keys(entry: &Entry) -> Keys {
-    if entry.get_entry_type() != EntryType::EntryNormal {
-        return Keys::All;
-    }
-    if entry.data.is_empty() {
-        return Keys::Some(Vec::new());
+    if entry.get_entry_type() != EntryType::EntryNormal || entry.data.is_empty() {
+        return Keys::unknown(entry);
     }
     let Ok((header, _)) = decode_raw(&entry.data) else {
         return Keys::All;
