@@ -794,14 +794,9 @@ impl SimCluster {
 
     fn start_campaigns_due(&mut self) {
         let now_ns = self.now_ns;
-        let due: Vec<u64> = self
-            .campaigns_at
-            .iter()
-            .filter(|c| c.0 <= now_ns)
-            .map(|c| c.1)
-            .collect();
-        self.campaigns_at.retain(|c| c.0 > now_ns);
-        for node in due {
+        let (due, later) = self.campaigns_at.drain(..).partition(|c| c.0 <= now_ns);
+        self.campaigns_at = later;
+        for (_, node) in due {
             let Some(idx) = self.live_index(node) else {
                 continue;
             };
@@ -846,23 +841,21 @@ impl SimCluster {
 
     /// The live, unpaused leader with the highest term.
     pub fn leader(&self) -> Option<u64> {
-        self.nodes
-            .iter()
-            .filter(|n| !n.paused)
-            .filter_map(|n| n.node.as_ref())
-            .filter(|n| n.is_leader())
-            .max_by_key(|n| n.raw().raft.term)
-            .map(|n| n.id())
+        self.leader_where(|_| true)
     }
 
     /// The node of `among` that believes it leads with the highest term, if any (up and
     /// unpaused).
     pub fn leader_among(&self, among: &[u64]) -> Option<u64> {
-        let up = self.nodes.iter().filter(|n| !n.paused);
-        let up = up
+        self.leader_where(|id| among.contains(&id))
+    }
+
+    fn leader_where(&self, reached: impl Fn(u64) -> bool) -> Option<u64> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.paused && reached(n.id))
             .filter_map(|n| n.node.as_ref())
-            .filter(|n| among.contains(&n.id()));
-        up.filter(|n| n.is_leader())
+            .filter(|n| n.is_leader())
             .max_by_key(|n| n.raw().raft.term)
             .map(|n| n.id())
     }

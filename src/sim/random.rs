@@ -244,12 +244,15 @@ struct Nemesis {
     episode_writes_at: Option<Vec<u64>>,
     /// The longest follower read lease a grant may give (`G`), in ms; 0 when they are off.
     grant_ms: u64,
-    /// Follower read leases are on: half the membership changes give way to slow appends (see
-    /// [`Nemesis::slow_appends`]), and a split with the leader in a minority is drawn too.
-    follower_leases: bool,
 }
 
 impl Nemesis {
+    /// Follower read leases are on: half the membership changes give way to slow appends (see
+    /// [`Nemesis::slow_appends`]), and a split with the leader in a minority is drawn too.
+    fn follower_leases(&self) -> bool {
+        self.grant_ms > 0
+    }
+
     fn undo_due(&mut self, sim: &mut SimCluster) {
         let now_ms = sim.now_ns() / 1_000_000;
         let (due, rest): (Vec<_>, Vec<_>) = self.later.drain(..).partition(|(at, _)| *at <= now_ms);
@@ -318,8 +321,8 @@ impl Nemesis {
                 format!("drift {node} {ppm}ppm")
             }
             9 => self.delay(sim, &ids),
-            10 if self.follower_leases && self.rng.gen_bool(0.5) => self.slow_appends(sim),
-            11 | 13 if self.follower_leases => self.split_leader_minority(sim),
+            10 if self.follower_leases() && self.rng.gen_bool(0.5) => self.slow_appends(sim),
+            11 | 13 if self.follower_leases() => self.split_leader_minority(sim),
             10 | 11 => self.membership(sim),
             12 | 13 => self.flaky_leader(sim),
             _ => {
@@ -374,7 +377,7 @@ impl Nemesis {
             return String::new();
         };
         let mut slowed = String::new();
-        if self.follower_leases && self.rng.gen_bool(0.5) {
+        if self.follower_leases() && self.rng.gen_bool(0.5) {
             slowed = self.slow_holder_before_transfer(sim, leader, to);
         }
         sim.transfer_leader(leader, to);
@@ -705,7 +708,6 @@ pub fn run(run: RandomRun) -> RunOutcome {
         episode_without_writes: false,
         episode_writes_at: None,
         grant_ms: config.lease.follower_leases.map_or(0, |f| f.max_grant_ms),
-        follower_leases: config.lease.follower_leases.is_some(),
     };
     let faults = safety_phase(&mut sim, &mut nemesis, run.safety_ms);
     heal_everything(&mut sim);

@@ -66,10 +66,8 @@ pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
     while !stop.load(Ordering::Relaxed) {
         let now = step(&app);
         let result = match now {
-            Step::Done => {
-                info!(log, "joined the cluster as a voter");
-                return;
-            }
+            // Ok(true): this node is a voter now.
+            Step::Done => Ok(true),
             Step::Add if was_member || (added_at > 0 && app.status().applied >= added_at) => {
                 warn!(
                     log,
@@ -80,15 +78,19 @@ pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
             Step::Add if added_at > 0 => Err(format!(
                 "added at index {added_at}: waiting for the leader's snapshot"
             )),
-            Step::Add => add(&app, &join, &log).map(|index| added_at = index),
-            Step::Promote => promote(&app, &join, added_at).map(|()| {
-                info!(log, "joined the cluster as a voter");
+            Step::Add => add(&app, &join, &log).map(|index| {
+                added_at = index;
+                false
             }),
+            Step::Promote => promote(&app, &join, added_at).map(|()| true),
         };
         was_member |= now == Step::Promote;
         match result {
-            Ok(()) if now == Step::Promote => return,
-            Ok(()) => {}
+            Ok(true) => {
+                info!(log, "joined the cluster as a voter");
+                return;
+            }
+            Ok(false) => {}
             Err(e) if e != last_error => {
                 warn!(log, "joining: not yet"; "why" => &e);
                 last_error = e;
