@@ -18,6 +18,10 @@ pub fn outcome_reply(o: Outcome) -> Reply {
         Outcome::Unlocked => reply(200, json!({"unlocked": true})),
         Outcome::Housekeeping => reply(200, json!({})),
         Outcome::Refused(r) => refusal_reply(r),
+        // Proposed only by the etcd front end, which answers them itself.
+        Outcome::Etcd(_) | Outcome::EtcdCompacted(_) => {
+            error(500, "internal", "an etcd API outcome reached the HTTP API")
+        }
     }
 }
 

@@ -89,6 +89,14 @@ pub enum Command {
         #[serde(default)]
         ids: Vec<u64>,
     },
+    /// An etcd transaction (a put or a delete is one of one operation): the entry's value is
+    /// etcd's `TxnRequest`, protobuf-encoded (`state::mvcc::txn`).
+    EtcdTxn {},
+    /// Compact etcd's keyspace history below `revision`.
+    EtcdCompact {
+        /// The revision to compact to.
+        revision: i64,
+    },
     /// The time each of `remaining`'s sessions had left at `now_ns` on the leader of `term`, for
     /// the next takeover ([`Sessions::checkpoint`]): only sessions with no keep-alive for half
     /// their TTL, so that a client renewing on time never needs a raft entry.
@@ -176,6 +184,10 @@ pub enum Outcome {
     Housekeeping,
     /// The command was refused.
     Refused(Refusal),
+    /// An etcd transaction ran, or why it was refused (on every replica alike).
+    Etcd(Result<crate::state::mvcc::txn::TxnDone, crate::state::mvcc::MvccError>),
+    /// etcd's keyspace was compacted (the revision it is at now), or why not.
+    EtcdCompacted(Result<i64, crate::state::mvcc::MvccError>),
 }
 
 /// Why a command was refused (deterministically, on every replica; or by the leader before it

@@ -21,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use raft_lease::grant::{GrantConfig, SessionError, SessionId, Sessions, SessionsCheckpoint};
 
 use crate::state::command::{check_names, Command, Outcome, Refusal};
+use crate::state::mvcc::{Mvcc, MvccError};
 
 /// One stored value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +65,8 @@ pub struct KvState {
     pub checkpoint_in_flight: BTreeSet<u64>,
     /// The leader's own: when (its clock) to propose the next checkpoint.
     pub next_checkpoint_ns: u64,
+    /// etcd's keyspace (the etcd API's; apart from `kv`), whose leases are these sessions.
+    pub mvcc: Mvcc,
 }
 
 /// Sessions' grant config: ρ = 500 ppm, ε = 10 ms, TTLs up to 10 minutes.
@@ -92,6 +95,7 @@ impl KvState {
             checkpointed: BTreeSet::new(),
             checkpoint_in_flight: BTreeSet::new(),
             next_checkpoint_ns: 0,
+            mvcc: Mvcc::new(),
         }
     }
 
@@ -108,6 +112,9 @@ impl KvState {
     /// Apply one committed command at `index`.
     pub fn apply(&mut self, index: u64, cmd: Command, value: &[u8]) -> Outcome {
         self.advance(index);
+        if let Command::EtcdTxn {} = cmd {
+            return Outcome::Etcd(self.etcd_txn(value));
+        }
         if let Err(why) = check_names(&cmd) {
             return Outcome::Refused(Refusal::BadName(why));
         }
@@ -138,6 +145,11 @@ impl KvState {
                 } else {
                     Outcome::Refused(Refusal::LockNotHeld { lock: name })
                 }
+            }
+            Command::EtcdTxn {} => unreachable!("applied above"),
+            Command::EtcdCompact { revision } => {
+                let done = self.mvcc.compact(revision).map(|()| self.mvcc.rev());
+                Outcome::EtcdCompacted(done)
             }
             Command::Takeover { term, now_ns } => {
                 self.sessions.takeover(now_ns);
@@ -171,6 +183,15 @@ impl KvState {
         }
     }
 
+    /// An etcd transaction, from its protobuf encoding; its leases are sessions that exist.
+    fn etcd_txn(&mut self, encoded: &[u8]) -> Result<crate::state::mvcc::txn::TxnDone, MvccError> {
+        let t = <etcd_client::proto::PbTxnRequest as prost::Message>::decode(encoded)
+            .map_err(|e| MvccError::Invalid(format!("undecodable transaction: {e}")))?;
+        let sessions = &self.sessions;
+        let exists = |id: i64| id > 0 && sessions.is_live(SessionId(id as u64), APPLY_NOW_NS);
+        self.mvcc.txn(&t, &exists)
+    }
+
     /// A replicated keep-alive: the leader refreshed `ids` in its memory; clear their checkpoints
     /// here (time-free: [`APPLY_NOW_NS`] keeps every expiry where it is).
     fn clear_checkpoints(&mut self, ids: Vec<u64>) -> Outcome {
@@ -191,6 +212,8 @@ impl KvState {
         match self.sessions.revoke(SessionId(id)) {
             Some(revoked) => {
                 self.delete_owned(id, &revoked.keys);
+                // An etcd lease is this session: its keys go in one revision.
+                self.mvcc.end_lease(id as i64);
                 true
             }
             None => false,

@@ -5,6 +5,7 @@ pub mod command;
 pub mod keys;
 pub mod kv_machine;
 pub mod kv_state;
+pub mod mvcc;
 pub mod placement;
 pub mod sessions_local;
 pub mod snapshot;

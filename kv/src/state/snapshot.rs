@@ -40,11 +40,17 @@ impl KvState {
                 .iter()
                 .map(|(k, s)| (k.clone(), s.revision, s.value.len() as u64))
                 .collect(),
+            mvcc: None,
         };
-        let mut values = Vec::with_capacity(self.bytes as usize);
+        let mut header = header;
+        let (mvcc, blob) = self.mvcc.image();
+        header.mvcc = Some(mvcc);
+        let mut values = Vec::with_capacity(self.bytes as usize + blob.len());
         for s in self.kv.values() {
             values.extend_from_slice(&s.value);
         }
+        // etcd's keyspace's bytes follow the values.
+        values.extend_from_slice(&blob);
         encode_raw(
             &serde_json::to_vec(&header).expect("snapshot header serializes"),
             &values,
@@ -65,6 +71,9 @@ impl KvState {
                 .to_vec();
             values = &values[len..];
             state.insert(key, value, revision);
+        }
+        if let Some(mvcc) = h.mvcc {
+            state.mvcc = crate::state::mvcc::Mvcc::from_image(mvcc, values)?;
         }
         let image = SessionsImage {
             next_id: h.next_session,
@@ -115,6 +124,9 @@ struct SnapshotHeader {
     sessions: Vec<SessionRow>,
     locks: Vec<(String, u64, u64)>,
     lock_tokens: Vec<(String, u64)>,
+    /// etcd's keyspace (absent in a snapshot from before it).
+    #[serde(default)]
+    mvcc: Option<crate::state::mvcc::image::MvccHeader>,
     /// (key, session) of every key tied to a session.
     #[serde(default)]
     owners: Vec<(String, u64)>,

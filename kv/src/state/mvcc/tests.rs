@@ -1,0 +1,160 @@
+use etcd_client::proto::{
+    PbCompare, PbDeleteRequest, PbPutRequest, PbRangeRequest, PbTargetUnion, PbTxnOpRequest,
+    PbTxnOpResponse, PbTxnRequest, PbTxnRequestOp,
+};
+
+use super::*;
+
+fn put(key: &[u8], value: &[u8]) -> PbTxnRequestOp {
+    PbTxnRequestOp {
+        request: Some(PbTxnOpRequest::RequestPut(PbPutRequest {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            prev_kv: true,
+            ..Default::default()
+        })),
+    }
+}
+
+fn one(op: PbTxnRequestOp) -> PbTxnRequest {
+    PbTxnRequest {
+        success: vec![op],
+        ..Default::default()
+    }
+}
+
+fn get(m: &Mvcc, key: &[u8], end: &[u8], rev: i64) -> Result<range::Ranged, MvccError> {
+    let r = PbRangeRequest {
+        key: key.to_vec(),
+        range_end: end.to_vec(),
+        revision: rev,
+        ..Default::default()
+    };
+    m.range(&r, m.rev())
+}
+
+const NO_LEASES: &dyn Fn(i64) -> bool = &|_| false;
+
+#[test]
+fn each_change_moves_the_revision_by_one_and_keys_keep_create_mod_and_version() {
+    let mut m = Mvcc::new();
+    assert_eq!(m.rev(), 1, "an empty store is at revision 1, as etcd's");
+    assert_eq!(m.txn(&one(put(b"a", b"1")), NO_LEASES).unwrap().revision, 2);
+    assert_eq!(m.txn(&one(put(b"a", b"2")), NO_LEASES).unwrap().revision, 3);
+    let kv = &get(&m, b"a", b"", 0).unwrap().kvs[0];
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (2, 3, 2));
+    assert_eq!(get(&m, b"a", b"", 2).unwrap().kvs[0].value, b"1");
+    assert_eq!(get(&m, b"a", b"", 4), Err(MvccError::FutureRev));
+    // Two keys in one transaction: one revision.
+    let two = PbTxnRequest {
+        success: vec![put(b"b", b"x"), put(b"c", b"y")],
+        ..Default::default()
+    };
+    assert_eq!(m.txn(&two, NO_LEASES).unwrap().revision, 4);
+    let all = get(&m, b"\0", b"\0", 0).unwrap();
+    assert_eq!(all.count, 3);
+    assert_eq!(all.kvs.iter().map(|k| k.key.clone()).collect::<Vec<_>>(), [b"a", b"b", b"c"]);
+    // A delete of nothing changes nothing.
+    let del = |k: &[u8]| {
+        one(PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+                key: k.to_vec(),
+                ..Default::default()
+            })),
+        })
+    };
+    assert_eq!(m.txn(&del(b"zz"), NO_LEASES).unwrap().revision, 4);
+    assert_eq!(m.txn(&del(b"a"), NO_LEASES).unwrap().revision, 5);
+    assert!(get(&m, b"a", b"", 0).unwrap().kvs.is_empty());
+    assert_eq!(get(&m, b"a", b"", 4).unwrap().kvs[0].value, b"2");
+    // Created again: a new create revision, version 1.
+    m.txn(&one(put(b"a", b"3")), NO_LEASES).unwrap();
+    let kv = &get(&m, b"a", b"", 0).unwrap().kvs[0];
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (6, 6, 1));
+}
+
+#[test]
+fn a_compare_and_swap_runs_one_branch_and_a_refused_txn_changes_nothing() {
+    let mut m = Mvcc::new();
+    m.txn(&one(put(b"k", b"v1")), NO_LEASES).unwrap();
+    let cas = |expect: &[u8], new: &[u8]| PbTxnRequest {
+        compare: vec![PbCompare {
+            key: b"k".to_vec(),
+            result: 0,
+            target: 3,
+            target_union: Some(PbTargetUnion::Value(expect.to_vec())),
+            range_end: vec![],
+        }],
+        success: vec![put(b"k", new)],
+        failure: vec![],
+    };
+    let done = m.txn(&cas(b"v1", b"v2"), NO_LEASES).unwrap();
+    assert!(done.succeeded);
+    let Some(PbTxnOpResponse::ResponsePut(p)) = &done.responses[0].response else {
+        panic!("{done:?}")
+    };
+    assert_eq!(p.prev_kv.as_ref().unwrap().value, b"v1");
+    let done = m.txn(&cas(b"v1", b"v3"), NO_LEASES).unwrap();
+    assert!(!done.succeeded);
+    assert_eq!(done.revision, 3, "the failed branch wrote nothing");
+    // A put with a lease that does not exist: refused whole, nothing written.
+    let mut with_lease = put(b"other", b"x");
+    if let Some(PbTxnOpRequest::RequestPut(p)) = &mut with_lease.request {
+        p.lease = 7;
+    }
+    let txn = PbTxnRequest {
+        success: vec![put(b"first", b"x"), with_lease],
+        ..Default::default()
+    };
+    let before = m.clone();
+    assert_eq!(m.txn(&txn, NO_LEASES), Err(MvccError::LeaseNotFound));
+    assert_eq!(m, before);
+    let dup = PbTxnRequest {
+        success: vec![put(b"d", b"1"), put(b"d", b"2")],
+        ..Default::default()
+    };
+    assert_eq!(m.txn(&dup, NO_LEASES), Err(MvccError::DuplicateKey));
+}
+
+#[test]
+fn compaction_keeps_each_keys_version_at_the_revision_and_refuses_reads_below() {
+    let mut m = Mvcc::new();
+    for v in [b"1", b"2", b"3"] {
+        m.txn(&one(put(b"k", v)), NO_LEASES).unwrap();
+    }
+    m.txn(&one(put(b"gone", b"x")), NO_LEASES).unwrap(); // rev 5
+    let mut w = m.write();
+    w.delete(b"gone");
+    assert_eq!(w.commit(), 6);
+    m.compact(6).unwrap();
+    assert_eq!(get(&m, b"k", b"", 5), Err(MvccError::Compacted));
+    assert_eq!(get(&m, b"k", b"", 6).unwrap().kvs[0].value, b"3");
+    assert_eq!(m.compact(6), Err(MvccError::Compacted));
+    assert_eq!(m.compact(7), Err(MvccError::FutureRev));
+    assert_eq!(m.events(b"k", b"", 5, false, 100), Err(MvccError::Compacted));
+    // The image round-trips what is left.
+    let (h, blob) = m.image();
+    assert_eq!(Mvcc::from_image(h, &blob).unwrap(), m);
+}
+
+#[test]
+fn events_come_in_revision_order_with_the_version_before_them() {
+    let mut m = Mvcc::new();
+    m.txn(&one(put(b"a", b"1")), NO_LEASES).unwrap();
+    let two = PbTxnRequest {
+        success: vec![put(b"c", b"x"), put(b"b", b"y")],
+        ..Default::default()
+    };
+    m.txn(&two, NO_LEASES).unwrap();
+    m.txn(&one(put(b"a", b"2")), NO_LEASES).unwrap();
+    let ev = m.events(b"\0", b"\0", 1, true, 100).unwrap();
+    let keys: Vec<_> = ev.events.iter().map(|e| e.kv.as_ref().unwrap().key.clone()).collect();
+    assert_eq!(keys, [&b"a"[..], b"c", b"b", b"a"], "within a revision, in the txn's order");
+    assert_eq!(ev.events[3].prev_kv.as_ref().unwrap().value, b"1");
+    assert_eq!(ev.through, 4);
+    let (h, blob) = m.image();
+    let restored = Mvcc::from_image(h, &blob).unwrap();
+    assert_eq!(restored.events(b"\0", b"\0", 1, true, 100).unwrap(), ev);
+    // A future start reads nothing before it.
+    assert_eq!(m.events(b"a", b"", 9, false, 100).unwrap().through, 8);
+}
