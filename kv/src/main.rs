@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `nemesis`, `bench` | randomized faults with every operation checked; HTTP load |
 //! | `cli` | the commands: `kv node` (and joining), `kv cluster` (and its console), `kv certs` |
-//! | `http` | the HTTP front end and its routes, and a small client |
+//! | `http`, `etcd` | the HTTP front end and its routes, and a small client; etcd's v3 gRPC API |
 //! | `state` | the replicated state machine: keys, sessions, locks |
 //! | `raft` | the generic raft loop and its I/O |
 //! | `peer` | the address book, frames, the transport and the peer listener |
@@ -31,6 +31,7 @@ mod base;
 mod bench;
 mod cli;
 mod disk;
+mod etcd;
 mod http;
 mod nemesis;
 mod peer;

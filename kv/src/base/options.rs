@@ -24,6 +24,10 @@ pub struct NodeOptions {
     pub peer_http: BTreeMap<u64, String>,
     /// The HTTP listen address.
     pub http: SocketAddr,
+    /// The etcd v3 API's listen address (`None`: not served).
+    pub etcd_listen: Option<SocketAddr>,
+    /// etcd API addresses by id, for forwarding to the leader.
+    pub peer_etcd: BTreeMap<u64, String>,
     /// The data dir.
     pub data_dir: PathBuf,
     /// Recorded in the data dir's marker.
@@ -88,6 +92,17 @@ impl NodeOptions {
             .get(&self.id)
             .cloned()
             .unwrap_or_else(|| self.http.to_string())
+    }
+
+    /// Node `id`'s etcd API address as others reach it: `--peer-etcd`'s, else (for this node)
+    /// `--etcd-listen`.
+    pub fn etcd_of(&self, id: u64) -> Option<String> {
+        self.peer_etcd.get(&id).cloned().or_else(|| {
+            (id == self.id)
+                .then_some(self.etcd_listen)
+                .flatten()
+                .map(|a| a.to_string())
+        })
     }
 
     /// The largest message a peer may send: a snapshot of the largest state, with room for its

@@ -36,6 +36,15 @@ pub struct NodeArgs {
     /// entry is the address others reach it at; default: --http).
     #[arg(long, default_value = "")]
     pub peer_http: String,
+    /// Serve etcd's v3 gRPC API (`etcdctl`, etcd's client libraries) on this address, over TLS
+    /// with --http-cert/--http-key when given (see docs/etcd.md). One group only.
+    #[arg(long)]
+    pub etcd_listen: Option<std::net::SocketAddr>,
+    /// Every node's etcd API address, `1=host:2379,...`: a node that does not lead forwards
+    /// writes and linearizable reads to the leader's (this node's entry is the address others
+    /// reach it at; default: --etcd-listen).
+    #[arg(long, default_value = "")]
+    pub peer_etcd: String,
     /// Join a running cluster: the HTTP address of any member (`host:port`). The node asks to be
     /// added as a learner, catches up (by snapshot), then asks to be promoted to voter. Needs
     /// --admin-token-file with the cluster's admin token.
@@ -260,6 +269,13 @@ impl NodeArgs {
             None if self.groups == 1 => raft_lease::multi::LivenessMode::PerGroup,
             None => raft_lease::multi::LivenessMode::Shared,
         };
+        if self.etcd_listen.is_some() && self.groups > 1 {
+            return Err(format!(
+                "--etcd-listen needs --groups 1: etcd's API has one revision for the whole \
+                 keyspace, and {} groups would each count their own (see docs/etcd.md)",
+                self.groups
+            ));
+        }
         self.http_limits.validate()?;
         let admin_token = self
             .admin_token_file
@@ -270,6 +286,8 @@ impl NodeArgs {
             id: self.id,
             peers,
             peer_http: parse_map(&self.peer_http, "--peer-http")?,
+            etcd_listen: self.etcd_listen,
+            peer_etcd: parse_map(&self.peer_etcd, "--peer-etcd")?,
             http: self.http,
             data_dir: self.data_dir.clone(),
             cluster_id: self.cluster_id.clone(),

@@ -212,6 +212,7 @@ fn check_configs(o: &NodeOptions) -> Result<(), Exit> {
 struct Listeners {
     peer: TcpListener,
     http: TcpListener,
+    etcd: Option<TcpListener>,
 }
 
 fn bind(rt: &tokio::runtime::Runtime, o: &NodeOptions) -> Result<Listeners, Exit> {
@@ -227,7 +228,14 @@ fn bind(rt: &tokio::runtime::Runtime, o: &NodeOptions) -> Result<Listeners, Exit
     let http = rt
         .block_on(TcpListener::bind(o.http))
         .map_err(|e| fatal(format!("http listen {}: {e}", o.http)))?;
-    Ok(Listeners { peer, http })
+    let etcd = match o.etcd_listen {
+        Some(addr) => Some(
+            rt.block_on(TcpListener::bind(addr))
+                .map_err(|e| fatal(format!("etcd API listen {addr}: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok(Listeners { peer, http, etcd })
 }
 
 /// The transport's settings: the address book starts with `--peers` and `--peer-http`.
@@ -381,6 +389,15 @@ fn start(
     });
     boot.promise
         .lower_when_due(boot.clock, stop.clone(), log.clone());
+    if let Some(listener) = listeners.etcd {
+        let tls = etcd_tls(args)?;
+        let (app, stop_rx, log) = (app.clone(), stop_rx.clone(), log.clone());
+        rt.spawn(async move {
+            if let Err(e) = crate::etcd::serve::serve(app, listener, tls, stop_rx, log.clone()).await {
+                slog::error!(log, "etcd API stopped"; "error" => e);
+            }
+        });
+    }
     rt.spawn(crate::http::server::serve(
         listeners.http,
         http_tls,
@@ -389,6 +406,24 @@ fn start(
         log.clone(),
     ));
     Ok((raft_loop, Running { app, stop_tx, stop }))
+}
+
+/// The etcd API's TLS: the HTTP certificate and key, and the peer CA for forwarding to the
+/// other nodes' (their certificates are the cluster CA's, as `kv certs` makes them).
+fn etcd_tls(args: &NodeArgs) -> Result<Option<crate::etcd::serve::EtcdTls>, Exit> {
+    let (Some(cert), Some(key)) = (&args.http_cert, &args.http_key) else {
+        return Ok(None);
+    };
+    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| config(format!("{}: {e}", p.display())));
+    let ca_pem = match &args.peer_ca {
+        Some(ca) => read(ca)?,
+        None => read(cert)?,
+    };
+    Ok(Some(crate::etcd::serve::EtcdTls {
+        cert_pem: read(cert)?,
+        key_pem: read(key)?,
+        ca_pem,
+    }))
 }
 
 /// Run a node until it is stopped.

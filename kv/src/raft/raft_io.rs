@@ -427,6 +427,7 @@ impl<M: StateMachine> LoopIo<M> {
                 }
             }
         }
+        self.shared.publish_applied();
         info!(self.logger, "installed snapshot"; "index" => index, "bytes" => snap.data.len());
         Ok(())
     }
@@ -443,6 +444,7 @@ impl<M: StateMachine> LoopIo<M> {
                 }
             }
         }
+        self.shared.publish_applied();
         Ok(())
     }
 

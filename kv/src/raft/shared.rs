@@ -68,6 +68,9 @@ pub struct Shared<M: StateMachine> {
     pub clock: Arc<ScaledClock>,
     /// Requests to the raft thread (the node's queue).
     requests: Sender<Routed<M>>,
+    /// The last index applied, published after every batch of applies (and a snapshot's
+    /// install) for tasks that wait for the state to move (etcd's watches).
+    applied: tokio::sync::watch::Sender<u64>,
 }
 
 impl<M: StateMachine> Shared<M> {
@@ -89,7 +92,23 @@ impl<M: StateMachine> Shared<M> {
             members,
             clock,
             requests,
+            applied: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Publish the state machine's applied index to [`Shared::applied_changes`]'s receivers.
+    pub fn publish_applied(&self) {
+        let applied = self.machine.read().applied();
+        self.applied.send_if_modified(|last| {
+            let moved = *last != applied;
+            *last = applied;
+            moved
+        });
+    }
+
+    /// A receiver that wakes when the applied index moves.
+    pub fn applied_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied.subscribe()
     }
 
     /// Queue `req` for the raft thread, for this group. Never blocks.

@@ -59,4 +59,24 @@ fn examples(plan: &Plan) {
         "  {curl} -s --location-trusted -H \"Authorization: Bearer $(cat {token})\" -X POST \\"
     );
     println!("       -d '{{\"to\": 2}}' {url}/admin/transfer");
+    if plan.etcd {
+        etcd_examples(plan);
+    }
+}
+
+/// `etcdctl` lines that work as printed (etcd's v3 API on every node; see docs/etcd.md).
+fn etcd_examples(plan: &Plan) {
+    let l = plan.layout;
+    let endpoints: Vec<String> = (1..=l.nodes)
+        .map(|i| format!("{}://127.0.0.1:{}", plan.scheme(), l.etcd_port(i)))
+        .collect();
+    let cacert = match &plan.https_ca {
+        Some(ca) => format!(" --cacert {}", quote(&ca.display().to_string())),
+        None => String::new(),
+    };
+    let etcdctl = format!("etcdctl{cacert} --endpoints={}", endpoints.join(","));
+    println!("\netcd's v3 API (etcdctl 3.4 and etcd's client libraries, unchanged):");
+    println!("  {etcdctl} put greeting hello");
+    println!("  {etcdctl} get greeting");
+    println!("  {etcdctl} endpoint status -w table");
 }

@@ -27,17 +27,22 @@ impl Layout {
         self.base_port + 1000 + id as u16
     }
 
+    /// Node `id`'s etcd API port.
+    pub fn etcd_port(&self, id: u64) -> u16 {
+        self.base_port + 2000 + id as u16
+    }
+
     /// Refuse a layout whose ports would overflow (or use port 0).
     pub fn check(&self) -> Result<(), String> {
         if !(1..=9).contains(&self.nodes) {
             return Err("--nodes must be 1 to 9".into());
         }
-        let top = self.base_port as u64 + 1000 + self.nodes;
+        let top = self.base_port as u64 + 2000 + self.nodes;
         if top > u16::MAX as u64 || self.base_port == 0 {
             return Err(format!(
-                "--base-port {}: the HTTP ports would run to {top}, past 65535; use a base port of at most {}",
+                "--base-port {}: the etcd API ports would run to {top}, past 65535; use a base port of at most {}",
                 self.base_port,
-                u16::MAX as u64 - 1000 - self.nodes
+                u16::MAX as u64 - 2000 - self.nodes
             ));
         }
         Ok(())

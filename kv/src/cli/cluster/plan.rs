@@ -53,6 +53,8 @@ pub struct Plan {
     pub insecure: bool,
     /// With `--http-cert` among the node flags the nodes serve HTTPS: the CA its clients trust.
     pub https_ca: Option<PathBuf>,
+    /// Whether the nodes serve etcd's API (one group only: it needs one revision space).
+    pub etcd: bool,
 }
 
 /// The CA that clients of HTTPS nodes trust, if `node_args` give `--http-cert`: `ca.pem` beside
@@ -122,6 +124,7 @@ impl Plan {
             common,
             insecure: args.insecure_peers,
             https_ca: https_ca(&args.node_args, dir),
+            etcd: args.groups.unwrap_or(1) == 1,
         })
     }
 
@@ -150,6 +153,14 @@ impl Plan {
             "--data-dir".into(),
             node_dir.display().to_string(),
         ];
+        if self.etcd {
+            a.extend([
+                "--etcd-listen".into(),
+                format!("127.0.0.1:{}", l.etcd_port(id)),
+                "--peer-etcd".into(),
+                l.list(|i| l.etcd_port(i)),
+            ]);
+        }
         if !self.insecure {
             let tls = self.dir.join("tls");
             let (cert, key) = crate::tls::certs::node_files(&tls, id);

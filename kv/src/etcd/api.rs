@@ -1,0 +1,228 @@
+//! What every etcd service shares ([`EtcdApi`]): the node, the forwarder, response headers,
+//! where a request goes (here or the leader), proposing a command and reading linearizably.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::proto::PbResponseHeader as ResponseHeader;
+use raft_lease::ReadMode;
+use tokio::sync::oneshot;
+use tonic::Status;
+
+use crate::etcd::errors;
+use crate::etcd::forward::Forwarder;
+use crate::http::app::App;
+use crate::raft::requests::{ReadReply, Request, WriteReply};
+use crate::raft::shared::Shared;
+use crate::state::command::{Command, Outcome, Refusal};
+use crate::state::kv_machine::KvCommand;
+use crate::state::kv_state::KvState;
+
+/// How long a request waits for the raft thread.
+const WAIT: Duration = Duration::from_secs(5);
+
+/// What a write costs in the in-flight budget besides its bytes.
+const WRITE_OVERHEAD_BYTES: u64 = 2048;
+
+/// The metadata a forwarded request carries: the leader it reaches answers it or refuses it,
+/// and never forwards it again (leadership may have moved on; two hops could loop).
+pub const FORWARDED: &str = "x-raft-lease-forwarded";
+
+/// Where a request that needs the leader goes.
+pub enum Route {
+    /// This node leads.
+    Here,
+    /// Forward to the leader's etcd API address.
+    Leader(String),
+}
+
+/// The etcd API of a node: every service is implemented on it.
+#[derive(Clone)]
+pub struct EtcdApi(pub(crate) Arc<Inner>);
+
+/// [`EtcdApi`]'s state.
+pub struct Inner {
+    /// The node.
+    pub app: Arc<App>,
+    /// Calls to the leader.
+    pub fwd: Forwarder,
+    /// The cluster's id in headers: FNV-1a of `--cluster-id`.
+    pub cluster_id: u64,
+}
+
+impl EtcdApi {
+    /// The API of `app`'s node, forwarding through `fwd`.
+    pub fn new(app: Arc<App>, fwd: Forwarder) -> Self {
+        let cluster_id = fnv1a(app.opts.cluster_id.as_bytes());
+        EtcdApi(Arc::new(Inner {
+            app,
+            fwd,
+            cluster_id,
+        }))
+    }
+
+    /// The node.
+    pub fn app(&self) -> &App {
+        &self.0.app
+    }
+
+    /// The store's only group (the etcd API needs one revision space).
+    pub fn group(&self) -> &Arc<Shared<KvState>> {
+        self.0.app.first()
+    }
+
+    /// A response header at revision `revision`.
+    pub fn header(&self, revision: i64) -> Option<ResponseHeader> {
+        Some(ResponseHeader {
+            cluster_id: self.0.cluster_id,
+            member_id: self.0.app.opts.id,
+            revision,
+            raft_term: self.group().leadership.term(),
+        })
+    }
+
+    /// A response header at the keyspace's current revision.
+    pub fn header_now(&self) -> Option<ResponseHeader> {
+        let rev = self.group().machine.read().mvcc.rev();
+        self.header(rev)
+    }
+
+    /// Where a request for the leader goes from here: this node, or the leader's address when
+    /// it is known, heard from lately and this request was not forwarded already.
+    pub fn route<T>(&self, req: &tonic::Request<T>) -> Result<Route, Status> {
+        let (leads, leader) = self.group().leadership.get();
+        if leads {
+            return Ok(Route::Here);
+        }
+        if req.metadata().get(FORWARDED).is_some() {
+            return Err(errors::leader_changed());
+        }
+        let live = self.app().live_leader(leader).ok_or_else(errors::no_leader)?;
+        let addr = self.app().opts.etcd_of(live).ok_or_else(|| {
+            Status::unavailable(format!(
+                "etcdserver: node {live} leads and its etcd API address is not known here \
+                 (give --peer-etcd)"
+            ))
+        })?;
+        Ok(Route::Leader(addr))
+    }
+
+    /// Propose `cmd` (with `value`) on this node, the leader, and wait for it to apply.
+    pub async fn propose(&self, cmd: Command, value: Vec<u8>) -> Result<Outcome, Status> {
+        let app = self.app();
+        let ticket = app
+            .inflight
+            .take(value.len() as u64 + WRITE_OVERHEAD_BYTES)
+            .ok_or_else(errors::too_many_requests)?;
+        let (tx, rx) = oneshot::channel();
+        let req = Request::Propose {
+            cmd: KvCommand { cmd, value },
+            reply: tx,
+            ticket: Some(ticket),
+            sent_at: Instant::now(),
+        };
+        let t = Instant::now();
+        let reply = self.ask(req, rx).await?;
+        match reply {
+            WriteReply::Done(o) => {
+                app.metrics.write_seconds.observe(t.elapsed().as_secs_f64());
+                Ok(o)
+            }
+            WriteReply::Refused(Outcome::Refused(Refusal::NotReady)) => {
+                Err(Status::unavailable("etcdserver: leader is not ready yet; retry"))
+            }
+            WriteReply::Refused(o) => Ok(o),
+            WriteReply::NotLeader { .. } | WriteReply::NotApplied(_) => Err(errors::leader_changed()),
+            WriteReply::Unknown(_) => Err(errors::timed_out()),
+        }
+    }
+
+    /// Send `req` to the raft thread and wait for its answer.
+    async fn ask<T>(&self, req: Request<KvState>, rx: oneshot::Receiver<T>) -> Result<T, Status> {
+        match self.group().send(req) {
+            Ok(()) => {}
+            Err(crossbeam_channel::TrySendError::Full(_)) => return Err(errors::too_many_requests()),
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => return Err(errors::stopping()),
+        }
+        match tokio::time::timeout(WAIT, rx).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(_)) => Err(errors::stopping()),
+            Err(_) => Err(errors::timed_out()),
+        }
+    }
+
+    /// Read `f` of the state linearizably on this node: under the lease (on the leader) or a
+    /// follower read lease, else (on the leader) after a ReadIndex round. `None`: this node
+    /// cannot (it does not lead and holds no read lease): forward.
+    pub async fn read<T: Send + 'static>(
+        &self,
+        f: impl Fn(&KvState) -> T + Send + Sync + Clone + 'static,
+    ) -> Result<Option<T>, Status> {
+        let g = self.group().clone();
+        let handle = g.handle.clone();
+        let app = self.app();
+        if !app.opts.unsafe_lease_based {
+            let read = f.clone();
+            let g2 = g.clone();
+            let state = move || read(&g2.machine.read());
+            if let Ok(v) = handle.try_read(state.clone()) {
+                return Ok(Some(v));
+            }
+            if handle.lease_held() {
+                if let Ok(v) = tokio::task::block_in_place(|| handle.read(state)) {
+                    return Ok(Some(v));
+                }
+            }
+        }
+        if !g.leadership.get().0 {
+            return Ok(None);
+        }
+        // ReadIndex: once the raft thread answers, this node has applied everything committed
+        // when the read began; reading the state after that is linearizable.
+        let (tx, rx) = oneshot::channel();
+        let mode = match app.opts.unsafe_lease_based {
+            true => ReadMode::Auto,
+            false => ReadMode::ReadIndex,
+        };
+        let req = Request::Read {
+            query: String::new(),
+            mode,
+            reply: tx,
+        };
+        match self.ask(req, rx).await? {
+            ReadReply::Value { .. } => Ok(Some(f(&g.machine.read()))),
+            ReadReply::NotLeader { .. } => Ok(None),
+            ReadReply::LeaseNotHeld => Err(errors::no_leader()),
+            ReadReply::ShuttingDown => Err(errors::stopping()),
+        }
+    }
+
+    /// Whether a request of `bytes` fits the HTTP API's body limit (with room for its framing).
+    pub fn check_size(&self, bytes: usize) -> Result<(), Status> {
+        match bytes <= self.app().limits.max_body_bytes + KEY_ROOM_BYTES {
+            true => Ok(()),
+            false => Err(errors::mvcc(crate::state::mvcc::MvccError::TooLarge)),
+        }
+    }
+
+    /// Room in the state for `len` more bytes (etcd's "database space exceeded" otherwise).
+    pub fn check_space(&self, len: u64) -> Result<(), Status> {
+        let app = self.app();
+        let m = self.group().machine.read();
+        let held = m.bytes + m.mvcc.bytes();
+        if len > 0 && held + app.inflight.used() + len > app.opts.max_state_bytes {
+            return Err(errors::mvcc(crate::state::mvcc::MvccError::NoSpace));
+        }
+        Ok(())
+    }
+}
+
+/// What a request may hold besides a value of the body limit: keys and framing.
+pub const KEY_ROOM_BYTES: usize = 64 << 10;
+
+/// FNV-1a, 64 bits.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -1,0 +1,106 @@
+//! Calls to the leader's etcd API, for a node that does not lead: one gRPC channel per address
+//! (made lazily, kept), the request marked as forwarded (see [`FORWARDED`]).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::Status;
+
+use crate::etcd::api::FORWARDED;
+use crate::etcd::errors;
+
+/// How long a forwarded call may take.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// gRPC channels to other nodes' etcd APIs.
+pub struct Forwarder {
+    /// `Some`: the nodes serve TLS, with certificates the CA signs.
+    tls: Option<ClientTlsConfig>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl Forwarder {
+    /// A forwarder to plaintext APIs (`ca: None`) or to TLS ones whose certificates `ca` signs.
+    pub fn new(ca_pem: Option<Vec<u8>>) -> Self {
+        Forwarder {
+            tls: ca_pem.map(|pem| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))),
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, Status> {
+        if let Some(c) = self.channels.lock().get(addr) {
+            return Ok(c.clone());
+        }
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let bad = |e: tonic::transport::Error| Status::unavailable(format!("etcdserver: leader address {addr}: {e}"));
+        let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(bad)?
+            .timeout(FORWARD_TIMEOUT)
+            .connect_timeout(Duration::from_secs(2));
+        if let Some(tls) = &self.tls {
+            ep = ep.tls_config(tls.clone()).map_err(bad)?;
+        }
+        let c = ep.connect_lazy();
+        self.channels.lock().insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    fn request<T>(msg: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(msg);
+        req.metadata_mut()
+            .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+        req
+    }
+
+    /// Call `path` (`/etcdserverpb.KV/Put`, say) on `addr` with `msg`.
+    pub async fn unary<Q, A>(&self, addr: &str, path: &'static str, msg: Q) -> Result<A, Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?);
+        grpc.ready().await.map_err(|_| errors::no_leader())?;
+        let codec = tonic_prost::ProstCodec::<Q, A>::default();
+        let path = PathAndQuery::from_static(path);
+        grpc.unary(Self::request(msg), path, codec)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(unreachable_leader)
+    }
+
+    /// Open the bidirectional stream `path` on `addr`, sending `out`'s messages.
+    pub async fn streaming<Q, A, S>(
+        &self,
+        addr: &str,
+        path: &'static str,
+        out: S,
+    ) -> Result<tonic::Streaming<A>, Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+        S: tokio_stream::Stream<Item = Q> + Send + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?);
+        grpc.ready().await.map_err(|_| errors::no_leader())?;
+        let codec = tonic_prost::ProstCodec::<Q, A>::default();
+        let path = PathAndQuery::from_static(path);
+        grpc.streaming(Self::request(out), path, codec)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(unreachable_leader)
+    }
+}
+
+/// A failure to reach the leader is etcd's "no leader" to the client (it may retry); the
+/// leader's own answers pass through.
+fn unreachable_leader(s: Status) -> Status {
+    match s.code() {
+        tonic::Code::Unknown if s.message().contains("transport") => errors::no_leader(),
+        tonic::Code::Unavailable if !s.message().starts_with("etcdserver:") => errors::no_leader(),
+        _ => s,
+    }
+}

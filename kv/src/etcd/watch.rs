@@ -1,0 +1,211 @@
+//! etcd's Watch service: one bidirectional stream holds many watchers. Each watcher reads the
+//! keyspace's history from the revision it asked for, in revision order, and remembers the next
+//! revision it owes, so every change reaches it exactly once, across leader changes (the
+//! history is this node's own replicated state) and after a reconnect with `start_revision`.
+//! A watcher whose next revision was compacted away is canceled with `compact_revision` set.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+
+use etcd_client::proto::{PbWatchRequest as WatchRequest, PbWatchRequestUnion as Union, PbWatchResponse as WatchResponse, PbWatchService};
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::etcd::api::EtcdApi;
+use crate::state::mvcc::watch::{EVENT_DELETE, EVENT_PUT};
+use crate::state::mvcc::MvccError;
+
+/// Watchers one stream may hold.
+pub const MAX_WATCHERS_PER_STREAM: usize = 1024;
+/// Events in one response at most (a response ends at a revision's end, so one revision's
+/// events may pass it).
+const MAX_EVENTS_PER_RESPONSE: usize = 1000;
+/// How often a watcher that asked for progress notifications gets one with no events.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// etcd's watch filters.
+const FILTER_NOPUT: i32 = 0;
+const FILTER_NODELETE: i32 = 1;
+
+struct Watcher {
+    key: Vec<u8>,
+    end: Vec<u8>,
+    /// The first revision not yet sent.
+    next_rev: i64,
+    prev_kv: bool,
+    no_put: bool,
+    no_delete: bool,
+    progress_notify: bool,
+}
+
+/// One stream's watchers.
+struct Session {
+    api: EtcdApi,
+    watchers: BTreeMap<i64, Watcher>,
+    next_id: i64,
+    out: mpsc::Sender<Result<WatchResponse, Status>>,
+}
+
+impl Session {
+    async fn send(&self, r: WatchResponse) -> bool {
+        self.out.send(Ok(r)).await.is_ok()
+    }
+
+    fn response(&self, watch_id: i64) -> WatchResponse {
+        WatchResponse {
+            header: self.api.header_now(),
+            watch_id,
+            ..Default::default()
+        }
+    }
+
+    async fn handle(&mut self, req: WatchRequest) -> bool {
+        match req.request_union {
+            Some(Union::CreateRequest(c)) => {
+                let mut id = c.watch_id;
+                if id == 0 {
+                    while self.watchers.contains_key(&self.next_id) {
+                        self.next_id += 1;
+                    }
+                    id = self.next_id;
+                }
+                let refuse = if self.watchers.len() >= MAX_WATCHERS_PER_STREAM {
+                    Some(format!("etcdserver: at most {MAX_WATCHERS_PER_STREAM} watchers per stream"))
+                } else if id < 0 || self.watchers.contains_key(&id) {
+                    Some("mvcc: watcher ID exists or is invalid".to_string())
+                } else {
+                    None
+                };
+                if let Some(reason) = refuse {
+                    let mut r = self.response(-1);
+                    (r.created, r.canceled, r.cancel_reason) = (true, true, reason);
+                    return self.send(r).await;
+                }
+                let current = self.api.group().machine.read().mvcc.rev();
+                let w = Watcher {
+                    next_rev: if c.start_revision > 0 { c.start_revision } else { current + 1 },
+                    no_put: c.filters.contains(&FILTER_NOPUT),
+                    no_delete: c.filters.contains(&FILTER_NODELETE),
+                    key: c.key,
+                    end: c.range_end,
+                    prev_kv: c.prev_kv,
+                    progress_notify: c.progress_notify,
+                };
+                self.watchers.insert(id, w);
+                let mut r = self.response(id);
+                r.created = true;
+                self.send(r).await && self.pump().await
+            }
+            Some(Union::CancelRequest(c)) => {
+                if self.watchers.remove(&c.watch_id).is_none() {
+                    return true;
+                }
+                let mut r = self.response(c.watch_id);
+                r.canceled = true;
+                self.send(r).await
+            }
+            Some(Union::ProgressRequest(_)) => {
+                self.pump().await && self.send(self.response(-1)).await
+            }
+            None => true,
+        }
+    }
+
+    /// Send every watcher what the history holds for it past its next revision.
+    async fn pump(&mut self) -> bool {
+        let mut out = Vec::new();
+        {
+            let m = self.api.group().machine.read();
+            let current = m.mvcc.rev();
+            let mut gone = Vec::new();
+            for (&id, w) in self.watchers.iter_mut() {
+                while w.next_rev <= current {
+                    match m.mvcc.events(&w.key, &w.end, w.next_rev, w.prev_kv, MAX_EVENTS_PER_RESPONSE) {
+                        Ok(got) => {
+                            w.next_rev = got.through + 1;
+                            let events: Vec<_> = got
+                                .events
+                                .into_iter()
+                                .filter(|e| !(e.r#type == EVENT_PUT && w.no_put))
+                                .filter(|e| !(e.r#type == EVENT_DELETE && w.no_delete))
+                                .collect();
+                            if !events.is_empty() {
+                                out.push((id, events, 0));
+                            }
+                        }
+                        Err(MvccError::Compacted) => {
+                            out.push((id, Vec::new(), m.mvcc.compacted()));
+                            gone.push(id);
+                            break;
+                        }
+                        Err(e) => unreachable!("a watch reads only history: {e}"),
+                    }
+                }
+            }
+            for id in gone {
+                self.watchers.remove(&id);
+            }
+        }
+        for (id, events, compacted) in out {
+            let mut r = self.response(id);
+            r.events = events;
+            if compacted != 0 {
+                (r.canceled, r.compact_revision) = (true, compacted);
+                r.cancel_reason = MvccError::Compacted.to_string();
+            }
+            if !self.send(r).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn progress(&mut self) -> bool {
+        let ids: Vec<i64> = self.watchers.iter().filter(|(_, w)| w.progress_notify).map(|(id, _)| *id).collect();
+        for id in ids {
+            if !self.send(self.response(id)).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// A stream of watch responses.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl PbWatchService for EtcdApi {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<Streaming<WatchRequest>>) -> Result<Response<WatchStream>, Status> {
+        let (tx, rx) = mpsc::channel(64);
+        let mut inbound = req.into_inner();
+        let mut applied = self.group().applied_changes();
+        let mut s = Session {
+            api: self.clone(),
+            watchers: BTreeMap::new(),
+            next_id: 1,
+            out: tx,
+        };
+        tokio::spawn(async move {
+            let mut progress = tokio::time::interval(PROGRESS_EVERY);
+            progress.tick().await;
+            loop {
+                let alive = tokio::select! {
+                    msg = inbound.next() => match msg {
+                        Some(Ok(req)) => s.handle(req).await,
+                        _ => false,
+                    },
+                    changed = applied.changed() => changed.is_ok() && s.pump().await,
+                    _ = progress.tick() => s.progress().await,
+                };
+                if !alive {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+}
