@@ -393,7 +393,9 @@ fn start(
         let tls = etcd_tls(args)?;
         let (app, stop_rx, log) = (app.clone(), stop_rx.clone(), log.clone());
         rt.spawn(async move {
-            if let Err(e) = crate::etcd::serve::serve(app, listener, tls, stop_rx, log.clone()).await {
+            if let Err(e) =
+                crate::etcd::serve::serve(app, listener, tls, stop_rx, log.clone()).await
+            {
                 slog::error!(log, "etcd API stopped"; "error" => e);
             }
         });
@@ -414,7 +416,8 @@ fn etcd_tls(args: &NodeArgs) -> Result<Option<crate::etcd::serve::EtcdTls>, Exit
     let (Some(cert), Some(key)) = (&args.http_cert, &args.http_key) else {
         return Ok(None);
     };
-    let read = |p: &std::path::Path| std::fs::read(p).map_err(|e| config(format!("{}: {e}", p.display())));
+    let read =
+        |p: &std::path::Path| std::fs::read(p).map_err(|e| config(format!("{}: {e}", p.display())));
     let ca_pem = match &args.peer_ca {
         Some(ca) => read(ca)?,
         None => read(cert)?,

@@ -97,7 +97,10 @@ impl EtcdApi {
         if req.metadata().get(FORWARDED).is_some() {
             return Err(errors::leader_changed());
         }
-        let live = self.app().live_leader(leader).ok_or_else(errors::no_leader)?;
+        let live = self
+            .app()
+            .live_leader(leader)
+            .ok_or_else(errors::no_leader)?;
         let addr = self.app().opts.etcd_of(live).ok_or_else(|| {
             Status::unavailable(format!(
                 "etcdserver: node {live} leads and its etcd API address is not known here \
@@ -128,11 +131,13 @@ impl EtcdApi {
                 app.metrics.write_seconds.observe(t.elapsed().as_secs_f64());
                 Ok(o)
             }
-            WriteReply::Refused(Outcome::Refused(Refusal::NotReady)) => {
-                Err(Status::unavailable("etcdserver: leader is not ready yet; retry"))
-            }
+            WriteReply::Refused(Outcome::Refused(Refusal::NotReady)) => Err(Status::unavailable(
+                "etcdserver: leader is not ready yet; retry",
+            )),
             WriteReply::Refused(o) => Ok(o),
-            WriteReply::NotLeader { .. } | WriteReply::NotApplied(_) => Err(errors::leader_changed()),
+            WriteReply::NotLeader { .. } | WriteReply::NotApplied(_) => {
+                Err(errors::leader_changed())
+            }
             WriteReply::Unknown(_) => Err(errors::timed_out()),
         }
     }
@@ -141,7 +146,9 @@ impl EtcdApi {
     async fn ask<T>(&self, req: Request<KvState>, rx: oneshot::Receiver<T>) -> Result<T, Status> {
         match self.group().send(req) {
             Ok(()) => {}
-            Err(crossbeam_channel::TrySendError::Full(_)) => return Err(errors::too_many_requests()),
+            Err(crossbeam_channel::TrySendError::Full(_)) => {
+                return Err(errors::too_many_requests())
+            }
             Err(crossbeam_channel::TrySendError::Disconnected(_)) => return Err(errors::stopping()),
         }
         match tokio::time::timeout(WAIT, rx).await {

@@ -22,7 +22,11 @@ impl EtcdApi {
     pub fn members(&self) -> Vec<Member> {
         let conf = self.app().status().conf;
         let book = self.group().members.read();
-        let scheme = if self.app().scheme == "https" { "https" } else { "http" };
+        let scheme = if self.app().scheme == "https" {
+            "https"
+        } else {
+            "http"
+        };
         let member = |id: u64, is_learner: bool| Member {
             id,
             name: format!("node-{id}"),
@@ -40,7 +44,9 @@ impl EtcdApi {
             is_learner,
         };
         let voters = conf.voters.iter().map(|&id| member(id, false));
-        voters.chain(conf.learners.iter().map(|&id| member(id, true))).collect()
+        voters
+            .chain(conf.learners.iter().map(|&id| member(id, true)))
+            .collect()
     }
 }
 
@@ -50,11 +56,17 @@ impl PbClusterService for EtcdApi {
         Err(permission_denied(USE_ADMIN))
     }
 
-    async fn member_remove(&self, _: Request<PbMemberRemoveRequest>) -> Reply<PbMemberRemoveResponse> {
+    async fn member_remove(
+        &self,
+        _: Request<PbMemberRemoveRequest>,
+    ) -> Reply<PbMemberRemoveResponse> {
         Err(permission_denied(USE_ADMIN))
     }
 
-    async fn member_update(&self, _: Request<PbMemberUpdateRequest>) -> Reply<PbMemberUpdateResponse> {
+    async fn member_update(
+        &self,
+        _: Request<PbMemberUpdateRequest>,
+    ) -> Reply<PbMemberUpdateResponse> {
         Err(permission_denied(USE_ADMIN))
     }
 
@@ -65,7 +77,10 @@ impl PbClusterService for EtcdApi {
         }))
     }
 
-    async fn member_promote(&self, _: Request<PbMemberPromoteRequest>) -> Reply<PbMemberPromoteResponse> {
+    async fn member_promote(
+        &self,
+        _: Request<PbMemberPromoteRequest>,
+    ) -> Reply<PbMemberPromoteResponse> {
         Err(permission_denied(USE_ADMIN))
     }
 }

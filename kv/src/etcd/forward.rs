@@ -26,7 +26,8 @@ impl Forwarder {
     /// A forwarder to plaintext APIs (`ca: None`) or to TLS ones whose certificates `ca` signs.
     pub fn new(ca_pem: Option<Vec<u8>>) -> Self {
         Forwarder {
-            tls: ca_pem.map(|pem| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))),
+            tls: ca_pem
+                .map(|pem| ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem))),
             channels: Mutex::new(HashMap::new()),
         }
     }
@@ -36,7 +37,9 @@ impl Forwarder {
             return Ok(c.clone());
         }
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let bad = |e: tonic::transport::Error| Status::unavailable(format!("etcdserver: leader address {addr}: {e}"));
+        let bad = |e: tonic::transport::Error| {
+            Status::unavailable(format!("etcdserver: leader address {addr}: {e}"))
+        };
         let mut ep = Endpoint::from_shared(format!("{scheme}://{addr}"))
             .map_err(bad)?
             .timeout(FORWARD_TIMEOUT)

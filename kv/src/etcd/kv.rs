@@ -4,12 +4,11 @@
 
 use etcd_client::proto::{
     PbCompactionRequest as CompactionRequest, PbCompactionResponse as CompactionResponse,
-    PbDeleteRequest as DeleteRangeRequest, PbDeleteResponse as DeleteRangeResponse,
-    PbKvService, PbPutRequest as PutRequest, PbPutResponse as PutResponse,
-    PbRangeRequest as RangeRequest, PbRangeResponse as RangeResponse,
-    PbRangeStreamResponse as RangeStreamResponse, PbTxnOpRequest as Op,
-    PbTxnOpResponse as OpResponse, PbTxnRequest as TxnRequest, PbTxnRequestOp,
-    PbTxnResponse as TxnResponse,
+    PbDeleteRequest as DeleteRangeRequest, PbDeleteResponse as DeleteRangeResponse, PbKvService,
+    PbPutRequest as PutRequest, PbPutResponse as PutResponse, PbRangeRequest as RangeRequest,
+    PbRangeResponse as RangeResponse, PbRangeStreamResponse as RangeStreamResponse,
+    PbTxnOpRequest as Op, PbTxnOpResponse as OpResponse, PbTxnRequest as TxnRequest,
+    PbTxnRequestOp, PbTxnResponse as TxnResponse,
 };
 use prost::Message;
 use tonic::{Request, Response, Status};
@@ -62,7 +61,10 @@ impl EtcdApi {
     async fn txn_routed(&self, req: Request<TxnRequest>) -> Result<TxnResponse, Status> {
         match self.route(&req)? {
             Route::Leader(addr) => {
-                self.0.fwd.unary(&addr, "/etcdserverpb.KV/Txn", req.into_inner()).await
+                self.0
+                    .fwd
+                    .unary(&addr, "/etcdserverpb.KV/Txn", req.into_inner())
+                    .await
             }
             Route::Here => {
                 let done = self.txn_here(req.into_inner()).await?;
@@ -86,7 +88,8 @@ impl EtcdApi {
         let done = self.txn_routed(fwd).await?;
         let rev = done.header.as_ref().map_or(0, |h| h.revision);
         let resp = done.responses.into_iter().next().and_then(|r| r.response);
-        let resp = resp.ok_or_else(|| Status::internal("a transaction of one operation answered none"))?;
+        let resp =
+            resp.ok_or_else(|| Status::internal("a transaction of one operation answered none"))?;
         Ok((resp, rev))
     }
 }
@@ -101,7 +104,11 @@ impl PbKvService for EtcdApi {
         }
         match self.route(&req)? {
             Route::Leader(addr) => {
-                let resp = self.0.fwd.unary(&addr, "/etcdserverpb.KV/Range", req.into_inner()).await?;
+                let resp = self
+                    .0
+                    .fwd
+                    .unary(&addr, "/etcdserverpb.KV/Range", req.into_inner())
+                    .await?;
                 Ok(Response::new(resp))
             }
             // Leadership came here meanwhile: try once more, then give up.
@@ -157,12 +164,19 @@ impl PbKvService for EtcdApi {
     async fn compact(&self, req: Request<CompactionRequest>) -> Reply<CompactionResponse> {
         match self.route(&req)? {
             Route::Leader(addr) => {
-                let resp = self.0.fwd.unary(&addr, "/etcdserverpb.KV/Compact", req.into_inner()).await?;
+                let resp = self
+                    .0
+                    .fwd
+                    .unary(&addr, "/etcdserverpb.KV/Compact", req.into_inner())
+                    .await?;
                 Ok(Response::new(resp))
             }
             Route::Here => {
                 let revision = req.get_ref().revision;
-                match self.propose(Command::EtcdCompact { revision }, Vec::new()).await? {
+                match self
+                    .propose(Command::EtcdCompact { revision }, Vec::new())
+                    .await?
+                {
                     Outcome::EtcdCompacted(Ok(rev)) => Ok(Response::new(CompactionResponse {
                         header: self.header(rev),
                     })),

@@ -10,8 +10,8 @@ use etcd_client::proto::{
     PbLeaseGrantRequest as GrantRequest, PbLeaseGrantResponse as GrantResponse,
     PbLeaseKeepAliveRequest as KeepAliveRequest, PbLeaseKeepAliveResponse as KeepAliveResponse,
     PbLeaseLeasesRequest as LeasesRequest, PbLeaseLeasesResponse as LeasesResponse,
-    PbLeaseRevokeRequest as RevokeRequest, PbLeaseRevokeResponse as RevokeResponse,
-    PbLeaseService, PbLeaseStatus as LeaseStatus, PbLeaseTimeToLiveRequest as TtlRequest,
+    PbLeaseRevokeRequest as RevokeRequest, PbLeaseRevokeResponse as RevokeResponse, PbLeaseService,
+    PbLeaseStatus as LeaseStatus, PbLeaseTimeToLiveRequest as TtlRequest,
     PbLeaseTimeToLiveResponse as TtlResponse,
 };
 use raft_lease::Clock;
@@ -102,7 +102,11 @@ impl EtcdApi {
             id: r.id,
             ttl: left.min(granted),
             granted_ttl: granted,
-            keys: if r.keys { m.mvcc.lease_keys(r.id) } else { Vec::new() },
+            keys: if r.keys {
+                m.mvcc.lease_keys(r.id)
+            } else {
+                Vec::new()
+            },
         }
     }
 }
@@ -124,7 +128,10 @@ impl PbLeaseService for EtcdApi {
         }
         let ttl = r.ttl.max(self.min_ttl_s());
         if let Route::Leader(addr) = self.route(&req)? {
-            let resp = self.0.fwd.unary(&addr, "/etcdserverpb.Lease/LeaseGrant", req.into_inner());
+            let resp = self
+                .0
+                .fwd
+                .unary(&addr, "/etcdserverpb.Lease/LeaseGrant", req.into_inner());
             return Ok(Response::new(resp.await?));
         }
         let cmd = Command::SessionGrant {
@@ -151,10 +158,16 @@ impl PbLeaseService for EtcdApi {
             return Err(errors::lease_not_found());
         }
         if let Route::Leader(addr) = self.route(&req)? {
-            let resp = self.0.fwd.unary(&addr, "/etcdserverpb.Lease/LeaseRevoke", req.into_inner());
+            let resp = self
+                .0
+                .fwd
+                .unary(&addr, "/etcdserverpb.Lease/LeaseRevoke", req.into_inner());
             return Ok(Response::new(resp.await?));
         }
-        match self.propose(Command::SessionRevoke { id: id as u64 }, Vec::new()).await? {
+        match self
+            .propose(Command::SessionRevoke { id: id as u64 }, Vec::new())
+            .await?
+        {
             Outcome::Revoked => Ok(Response::new(RevokeResponse {
                 header: self.header_now(),
             })),
@@ -196,14 +209,18 @@ impl PbLeaseService for EtcdApi {
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn lease_time_to_live(&self, req: Request<TtlRequest>) -> Reply<TtlResponse> {
         match self.route(&req)? {
             Route::Leader(addr) => {
                 let path = "/etcdserverpb.Lease/LeaseTimeToLive";
-                Ok(Response::new(self.0.fwd.unary(&addr, path, req.into_inner()).await?))
+                Ok(Response::new(
+                    self.0.fwd.unary(&addr, path, req.into_inner()).await?,
+                ))
             }
             Route::Here => Ok(Response::new(self.time_to_live(req.get_ref()))),
         }

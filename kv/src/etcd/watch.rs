@@ -7,7 +7,10 @@
 use std::collections::BTreeMap;
 use std::pin::Pin;
 
-use etcd_client::proto::{PbWatchRequest as WatchRequest, PbWatchRequestUnion as Union, PbWatchResponse as WatchResponse, PbWatchService};
+use etcd_client::proto::{
+    PbWatchRequest as WatchRequest, PbWatchRequestUnion as Union, PbWatchResponse as WatchResponse,
+    PbWatchService,
+};
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -71,7 +74,9 @@ impl Session {
                     id = self.next_id;
                 }
                 let refuse = if self.watchers.len() >= MAX_WATCHERS_PER_STREAM {
-                    Some(format!("etcdserver: at most {MAX_WATCHERS_PER_STREAM} watchers per stream"))
+                    Some(format!(
+                        "etcdserver: at most {MAX_WATCHERS_PER_STREAM} watchers per stream"
+                    ))
                 } else if id < 0 || self.watchers.contains_key(&id) {
                     Some("mvcc: watcher ID exists or is invalid".to_string())
                 } else {
@@ -84,7 +89,11 @@ impl Session {
                 }
                 let current = self.api.group().machine.read().mvcc.rev();
                 let w = Watcher {
-                    next_rev: if c.start_revision > 0 { c.start_revision } else { current + 1 },
+                    next_rev: if c.start_revision > 0 {
+                        c.start_revision
+                    } else {
+                        current + 1
+                    },
                     no_put: c.filters.contains(&FILTER_NOPUT),
                     no_delete: c.filters.contains(&FILTER_NODELETE),
                     key: c.key,
@@ -121,7 +130,13 @@ impl Session {
             let mut gone = Vec::new();
             for (&id, w) in self.watchers.iter_mut() {
                 while w.next_rev <= current {
-                    match m.mvcc.events(&w.key, &w.end, w.next_rev, w.prev_kv, MAX_EVENTS_PER_RESPONSE) {
+                    match m.mvcc.events(
+                        &w.key,
+                        &w.end,
+                        w.next_rev,
+                        w.prev_kv,
+                        MAX_EVENTS_PER_RESPONSE,
+                    ) {
                         Ok(got) => {
                             w.next_rev = got.through + 1;
                             let events: Vec<_> = got
@@ -162,7 +177,12 @@ impl Session {
     }
 
     async fn progress(&mut self) -> bool {
-        let ids: Vec<i64> = self.watchers.iter().filter(|(_, w)| w.progress_notify).map(|(id, _)| *id).collect();
+        let ids: Vec<i64> = self
+            .watchers
+            .iter()
+            .filter(|(_, w)| w.progress_notify)
+            .map(|(id, _)| *id)
+            .collect();
         for id in ids {
             if !self.send(self.response(id)).await {
                 return false;
@@ -179,7 +199,10 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> 
 impl PbWatchService for EtcdApi {
     type WatchStream = WatchStream;
 
-    async fn watch(&self, req: Request<Streaming<WatchRequest>>) -> Result<Response<WatchStream>, Status> {
+    async fn watch(
+        &self,
+        req: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<WatchStream>, Status> {
         let (tx, rx) = mpsc::channel(64);
         let mut inbound = req.into_inner();
         let mut applied = self.group().applied_changes();
@@ -206,6 +229,8 @@ impl PbWatchService for EtcdApi {
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 }

@@ -47,6 +47,8 @@ pub struct Cluster {
     pub data: PathBuf,
     pub peer_ports: Vec<u16>,
     pub http_ports: Vec<u16>,
+    /// Each node's etcd API port (served unless the cluster has many groups).
+    pub etcd_ports: Vec<u16>,
     /// The reservations behind the ports.
     pub _reserved: Vec<crate::ports::Port>,
     pub nodes: Vec<Option<Child>>,
@@ -134,13 +136,14 @@ impl Cluster {
         all.push("--admin-token-file".into());
         all.push(data.join("admin.token").display().to_string());
         let reserved: Vec<crate::ports::Port> =
-            (0..2 * n).map(|_| crate::ports::reserve()).collect();
+            (0..3 * n).map(|_| crate::ports::reserve()).collect();
         Cluster {
             _serial: serial,
             data,
             _dir: dir,
             peer_ports: reserved[..n].iter().map(|p| p.port).collect(),
-            http_ports: reserved[n..].iter().map(|p| p.port).collect(),
+            http_ports: reserved[n..2 * n].iter().map(|p| p.port).collect(),
+            etcd_ports: reserved[2 * n..].iter().map(|p| p.port).collect(),
             _reserved: reserved,
             nodes: (0..n).map(|_| None).collect(),
             args: all,
@@ -151,10 +154,15 @@ impl Cluster {
     /// Make room for node `id` (ports, certificate) before it joins.
     pub fn add_slot(&mut self, id: u64) {
         while self.nodes.len() < id as usize {
-            let (p, h) = (crate::ports::reserve(), crate::ports::reserve());
+            let (p, h, e) = (
+                crate::ports::reserve(),
+                crate::ports::reserve(),
+                crate::ports::reserve(),
+            );
             self.peer_ports.push(p.port);
             self.http_ports.push(h.port);
-            self._reserved.extend([p, h]);
+            self.etcd_ports.push(e.port);
+            self._reserved.extend([p, h, e]);
             self.nodes.push(None);
         }
         if !self.args.iter().any(|a| a == "--insecure-peers") {
@@ -241,6 +249,14 @@ impl Cluster {
             .arg("--data-dir")
             .arg(dir)
             .args(&self.args);
+        if self.serves_etcd() {
+            cmd.args([
+                "--etcd-listen",
+                &format!("127.0.0.1:{}", self.etcd_port(id)),
+            ])
+            .arg("--peer-etcd")
+            .arg(list(&self.etcd_ports));
+        }
         if !self.args.iter().any(|a| a == "--insecure-peers") {
             let tls = self.tls();
             cmd.arg("--peer-ca").arg(tls.join("ca.pem"));
@@ -268,6 +284,17 @@ impl Cluster {
 
     pub fn port(&self, id: u64) -> u16 {
         self.http_ports[id as usize - 1]
+    }
+
+    /// Node `id`'s etcd API port.
+    pub fn etcd_port(&self, id: u64) -> u16 {
+        self.etcd_ports[id as usize - 1]
+    }
+
+    /// Whether the nodes serve etcd's API: one group only.
+    pub fn serves_etcd(&self) -> bool {
+        let groups = self.args.iter().position(|a| a == "--groups");
+        groups.is_none_or(|i| self.args.get(i + 1).is_some_and(|n| n == "1"))
     }
 
     pub fn peer_port(&self, id: u64) -> u16 {

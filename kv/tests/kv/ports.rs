@@ -60,12 +60,13 @@ pub fn reserve() -> Port {
         .expect("no free port in 10,000 tries")
 }
 
-/// Reserve `base+1..=base+n` and `base+1001..=base+1000+n` for `kv cluster`: the base.
+/// Reserve `base+1..=base+n`, `base+1001..=base+1000+n` and `base+2001..=base+2000+n` for
+/// `kv cluster` (peers, HTTP, etcd API): the base.
 pub fn reserve_base(n: u16) -> (u16, Vec<Port>) {
     for _ in 0..10_000 {
-        let base = next_candidate().min(RANGE.end - 1100);
+        let base = next_candidate().min(RANGE.end - 2100);
         let ports: Option<Vec<Port>> = (1..=n)
-            .flat_map(|i| [base + i, base + 1000 + i])
+            .flat_map(|i| [base + i, base + 1000 + i, base + 2000 + i])
             .map(try_reserve)
             .collect();
         if let Some(p) = ports {

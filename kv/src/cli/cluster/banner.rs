@@ -67,8 +67,11 @@ fn examples(plan: &Plan) {
 /// `etcdctl` lines that work as printed (etcd's v3 API on every node; see docs/etcd.md).
 fn etcd_examples(plan: &Plan) {
     let l = plan.layout;
+    // host:port, no scheme: etcdctl 3.4 sends a URL endpoint as the HTTP/2 :authority of its
+    // per-endpoint calls (`endpoint status`, `defrag`), which HTTP/2 servers other than Go's
+    // refuse as malformed. With --cacert, etcdctl speaks TLS to such endpoints.
     let endpoints: Vec<String> = (1..=l.nodes)
-        .map(|i| format!("{}://127.0.0.1:{}", plan.scheme(), l.etcd_port(i)))
+        .map(|i| format!("127.0.0.1:{}", l.etcd_port(i)))
         .collect();
     let cacert = match &plan.https_ca {
         Some(ca) => format!(" --cacert {}", quote(&ca.display().to_string())),

@@ -1,5 +1,6 @@
 //! Why a request to the keyspace is refused: each is one of etcd's errors, with etcd's gRPC code
-//! and its exact text (clients match errors by their text: `api/v3rpc/rpctypes/error.go`).
+//! and its exact text as etcd 3.4 sends it (clients match errors by their text:
+//! `api/v3rpc/rpctypes/error.go`; the reference runs of the compatibility tests check each).
 
 /// A refusal of the keyspace, deterministic on every replica (or found before proposing).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,10 +27,10 @@ pub enum MvccError {
     #[error("etcdserver: requested lease not found")]
     LeaseNotFound,
     /// A revision below the compacted one.
-    #[error("mvcc: required revision has been compacted")]
+    #[error("etcdserver: mvcc: required revision has been compacted")]
     Compacted,
     /// A revision above the current one.
-    #[error("mvcc: required revision is a future revision")]
+    #[error("etcdserver: mvcc: required revision is a future revision")]
     FutureRev,
     /// The keyspace would pass its share of `--max-state-bytes`.
     #[error("etcdserver: mvcc: database space exceeded")]

@@ -44,7 +44,15 @@ impl Mvcc {
                 };
                 let key_len = u32::try_from(k.len()).expect("keys are bounded");
                 let sub = place.get(&(v.mod_rev, k.as_slice())).copied().unwrap_or(0);
-                versions.push((key_len, v.create_rev, v.mod_rev, v.version, v.lease, len, sub));
+                versions.push((
+                    key_len,
+                    v.create_rev,
+                    v.mod_rev,
+                    v.version,
+                    v.lease,
+                    len,
+                    sub,
+                ));
             }
         }
         let header = MvccHeader {
@@ -59,7 +67,10 @@ impl Mvcc {
     pub fn from_image(h: MvccHeader, mut blob: &[u8]) -> Result<Mvcc, String> {
         let mut m = Mvcc::new();
         if h.rev < 1 || h.compacted < 0 || h.compacted > h.rev {
-            return Err(format!("bad keyspace revisions {} / {}", h.rev, h.compacted));
+            return Err(format!(
+                "bad keyspace revisions {} / {}",
+                h.rev, h.compacted
+            ));
         }
         let mut take = |n: usize| -> Result<Vec<u8>, String> {
             let bytes = blob.get(..n).ok_or("keyspace bytes truncated")?.to_vec();
@@ -75,7 +86,9 @@ impl Mvcc {
             };
             let vs = m.keys.entry(key.clone()).or_default();
             if vs.last().is_some_and(|l| l.mod_rev >= mod_rev) || mod_rev > h.rev {
-                return Err(format!("keyspace versions out of order at revision {mod_rev}"));
+                return Err(format!(
+                    "keyspace versions out of order at revision {mod_rev}"
+                ));
             }
             let v = Version {
                 create_rev,
@@ -93,7 +106,10 @@ impl Mvcc {
         for (k, vs) in &m.keys {
             let last = vs.last().expect("a key has a version");
             if last.value.is_some() && last.lease != 0 {
-                m.lease_keys.entry(last.lease).or_default().insert(k.clone());
+                m.lease_keys
+                    .entry(last.lease)
+                    .or_default()
+                    .insert(k.clone());
             }
         }
         m.changes = by_rev

@@ -146,7 +146,12 @@ impl Mvcc {
 
     /// `key`'s version at `rev`, if the key existed then.
     pub fn version_at(&self, key: &[u8], rev: i64) -> Option<&Version> {
-        let v = self.keys.get(key)?.iter().rev().find(|v| v.mod_rev <= rev)?;
+        let v = self
+            .keys
+            .get(key)?
+            .iter()
+            .rev()
+            .find(|v| v.mod_rev <= rev)?;
         v.value.as_ref().map(|_| v)
     }
 
@@ -157,10 +162,12 @@ impl Mvcc {
         end: &[u8],
         rev: i64,
     ) -> impl Iterator<Item = (&'a [u8], &'a Version)> + 'a {
-        self.keys.range(bounds(key, end)).filter_map(move |(k, vs)| {
-            let v = vs.iter().rev().find(|v| v.mod_rev <= rev)?;
-            v.value.as_ref().map(|_| (k.as_slice(), v))
-        })
+        self.keys
+            .range(bounds(key, end))
+            .filter_map(move |(k, vs)| {
+                let v = vs.iter().rev().find(|v| v.mod_rev <= rev)?;
+                v.value.as_ref().map(|_| (k.as_slice(), v))
+            })
     }
 
     /// The keys attached to lease `id` now.
@@ -215,7 +222,10 @@ impl Mvcc {
         // A change at `at` itself stays while its version does (a deletion's tombstone is gone).
         let keys = &self.keys;
         if let Some(at_changes) = self.changes.get_mut(&at) {
-            at_changes.retain(|k| keys.get(k).is_some_and(|vs| vs.iter().any(|v| v.mod_rev == at)));
+            at_changes.retain(|k| {
+                keys.get(k)
+                    .is_some_and(|vs| vs.iter().any(|v| v.mod_rev == at))
+            });
             if at_changes.is_empty() {
                 self.changes.remove(&at);
             }

@@ -32,10 +32,16 @@ pub fn check(r: &RangeRequest) -> Result<(), MvccError> {
         return Err(MvccError::EmptyKey);
     }
     if !(ORDER_NONE..=ORDER_DESCEND).contains(&r.sort_order) {
-        return Err(MvccError::Invalid(format!("unknown sort order {}", r.sort_order)));
+        return Err(MvccError::Invalid(format!(
+            "unknown sort order {}",
+            r.sort_order
+        )));
     }
     if !(TARGET_KEY..=TARGET_VALUE).contains(&r.sort_target) {
-        return Err(MvccError::Invalid(format!("unknown sort target {}", r.sort_target)));
+        return Err(MvccError::Invalid(format!(
+            "unknown sort target {}",
+            r.sort_target
+        )));
     }
     Ok(())
 }

@@ -53,7 +53,10 @@ fn each_change_moves_the_revision_by_one_and_keys_keep_create_mod_and_version() 
     assert_eq!(m.txn(&two, NO_LEASES).unwrap().revision, 4);
     let all = get(&m, b"\0", b"\0", 0).unwrap();
     assert_eq!(all.count, 3);
-    assert_eq!(all.kvs.iter().map(|k| k.key.clone()).collect::<Vec<_>>(), [b"a", b"b", b"c"]);
+    assert_eq!(
+        all.kvs.iter().map(|k| k.key.clone()).collect::<Vec<_>>(),
+        [b"a", b"b", b"c"]
+    );
     // A delete of nothing changes nothing.
     let del = |k: &[u8]| {
         one(PbTxnRequestOp {
@@ -131,7 +134,10 @@ fn compaction_keeps_each_keys_version_at_the_revision_and_refuses_reads_below() 
     assert_eq!(get(&m, b"k", b"", 6).unwrap().kvs[0].value, b"3");
     assert_eq!(m.compact(6), Err(MvccError::Compacted));
     assert_eq!(m.compact(7), Err(MvccError::FutureRev));
-    assert_eq!(m.events(b"k", b"", 5, false, 100), Err(MvccError::Compacted));
+    assert_eq!(
+        m.events(b"k", b"", 5, false, 100),
+        Err(MvccError::Compacted)
+    );
     // The image round-trips what is left.
     let (h, blob) = m.image();
     assert_eq!(Mvcc::from_image(h, &blob).unwrap(), m);
@@ -148,8 +154,16 @@ fn events_come_in_revision_order_with_the_version_before_them() {
     m.txn(&two, NO_LEASES).unwrap();
     m.txn(&one(put(b"a", b"2")), NO_LEASES).unwrap();
     let ev = m.events(b"\0", b"\0", 1, true, 100).unwrap();
-    let keys: Vec<_> = ev.events.iter().map(|e| e.kv.as_ref().unwrap().key.clone()).collect();
-    assert_eq!(keys, [&b"a"[..], b"c", b"b", b"a"], "within a revision, in the txn's order");
+    let keys: Vec<_> = ev
+        .events
+        .iter()
+        .map(|e| e.kv.as_ref().unwrap().key.clone())
+        .collect();
+    assert_eq!(
+        keys,
+        [&b"a"[..], b"c", b"b", b"a"],
+        "within a revision, in the txn's order"
+    );
     assert_eq!(ev.events[3].prev_kv.as_ref().unwrap().value, b"1");
     assert_eq!(ev.through, 4);
     let (h, blob) = m.image();

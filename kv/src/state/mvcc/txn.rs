@@ -54,7 +54,9 @@ fn check_depth(t: &TxnRequest, depth: usize) -> Result<(), MvccError> {
             "transactions nest at most {MAX_TXN_DEPTH} deep"
         )));
     }
-    if t.compare.len() > MAX_TXN_OPS || t.success.len() > MAX_TXN_OPS || t.failure.len() > MAX_TXN_OPS
+    if t.compare.len() > MAX_TXN_OPS
+        || t.success.len() > MAX_TXN_OPS
+        || t.failure.len() > MAX_TXN_OPS
     {
         return Err(MvccError::TooManyOps);
     }
@@ -104,7 +106,9 @@ pub fn check_put(p: &PutRequest) -> Result<(), MvccError> {
 
 /// The keys a branch may put (a nested transaction's both branches), and the ranges it may
 /// delete.
-fn writes(branch: &[etcd_client::proto::PbTxnRequestOp]) -> (Vec<Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>) {
+fn writes(
+    branch: &[etcd_client::proto::PbTxnRequestOp],
+) -> (Vec<Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>) {
     let (mut puts, mut dels) = (Vec::new(), Vec::new());
     for op in branch {
         match &op.request {
@@ -139,7 +143,10 @@ fn check_overlaps(branch: &[etcd_client::proto::PbTxnRequestOp]) -> Result<(), M
 /// Whether `c` holds on `m` at revision `rev` (etcd's rules: over a range, every key must
 /// hold; a missing key compares as zeros, except that a value compare on it fails).
 fn holds(m: &Mvcc, c: &Compare, rev: i64) -> bool {
-    let found: Vec<_> = m.scan_at(&c.key, &c.range_end, rev).map(|(_, v)| v.clone()).collect();
+    let found: Vec<_> = m
+        .scan_at(&c.key, &c.range_end, rev)
+        .map(|(_, v)| v.clone())
+        .collect();
     let zero = crate::state::mvcc::Version {
         create_rev: 0,
         mod_rev: 0,
@@ -238,7 +245,11 @@ fn header(rev: i64) -> Option<PbResponseHeader> {
     })
 }
 
-fn run(w: &mut Write<'_>, t: &TxnRequest, path: &mut std::slice::Iter<'_, bool>) -> (bool, Vec<ResponseOp>) {
+fn run(
+    w: &mut Write<'_>,
+    t: &TxnRequest,
+    path: &mut std::slice::Iter<'_, bool>,
+) -> (bool, Vec<ResponseOp>) {
     let ok = *path.next().expect("a branch for every transaction");
     let ops = if ok { &t.success } else { &t.failure };
     let responses = ops

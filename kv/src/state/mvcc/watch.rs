@@ -62,7 +62,11 @@ impl Mvcc {
             .map(|i| &vs[i])
             .filter(|p| prev_kv && p.value.is_some());
         Some(Event {
-            r#type: if v.value.is_some() { EVENT_PUT } else { EVENT_DELETE },
+            r#type: if v.value.is_some() {
+                EVENT_PUT
+            } else {
+                EVENT_DELETE
+            },
             kv: Some(v.key_value(key)),
             prev_kv: prev.map(|p| p.key_value(key)),
         })

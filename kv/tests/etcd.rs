@@ -1,0 +1,54 @@
+//! etcd's v3 API with clients nobody here wrote: the Rust `etcd-client` crate (`etcd/compat.rs`)
+//! and `etcdctl` 3.4 as a user types it (`etcd/etcdctl.rs`). **Every compatibility test runs
+//! twice: against this store and against a real etcd 3.4 cluster the test starts**, so that a
+//! test is shown to check etcd's behaviour and not only ours. The store-only tests (bad input on
+//! the gRPC port) are in `etcd/attack.rs`.
+
+#[path = "kv/cluster.rs"]
+#[allow(dead_code)]
+mod cluster;
+#[path = "etcd/compat.rs"]
+mod compat;
+#[path = "etcd/etcdctl.rs"]
+mod etcdctl;
+#[path = "kv/ports.rs"]
+#[allow(dead_code)]
+mod ports;
+#[path = "etcd/reference.rs"]
+mod reference;
+#[path = "etcd/target.rs"]
+#[allow(dead_code)]
+mod target;
+
+use target::Target;
+
+/// One check, as two tests: `NAME::store` and `NAME::etcd`.
+macro_rules! both {
+    ($name:ident, $check:path) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn store() {
+                let t = Target::store();
+                compat::runtime().block_on($check(&t));
+            }
+
+            #[test]
+            fn etcd() {
+                if !reference::available() {
+                    return;
+                }
+                let t = Target::etcd();
+                compat::runtime().block_on($check(&t));
+            }
+        }
+    };
+}
+
+both!(kv_and_revisions, compat::kv_and_revisions);
+both!(transactions, compat::transactions);
+both!(compaction, compat::compaction);
+both!(watches, compat::watches);
+both!(leases, compat::leases);
+both!(any_member, compat::any_member);
