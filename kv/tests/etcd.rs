@@ -46,9 +46,51 @@ macro_rules! both {
     };
 }
 
+/// One `etcdctl` check, as two tests, the target given mutably (it may kill the leader).
+macro_rules! both_etcdctl {
+    ($name:ident, $check:path) => {
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn store() {
+                if !etcdctl::available() {
+                    return;
+                }
+                let mut t = Target::store();
+                $check(&mut t);
+            }
+
+            #[test]
+            fn etcd() {
+                if !etcdctl::available() || !reference::available() {
+                    return;
+                }
+                let mut t = Target::etcd();
+                $check(&mut t);
+            }
+        }
+    };
+}
+
+both_etcdctl!(etcdctl_commands, etcdctl::commands);
+both_etcdctl!(
+    etcdctl_lock_across_a_killed_leader,
+    etcdctl::lock_across_a_killed_leader
+);
+both_etcdctl!(
+    etcdctl_elect_across_a_killed_leader,
+    etcdctl::elect_across_a_killed_leader
+);
+
 both!(kv_and_revisions, compat::kv_and_revisions);
 both!(transactions, compat::transactions);
 both!(compaction, compat::compaction);
 both!(watches, compat::watches);
 both!(leases, compat::leases);
 both!(any_member, compat::any_member);
+
+#[test]
+fn control_the_lock_checker_finds_sections_run_without_the_lock() {
+    etcdctl::sections_without_the_lock_overlap();
+}
