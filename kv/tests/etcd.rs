@@ -4,6 +4,8 @@
 //! test is shown to check etcd's behaviour and not only ours. The store-only tests (bad input on
 //! the gRPC port) are in `etcd/attack.rs`.
 
+#[path = "etcd/attack.rs"]
+mod attack;
 #[path = "kv/cluster.rs"]
 #[allow(dead_code)]
 mod cluster;
@@ -93,4 +95,25 @@ both!(any_member, compat::any_member);
 #[test]
 fn control_the_lock_checker_finds_sections_run_without_the_lock() {
     etcdctl::sections_without_the_lock_overlap();
+}
+
+/// Bad input on the gRPC port: etcd's codes, and the node keeps serving (the store only: what
+/// etcd answers to garbage is not the question).
+#[test]
+fn bad_input_on_the_etcd_port_gets_etcds_codes_and_never_stops_a_node() {
+    let c = cluster::Cluster::start(3, &[]);
+    let l = c.leader(&[1, 2, 3], 15);
+    let rt = compat::runtime();
+    rt.block_on(attack::refusals(&c));
+    rt.block_on(attack::too_many_watchers(&c));
+    rt.block_on(attack::garbage_on_the_port(&c));
+    let follower = [1, 2, 3].into_iter().find(|&i| i != l).unwrap();
+    rt.block_on(attack::a_forged_forward_mark(&c, follower));
+}
+
+#[test]
+fn a_full_store_refuses_etcd_writes_until_compacted() {
+    let c = cluster::Cluster::start(1, &["--max-state-bytes", "2000000"]);
+    c.leader(&[1], 15);
+    compat::runtime().block_on(attack::a_full_store(&c));
 }

@@ -38,7 +38,9 @@ pub async fn serve(
     log: Logger,
 ) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let max_message = app.limits.max_body_bytes + KEY_ROOM_BYTES;
+    // Past the request limit (`EtcdApi::check_size`, etcd's "request is too large") gRPC's own
+    // limit stops a message before it is held whole: twice the limit.
+    let max_message = 2 * (app.limits.max_body_bytes + KEY_ROOM_BYTES);
     let api = EtcdApi::new(app, Forwarder::new(tls.as_ref().map(|t| t.ca_pem.clone())));
     let mut server = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
