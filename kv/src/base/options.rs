@@ -62,6 +62,8 @@ pub struct NodeOptions {
     /// With follower read leases, replicas apply up to raft's commit index instead of the
     /// exposed index (unsafe, the negative control for follower reads).
     pub unsafe_apply_to_commit: bool,
+    /// etcd watches start one revision late (unsafe, the negative control for watches).
+    pub unsafe_watch_off_by_one: bool,
     /// Snapshot and compact every this many applied entries.
     pub snapshot_every: u64,
     /// The engine for a new data dir's raft log; `None`: the dir's own (the default for a new

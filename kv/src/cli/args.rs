@@ -119,6 +119,10 @@ pub struct NodeArgs {
     /// that still serves local reads (stale follower reads).
     #[arg(long, hide = true, requires = "follower_leases_ms")]
     pub unsafe_apply_to_commit: bool,
+    /// NEGATIVE CONTROL (hidden): etcd watches start one revision after the one asked for, so
+    /// a watcher that reconnects misses an event (the etcd-API nemesis must find it).
+    #[arg(long, hide = true)]
+    pub unsafe_watch_off_by_one: bool,
     /// Snapshot and compact the raft log every this many applied entries (or after as many bytes
     /// of entries as the last snapshot held, 64 MiB at least, whichever comes first). A snapshot copies the whole state, so its cost per write is the
     /// state's size over this number.
@@ -305,6 +309,7 @@ impl NodeArgs {
             unsafe_count_own_promise: self.unsafe_count_own_promise,
             follower_leases_ms: self.follower_leases_ms,
             unsafe_apply_to_commit: self.unsafe_apply_to_commit,
+            unsafe_watch_off_by_one: self.unsafe_watch_off_by_one,
             snapshot_every: self.snapshot_every,
             log_engine: self.log_engine,
             join: join.map(str::to_string),

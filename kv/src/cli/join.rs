@@ -126,9 +126,11 @@ fn learn_members(app: &App, join: &str, log: &Logger) -> Result<(), String> {
             continue;
         };
         let http = m["http"].as_str().map(str::to_string);
+        let etcd = m["etcd"].as_str().map(str::to_string);
         let addrs = Addrs {
             peer: peer.to_string(),
             http,
+            etcd,
         };
         if id != app.opts.id && book.learn(id, addrs) {
             info!(log, "learned a member's addresses"; "id" => id, "peer" => peer);
@@ -141,7 +143,10 @@ fn learn_members(app: &App, join: &str, log: &Logger) -> Result<(), String> {
 fn add(app: &App, join: &str, log: &Logger) -> Result<u64, String> {
     learn_members(app, join, log)?;
     let o = &app.opts;
-    let change = json!({"op": "add_learner", "id": o.id, "peer": o.peers[&o.id], "http": o.advertised_http()});
+    let mut change = json!({"op": "add_learner", "id": o.id, "peer": o.peers[&o.id], "http": o.advertised_http()});
+    if let Some(etcd) = o.etcd_of(o.id) {
+        change["etcd"] = etcd.into();
+    }
     let v = admin(app, join, json!({"changes": [change]}))?;
     Ok(v["index"].as_u64().unwrap_or(0))
 }

@@ -95,6 +95,7 @@ fn founding_members(o: &NodeOptions) -> Members {
                 Addrs {
                     peer: peer.clone(),
                     http,
+                    etcd: o.etcd_of(id),
                 },
             )
         })

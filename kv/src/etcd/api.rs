@@ -101,7 +101,7 @@ impl EtcdApi {
             .app()
             .live_leader(leader)
             .ok_or_else(errors::no_leader)?;
-        let addr = self.app().opts.etcd_of(live).ok_or_else(|| {
+        let addr = self.app().etcd_of(live).ok_or_else(|| {
             Status::unavailable(format!(
                 "etcdserver: node {live} leads and its etcd API address is not known here \
                  (give --peer-etcd)"

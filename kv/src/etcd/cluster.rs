@@ -35,10 +35,11 @@ impl EtcdApi {
                 .get(&id)
                 .map(|a| vec![format!("https://{}", a.peer)])
                 .unwrap_or_default(),
-            client_ur_ls: self
-                .app()
-                .opts
-                .etcd_of(id)
+            client_ur_ls: book
+                .addrs
+                .get(&id)
+                .and_then(|a| a.etcd.clone())
+                .or_else(|| self.app().opts.etcd_of(id))
                 .map(|a| vec![format!("{scheme}://{a}")])
                 .unwrap_or_default(),
             is_learner,

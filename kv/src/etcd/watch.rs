@@ -88,12 +88,15 @@ impl Session {
                     return self.send(r).await;
                 }
                 let current = self.api.group().machine.read().mvcc.rev();
+                // The negative control: one revision late.
+                let late = i64::from(self.api.app().opts.unsafe_watch_off_by_one);
                 let w = Watcher {
-                    next_rev: if c.start_revision > 0 {
-                        c.start_revision
-                    } else {
-                        current + 1
-                    },
+                    next_rev: late
+                        + if c.start_revision > 0 {
+                            c.start_revision
+                        } else {
+                            current + 1
+                        },
                     no_put: c.filters.contains(&FILTER_NOPUT),
                     no_delete: c.filters.contains(&FILTER_NODELETE),
                     key: c.key,

@@ -99,7 +99,8 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
 }
 
 /// `POST /admin/members {"changes": [{"op": "add_voter" | "add_learner" | "remove", "id": N,
-/// "peer": "host:port", "http": "host:port"}, ...]}`.
+/// "peer": "host:port", "http": "host:port", "etcd": "host:port"}, ...]}` (`etcd`: the node's
+/// etcd API address, if it serves one).
 async fn members(c: &Ctx<'_>, body: Value) -> Result<Reply, Reply> {
     let changes: Vec<Change> = body
         .get("changes")

@@ -84,6 +84,16 @@ impl App {
         2 * interval + tick
     }
 
+    /// Node `id`'s etcd API address: the address book's, else the one given with `--peer-etcd`
+    /// (or, for this node, `--etcd-listen`).
+    pub fn etcd_of(&self, id: u64) -> Option<String> {
+        let book = self.first().members.read();
+        book.addrs
+            .get(&id)
+            .and_then(|a| a.etcd.clone())
+            .or_else(|| self.opts.etcd_of(id))
+    }
+
     /// Node `id`'s HTTP address: the address book's, else the one given with `--peer-http`.
     pub fn http_of(&self, id: u64) -> Option<String> {
         let book = self.first().members.read();

@@ -98,6 +98,9 @@ pub fn members(app: &App) -> Reply {
                 "voter"
             };
             let mut m = json!({"id": id, "role": role, "peer": a.peer, "http": a.http});
+            if let Some(etcd) = &a.etcd {
+                m["etcd"] = etcd.as_str().into();
+            }
             if let Some(p) = s.progress.get(id) {
                 m["matched"] = p.matched.into();
                 m["progress"] = p.state.into();

@@ -125,7 +125,7 @@ fn judge(call: &Call, answer: Result<(u16, Value), NoAnswer>) -> Ret {
             Call::KeepAlive { .. } => n("refreshed").map(|r| Ret::Refreshed { alive: r == 1 }),
             Call::Lock { .. } => n("token").map(|token| Ret::Token { token }),
             Call::Unlock { .. } => Some(Ret::Unlocked),
-            Call::Get { .. } => None,
+            Call::Get { .. } | Call::Cas { .. } => None,
         };
         return ok.unwrap_or(Ret::Unknown {
             why: format!("200 with {body}"),
@@ -171,6 +171,11 @@ fn judge_read(answer: Result<(u16, Value), NoAnswer>) -> Ret {
 
 /// Run one operation: record its invocation, send it, record its completion.
 pub fn run_op(s: &Shared, client: u32, node: u64, c: Call) -> Ret {
+    if let Call::Cas { .. } = c {
+        return Ret::Failed {
+            why: "a compare-and-swap is an etcd API call (kv nemesis --etcd)".into(),
+        };
+    }
     let (method, path, body) = match &c {
         Call::Put { key, value, fence } => {
             let f = fence
@@ -199,6 +204,7 @@ pub fn run_op(s: &Shared, client: u32, node: u64, c: Call) -> Ret {
             format!("/lock/{lock}?session={session}&token={token}"),
             Vec::new(),
         ),
+        Call::Cas { .. } => unreachable!("refused above"),
     };
     let id = s.rec.invoke(client, node, c.clone());
     let (answered_by, answer) = exchange(s, node, method, &path, &body);

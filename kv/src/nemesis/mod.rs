@@ -9,6 +9,7 @@
 
 mod checker;
 mod clients;
+mod etcd_clients;
 mod faults;
 mod ops;
 mod procs;
@@ -68,6 +69,18 @@ pub struct NemesisArgs {
     /// of the exposed index (stale follower reads expected).
     #[arg(long, requires = "follower_leases_ms")]
     pub unsafe_apply_to_commit: bool,
+    /// The clients speak etcd's v3 gRPC API (the `etcd-client` crate): puts, compare-and-swap
+    /// through `Txn`, linearizable and serializable ranges, leases and watches, every watch
+    /// event checked against the history (see docs/etcd.md).
+    #[arg(long)]
+    pub etcd: bool,
+    /// NEGATIVE CONTROL: with --etcd, the nodes start every watch one revision late (watch
+    /// anomalies expected).
+    #[arg(long, requires = "etcd")]
+    pub unsafe_watch_off_by_one: bool,
+    /// Succeed only if the run shows at least one watch anomaly (the watch control in CI).
+    #[arg(long, requires = "etcd")]
+    pub expect_watch_anomalies: bool,
     /// Succeed only if the run shows at least one stale read (for the controls in CI).
     #[arg(long)]
     pub expect_stale_reads: bool,
@@ -117,6 +130,9 @@ pub fn run(a: NemesisArgs) -> i32 {
     }
     if a.unsafe_apply_to_commit {
         node_args.push("--unsafe-apply-to-commit".to_string());
+    }
+    if a.unsafe_watch_off_by_one {
+        node_args.push("--unsafe-watch-off-by-one".to_string());
     }
     let cluster = procs::ClusterFlags {
         unsafe_lease_based: a.unsafe_lease_based,
@@ -175,7 +191,15 @@ fn run_with(
         think: Duration::from_millis(if a.quick { 5 } else { 20 }),
         local_reads: a.follower_leases_ms.is_some(),
     };
-    let clients = start_clients(&shared, nodes, seed);
+    let etcd = a.etcd.then(|| {
+        let procs = nem.procs.lock();
+        let addrs = clients::addrs(|id| procs.etcd(id));
+        etcd_clients::Etcd::new(shared.clone(), addrs)
+    });
+    let (clients, etcd_clients) = match &etcd {
+        None => (start_clients(&shared, nodes, seed), None),
+        Some(e) => (Vec::new(), Some(etcd_clients::start(e, nodes, seed))),
+    };
     let progress = progress(&shared, nem.clone());
     faults_for(a, seed, duration, nem);
     let node_exits = nem.heal_all();
@@ -183,18 +207,26 @@ fn run_with(
     for c in clients {
         let _ = c.join();
     }
+    let leases = etcd_clients.map(|h| h.join().unwrap_or((0, 0)));
     let _ = progress.join();
-    final_reads(&shared, nem);
+    let verdict = match &etcd {
+        None => {
+            final_reads(&shared, nem);
+            checker::check(&shared.rec.snapshot())
+        }
+        Some(e) => etcd_final(e, nem, leases.unwrap_or((0, 0))),
+    };
     let ops = shared.rec.snapshot();
-    let verdict = checker::check(&ops);
     let mut rerun = format!(
         "cargo run --release --bin kv -- nemesis --seed {seed} --nodes {nodes} --duration-s {}",
         duration.as_secs()
     );
     for (on, flag) in [
         (a.quick, " --quick"),
+        (a.etcd, " --etcd"),
         (a.unsafe_lease_based, " --unsafe-lease-based"),
         (a.unsafe_apply_to_commit, " --unsafe-apply-to-commit"),
+        (a.unsafe_watch_off_by_one, " --unsafe-watch-off-by-one"),
     ] {
         if on {
             rerun.push_str(flag);
@@ -239,6 +271,17 @@ fn verdict_code(
     seed: u64,
     rerun: &str,
 ) -> i32 {
+    if a.expect_watch_anomalies {
+        if v.watch_anomalies.is_empty() {
+            println!("CONTROL FAILED: no watch anomaly (seed {seed}); rerun: {rerun}");
+            return 1;
+        }
+        println!(
+            "control passed: {} watch anomalies found, as expected (seed {seed})",
+            v.watch_anomalies.len()
+        );
+        return 0;
+    }
     if a.expect_stale_reads {
         if v.stale_reads.is_empty() {
             println!("CONTROL FAILED: no stale read (seed {seed}); rerun: {rerun}");
@@ -333,6 +376,69 @@ fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>
     for h in background {
         let _ = h.join();
     }
+}
+
+/// etcd-API mode, after the faults: every checked key read linearizably, until each has an
+/// answer; the history as one watch reads it; the checker's verdict with the watchers' events
+/// checked against that history.
+fn etcd_final(e: &etcd_clients::Etcd, nem: &Nemesis, leases: (u64, u64)) -> checker::Verdict {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    e.forget_connections();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut history = None;
+    rt.block_on(async {
+        for k in 0..clients::KEYS {
+            let call = Call::Get {
+                key: format!("{}{k}", etcd_clients::PREFIX),
+                mode: "linearizable".into(),
+                final_read: true,
+            };
+            while Instant::now() < deadline {
+                let Some(l) = nem.leader(10) else { continue };
+                let id = e.s.rec.invoke(0, l, call.clone());
+                let ret = etcd_clients::run_op(e, l, &call).await;
+                let done = matches!(ret, Ret::Read { .. });
+                e.s.rec.complete(id, l, ret);
+                if done {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        while history.is_none() && Instant::now() < deadline {
+            if let Some(l) = nem.leader(10) {
+                match etcd_clients::history(e, l).await {
+                    Ok(h) => history = Some(h),
+                    Err(why) => println!("etcd: the history at node {l}: {why}; again"),
+                }
+            }
+        }
+    });
+    let ops = e.s.rec.snapshot();
+    let mut v = checker::check(&ops);
+    let watched = e.watched.lock().clone();
+    println!(
+        "etcd: {} watchers saw {} events; leases: {} rounds done, {} cut by faults",
+        watched.len(),
+        watched.iter().map(Vec::len).sum::<usize>(),
+        leases.0,
+        leases.1
+    );
+    match history {
+        Some(h) => {
+            v.watch_events_checked = watched.iter().map(Vec::len).sum();
+            v.watch_anomalies = etcd_clients::check_watches(&h, &watched, &ops);
+        }
+        None => v.watch_anomalies.push(checker::Anomaly {
+            op: 0,
+            against: 0,
+            detail: "the history could not be read after the faults".into(),
+        }),
+    }
+    v
 }
 
 /// After the faults: every key read through the leader (ReadIndex), until each has an answer.

@@ -22,6 +22,15 @@ pub enum Call {
         /// The lock and token the write is fenced with.
         fence: Option<(String, u64)>,
     },
+    /// Write a unique `value` to `key` if its value is still `expect` (etcd's `Txn`).
+    Cas {
+        /// The key.
+        key: String,
+        /// The value, unique in the history.
+        value: String,
+        /// The value the compare expects.
+        expect: String,
+    },
     /// Read `key` in `mode` (`lease`, `auto`, `index`). `final_read`: the read after the faults,
     /// that lost writes are judged by.
     Get {

@@ -59,14 +59,14 @@ fn try_port(port: u16) -> Option<File> {
     (locked && TcpListener::bind(("127.0.0.1", port)).is_ok()).then_some(f)
 }
 
-/// A base port whose peer and HTTP ports for every id are free, and their locks.
+/// A base port whose peer, HTTP and etcd API ports for every id are free, and their locks.
 fn reserve_base(seed: u64) -> Result<(u16, Vec<File>), String> {
     let span = (BASE_PORTS.end - BASE_PORTS.start) as u64;
     for i in 0..200u64 {
         let x = (seed ^ (std::process::id() as u64) << 20).wrapping_add(i * 7919);
         let base = BASE_PORTS.start + (x % span) as u16;
         let ports: Option<Vec<File>> = (1..=MAX_IDS as u16)
-            .flat_map(|i| [base + i, base + 1000 + i])
+            .flat_map(|i| [base + i, base + 1000 + i, base + 2000 + i])
             .map(try_port)
             .collect();
         if let Some(p) = ports {
@@ -117,6 +117,11 @@ impl Procs {
         format!("127.0.0.1:{}", self.plan.layout.http_port(id))
     }
 
+    /// Node `id`'s etcd API address.
+    pub fn etcd(&self, id: u64) -> String {
+        format!("127.0.0.1:{}", self.plan.layout.etcd_port(id))
+    }
+
     /// Node `id`'s peer address.
     pub fn peer(&self, id: u64) -> String {
         format!("127.0.0.1:{}", self.plan.layout.peer_port(id))
@@ -146,13 +151,12 @@ impl Procs {
         for (flag, value) in [
             ("--peers", list(&|i| l.peer_port(i))),
             ("--peer-http", list(&|i| l.http_port(i))),
+            ("--peer-etcd", list(&|i| l.etcd_port(i))),
         ] {
-            let at = args
-                .iter()
-                .position(|a| a == flag)
-                .expect("the plan's flag")
-                + 1;
-            args[at] = value;
+            // `--peer-etcd` only where the plan serves etcd's API (one group).
+            if let Some(at) = args.iter().position(|a| a == flag) {
+                args[at + 1] = value;
+            }
         }
         if let Some(via) = join {
             args.extend(["--join".into(), self.http(via)]);

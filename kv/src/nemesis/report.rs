@@ -55,6 +55,12 @@ fn call_kind(o: &Op) -> &'static str {
     match &o.call {
         Call::Put { fence: Some(_), .. } => "fenced_put",
         Call::Put { .. } => "put",
+        Call::Cas { .. } => "cas",
+        Call::Get {
+            mode,
+            final_read: false,
+            ..
+        } if mode == "serializable" => "serializable_get",
         Call::Get {
             final_read: true, ..
         } => "final_get",
@@ -145,6 +151,8 @@ pub fn json(info: &RunInfo, v: &Verdict, ops: &[Op], timeline: &[Event]) -> Valu
         "lease_violations": v.lease_violations.len(),
         "bogus_reads": v.bogus_reads.len(),
         "reordered_writes": v.reordered_writes.len(),
+        "watch_anomalies": v.watch_anomalies.len(),
+        "watch_events_checked": v.watch_events_checked,
         "anomalies": v.anomalies(),
         "node_exits": info.node_exits,
         "faults": timeline.len(),
@@ -166,6 +174,7 @@ pub fn json(info: &RunInfo, v: &Verdict, ops: &[Op], timeline: &[Event]) -> Valu
             "lease_violations": first(&v.lease_violations, ops),
             "bogus_reads": first(&v.bogus_reads, ops),
             "reordered_writes": first(&v.reordered_writes, ops),
+            "watch_anomalies": first(&v.watch_anomalies, ops),
         },
     })
 }
@@ -212,8 +221,9 @@ pub fn print(r: &Value) {
         again.join(" ")
     );
     println!(
-        "stale_reads {}  lost_writes {}  lease_violations {}  bogus_reads {}  reordered_writes {}  node_exits {}",
-        r["stale_reads"], r["lost_writes"], r["lease_violations"], r["bogus_reads"], r["reordered_writes"], r["node_exits"]
+        "stale_reads {}  lost_writes {}  lease_violations {}  bogus_reads {}  reordered_writes {}  watch_anomalies {} ({} events checked)  node_exits {}",
+        r["stale_reads"], r["lost_writes"], r["lease_violations"], r["bogus_reads"], r["reordered_writes"],
+        r["watch_anomalies"], r["watch_events_checked"], r["node_exits"]
     );
     for kind in [
         "stale_reads",
@@ -221,6 +231,7 @@ pub fn print(r: &Value) {
         "lease_violations",
         "bogus_reads",
         "reordered_writes",
+        "watch_anomalies",
     ] {
         if let Some(first) = r["evidence"][kind].as_array().and_then(|a| a.first()) {
             println!("first of {kind}: {}", first["detail"]);

@@ -463,6 +463,7 @@ mod tests {
             crate::peer::members::Addrs {
                 peer: "127.0.0.1:9".into(),
                 http: None,
+                etcd: None,
             },
         );
         assert_eq!(check(&msg(9, 1, hb), Some(9), &c), Ok(()));

@@ -23,6 +23,9 @@ pub struct Addrs {
     pub peer: String,
     /// Its HTTP address, `host:port`, if known (for redirects).
     pub http: Option<String>,
+    /// Its etcd API address, `host:port`, if it serves one (for forwarding to the leader).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<String>,
 }
 
 /// The address book, replicated.
@@ -64,6 +67,9 @@ pub struct Change {
     /// Its HTTP address.
     #[serde(default)]
     pub http: Option<String>,
+    /// Its etcd API address.
+    #[serde(default)]
+    pub etcd: Option<String>,
 }
 
 /// Why a membership request was refused before it reached raft.
@@ -159,7 +165,10 @@ impl Members {
                 Err(ChangeError::NotMember(c.id))
             };
         }
-        for addr in [c.peer.as_ref(), c.http.as_ref()].into_iter().flatten() {
+        for addr in [c.peer.as_ref(), c.http.as_ref(), c.etcd.as_ref()]
+            .into_iter()
+            .flatten()
+        {
             if !check_addr(addr) {
                 return Err(ChangeError::BadAddress {
                     id: c.id,
@@ -174,7 +183,11 @@ impl Members {
             .http
             .clone()
             .or_else(|| known.and_then(|a| a.http.clone()));
-        ctx.addrs.insert(c.id, Addrs { peer, http });
+        let etcd = c
+            .etcd
+            .clone()
+            .or_else(|| known.and_then(|a| a.etcd.clone()));
+        ctx.addrs.insert(c.id, Addrs { peer, http, etcd });
         Ok(())
     }
 
@@ -246,6 +259,7 @@ mod tests {
                 Addrs {
                     peer: format!("h:{}", 7000 + id),
                     http: Some(format!("h:{}", 8000 + id)),
+                    etcd: None,
                 },
             );
         }
@@ -265,6 +279,7 @@ mod tests {
             id,
             peer: peer.map(str::to_string),
             http: None,
+            etcd: None,
         }
     }
 
@@ -355,6 +370,7 @@ mod tests {
         let a = |p: &str| Addrs {
             peer: p.into(),
             http: None,
+            etcd: None,
         };
         assert!(!m.accepts(4, &BTreeMap::new()));
         assert!(m.learn(4, a("h:7004")));

@@ -832,6 +832,7 @@ mod tests {
             id,
             peer: Some("h:1".into()),
             http: None,
+            etcd: None,
         }
     }
 

@@ -65,6 +65,7 @@ mod tests {
         let addrs = crate::peer::members::Addrs {
             peer: "h:1".into(),
             http: None,
+            etcd: None,
         };
         book.addrs.insert(7, addrs);
         let data = envelope(&book, 42, b"machine");
