@@ -117,3 +117,37 @@ fn a_full_store_refuses_etcd_writes_until_compacted() {
     c.leader(&[1], 15);
     compat::runtime().block_on(attack::a_full_store(&c));
 }
+
+/// The `etcdctl` lines of docs/etcd.md, run as printed against a cluster of the store (its
+/// ports in place of `kv cluster`'s 9001-9003): every line exits 0. The lines that run until
+/// stopped (`watch`, `elect`) run for three seconds.
+#[test]
+fn the_etcdctl_lines_of_the_guide_work_as_printed() {
+    if !etcdctl::available() {
+        return;
+    }
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/etcd.md")).unwrap();
+    let block = doc.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
+    let t = Target::store();
+    let eps = t.endpoints();
+    let mut script = String::from("set -e\n");
+    for line in block.lines().filter(|l| !l.starts_with("cargo ")) {
+        let mut line = line.replace("127.0.0.1:9001", &eps[0]);
+        line = line.replace("127.0.0.1:9002", &eps[1]).replace("127.0.0.1:9003", &eps[2]);
+        if line.contains(" watch ") || line.contains(" elect ") {
+            let cmd = line.split('#').next().unwrap().trim().to_string();
+            line = format!("timeout 3 {cmd} || [ $? = 124 ]");
+        }
+        script.push_str(&line);
+        script.push('\n');
+    }
+    let out = std::process::Command::new("bash").arg("-c").arg(&script).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script}\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("holding my-lock/") && stdout.contains("compacted revision 5"), "{stdout}");
+}
