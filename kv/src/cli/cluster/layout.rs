@@ -101,10 +101,11 @@ mod tests {
         assert_eq!((ok.peer_port(1), ok.http_port(3)), (7001, 8003));
         let top = Layout {
             nodes: 3,
-            base_port: 65535 - 1003,
+            base_port: 65535 - 2003,
         };
-        assert_eq!(top.check(), Ok(()), "the last HTTP port is 65535");
-        for base in [65000, 65535 - 1002, 0] {
+        assert_eq!(top.check(), Ok(()), "the last etcd API port is 65535");
+        assert_eq!(top.etcd_port(3), 65535);
+        for base in [65000, 65535 - 2002, 0] {
             let e = Layout {
                 nodes: 3,
                 base_port: base,
