@@ -10,7 +10,8 @@
 //! |---|---|
 //! | `nemesis`, `bench` | randomized faults with every operation checked; HTTP load |
 //! | `cli` | the commands: `kv node` (and joining), `kv cluster` (and its console), `kv certs` |
-//! | `http`, `etcd` | the HTTP front end and its routes, and a small client; etcd's v3 gRPC API |
+//! | `etcd` | etcd's v3 gRPC API over the same state machine (see docs/etcd.md) |
+//! | `http` | the HTTP front end and its routes, and a small client |
 //! | `state` | the replicated state machine: keys, sessions, locks |
 //! | `raft` | the generic raft loop and its I/O |
 //! | `peer` | the address book, frames, the transport and the peer listener |

@@ -107,6 +107,7 @@ fn bad_input_on_the_etcd_port_gets_etcds_codes_and_never_stops_a_node() {
     rt.block_on(attack::refusals(&c));
     rt.block_on(attack::too_many_watchers(&c));
     rt.block_on(attack::garbage_on_the_port(&c));
+    rt.block_on(attack::too_many_connections(&c));
     let follower = [1, 2, 3].into_iter().find(|&i| i != l).unwrap();
     rt.block_on(attack::a_forged_forward_mark(&c, follower));
 }
@@ -126,14 +127,23 @@ fn the_etcdctl_lines_of_the_guide_work_as_printed() {
     if !etcdctl::available() {
         return;
     }
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/etcd.md")).unwrap();
-    let block = doc.split("```sh\n").nth(1).unwrap().split("```").next().unwrap();
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/etcd.md")).unwrap();
+    let block = doc
+        .split("```sh\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
     let t = Target::store();
     let eps = t.endpoints();
     let mut script = String::from("set -e\n");
     for line in block.lines().filter(|l| !l.starts_with("cargo ")) {
         let mut line = line.replace("127.0.0.1:9001", &eps[0]);
-        line = line.replace("127.0.0.1:9002", &eps[1]).replace("127.0.0.1:9003", &eps[2]);
+        line = line
+            .replace("127.0.0.1:9002", &eps[1])
+            .replace("127.0.0.1:9003", &eps[2]);
         if line.contains(" watch ") || line.contains(" elect ") {
             let cmd = line.split('#').next().unwrap().trim().to_string();
             line = format!("timeout 3 {cmd} || [ $? = 124 ]");
@@ -141,7 +151,11 @@ fn the_etcdctl_lines_of_the_guide_work_as_printed() {
         script.push_str(&line);
         script.push('\n');
     }
-    let out = std::process::Command::new("bash").arg("-c").arg(&script).output().unwrap();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{script}\nstdout:\n{}\nstderr:\n{}",
@@ -149,5 +163,54 @@ fn the_etcdctl_lines_of_the_guide_work_as_printed() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("holding my-lock/") && stdout.contains("compacted revision 5"), "{stdout}");
+    assert!(
+        stdout.contains("holding my-lock/") && stdout.contains("compacted revision 5"),
+        "{stdout}"
+    );
+}
+
+/// Over TLS (the HTTP certificate, which names 127.0.0.1): a client that trusts the cluster CA
+/// writes and reads at every node, so followers forward to the leader over TLS too.
+#[test]
+fn the_etcd_api_over_tls_serves_and_forwards_at_every_node() {
+    let mut c = cluster::Cluster::prepare(3, &[]);
+    let tls = c.tls();
+    for (flag, file) in [("--http-cert", "http.pem"), ("--http-key", "http.key")] {
+        c.args.push(flag.into());
+        c.args.push(tls.join(file).display().to_string());
+    }
+    for id in 1..=3 {
+        c.spawn(id);
+    }
+    let ca = std::fs::read(tls.join("ca.pem")).unwrap();
+    let rt = compat::runtime();
+    rt.block_on(async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        for id in 1..=3u64 {
+            let ep = format!("https://127.0.0.1:{}", c.etcd_port(id));
+            let tls = etcd_client::TlsOptions::new()
+                .ca_certificate(etcd_client::Certificate::from_pem(ca.clone()));
+            let opts = etcd_client::ConnectOptions::new().with_tls(tls);
+            let key = format!("tls/{id}");
+            loop {
+                let put = async {
+                    let mut cl =
+                        etcd_client::Client::connect([ep.as_str()], Some(opts.clone())).await?;
+                    cl.put(key.as_str(), "v", None).await?;
+                    cl.get(key.as_str(), None).await
+                };
+                match put.await {
+                    Ok(got) if got.kvs().len() == 1 => break,
+                    other => {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "node {id} over TLS: {other:?}\n{}",
+                            c.log_tail()
+                        );
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+    });
 }

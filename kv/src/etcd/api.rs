@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tonic::Status;
 
 use crate::etcd::errors;
-use crate::etcd::forward::Forwarder;
+use crate::etcd::forward::{Forwarder, FORWARDED};
 use crate::http::app::App;
 use crate::raft::requests::{ReadReply, Request, WriteReply};
 use crate::raft::shared::Shared;
@@ -23,10 +23,6 @@ const WAIT: Duration = Duration::from_secs(5);
 
 /// What a write costs in the in-flight budget besides its bytes.
 const WRITE_OVERHEAD_BYTES: u64 = 2048;
-
-/// The metadata a forwarded request carries: the leader it reaches answers it or refuses it,
-/// and never forwards it again (leadership may have moved on; two hops could loop).
-pub const FORWARDED: &str = "x-raft-lease-forwarded";
 
 /// Where a request that needs the leader goes.
 pub enum Route {

@@ -9,8 +9,11 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Status;
 
-use crate::etcd::api::FORWARDED;
 use crate::etcd::errors;
+
+/// The metadata a forwarded request carries: the leader it reaches answers it or refuses it,
+/// and never forwards it again (leadership may have moved on; two hops could loop).
+pub const FORWARDED: &str = "x-raft-lease-forwarded";
 
 /// How long a forwarded call may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(6);

@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod cluster;
+pub mod conns;
 pub mod errors;
 pub mod forward;
 pub mod kv;

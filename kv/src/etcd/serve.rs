@@ -1,5 +1,5 @@
 //! The etcd API's gRPC server on its listener: the five services, TLS with the HTTP
-//! certificate when given, and limits on what one client may hold.
+//! certificate when given, and limits on what one client may hold (connections: `conns`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +9,7 @@ use etcd_client::proto::{
 };
 use slog::{info, Logger};
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::etcd::api::{EtcdApi, KEY_ROOM_BYTES};
@@ -41,6 +42,10 @@ pub async fn serve(
     // Past the request limit (`EtcdApi::check_size`, etcd's "request is too large") gRPC's own
     // limit stops a message before it is held whole: twice the limit.
     let max_message = 2 * (app.limits.max_body_bytes + KEY_ROOM_BYTES);
+    let (max_connections, max_per_ip) = (
+        app.limits.max_connections,
+        app.limits.max_connections_per_ip,
+    );
     let api = EtcdApi::new(app, Forwarder::new(tls.as_ref().map(|t| t.ca_pem.clone())));
     let mut server = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
@@ -60,7 +65,18 @@ pub async fn serve(
         .add_service(PbLeaseServer::new(api.clone()).max_decoding_message_size(max_message))
         .add_service(PbClusterServer::new(api.clone()))
         .add_service(PbMaintenanceServer::new(api));
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let limits = crate::etcd::conns::Limits::new(max_connections, max_per_ip);
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener).filter_map(
+        move |conn| match conn {
+            Ok(io) => {
+                let _ = io.set_nodelay(true);
+                limits.admit(io).map(Ok::<_, std::io::Error>)
+            }
+            // An accept error (a connection reset before it was taken, no fds left) ends no
+            // listening: the next accept is tried.
+            Err(_) => None,
+        },
+    );
     let stopped = async move {
         while !*stop.borrow() {
             if stop.changed().await.is_err() {

@@ -146,6 +146,28 @@ pub async fn garbage_on_the_port(c: &Cluster) {
     still_serves(&format!("127.0.0.1:{port}")).await;
 }
 
+/// Connections past `--http-max-connections-per-ip` (128) are closed at once, and when the
+/// crowd leaves a client is served again.
+pub async fn too_many_connections(c: &Cluster) {
+    let port = c.etcd_port(1);
+    let crowd: Vec<TcpStream> = (0..128)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(extra.read(&mut buf), Ok(0) | Err(_)),
+        "the 129th connection was kept"
+    );
+    drop(crowd);
+    std::thread::sleep(Duration::from_millis(300));
+    still_serves(&format!("127.0.0.1:{port}")).await;
+}
+
 /// A request marked as forwarded, sent to a node that does not lead: refused as etcd's
 /// "leader changed" (a forwarded request is never forwarded again), never looped.
 pub async fn a_forged_forward_mark(c: &Cluster, follower: u64) {
