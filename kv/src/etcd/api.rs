@@ -44,6 +44,8 @@ pub struct Inner {
     pub fwd: Forwarder,
     /// The cluster's id in headers: FNV-1a of `--cluster-id`.
     pub cluster_id: u64,
+    /// Watchers of every stream on this node (bounded: `watch::MAX_WATCHERS_PER_NODE`).
+    pub watchers: std::sync::atomic::AtomicUsize,
 }
 
 impl EtcdApi {
@@ -54,6 +56,7 @@ impl EtcdApi {
             app,
             fwd,
             cluster_id,
+            watchers: Default::default(),
         }))
     }
 
@@ -208,15 +211,23 @@ impl EtcdApi {
         }
     }
 
-    /// Room in the state for `len` more bytes (etcd's "database space exceeded" otherwise).
-    pub fn check_space(&self, len: u64) -> Result<(), Status> {
+    /// Room in the state for a transaction's `puts` and `dels` bytes (etcd's "database space
+    /// exceeded" otherwise). As in etcd's no-space mode, what only deletes (or only reads) is
+    /// let through a full store, within an eighth more, so that a lock can still be released;
+    /// a compaction gives the room back.
+    pub fn check_space(&self, puts: u64, dels: u64) -> Result<(), Status> {
         let app = self.app();
+        let max = app.opts.max_state_bytes;
         let m = self.group().machine.read();
-        let held = m.bytes + m.mvcc.bytes();
-        if len > 0 && held + app.inflight.used() + len > app.opts.max_state_bytes {
-            return Err(errors::mvcc(crate::state::mvcc::MvccError::NoSpace));
+        let held = m.bytes + m.mvcc.bytes() + app.inflight.used();
+        let fits = match puts {
+            0 => held + dels <= max + max / 8,
+            _ => held + puts + dels <= max,
+        };
+        match fits {
+            true => Ok(()),
+            false => Err(errors::mvcc(crate::state::mvcc::MvccError::NoSpace)),
         }
-        Ok(())
     }
 }
 

@@ -101,12 +101,17 @@ impl Forwarder {
     }
 }
 
-/// A failure to reach the leader is etcd's "no leader" to the client (it may retry); the
-/// leader's own answers pass through.
+/// The leader's own answers pass through. A failure of the transport (a reset, a timeout)
+/// may come after the request reached the leader, so a write may have applied: it is etcd's
+/// "request timed out", never "no leader" (which says nothing was proposed). Clients retry
+/// reads on either.
 fn unreachable_leader(s: Status) -> Status {
+    let ours = s.message().starts_with("etcdserver:") || s.message().starts_with("mvcc:");
     match s.code() {
-        tonic::Code::Unknown if s.message().contains("transport") => errors::no_leader(),
-        tonic::Code::Unavailable if !s.message().starts_with("etcdserver:") => errors::no_leader(),
+        tonic::Code::Unknown | tonic::Code::Unavailable | tonic::Code::Cancelled if !ours => {
+            errors::timed_out()
+        }
+        tonic::Code::DeadlineExceeded => errors::timed_out(),
         _ => s,
     }
 }

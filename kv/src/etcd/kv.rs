@@ -49,9 +49,9 @@ impl EtcdApi {
     /// live in the leader's memory.
     async fn txn_here(&self, t: TxnRequest) -> Result<TxnDone, Status> {
         txn::check(&t).map_err(errors::mvcc)?;
-        let bytes = t.encoded_len();
-        self.check_size(bytes)?;
-        self.check_space(bytes as u64)?;
+        self.check_size(t.encoded_len())?;
+        let (puts, dels) = self.group().machine.read().mvcc.growth_bytes(&t);
+        self.check_space(puts, dels)?;
         match self.propose(Command::EtcdTxn {}, t.encode_to_vec()).await? {
             Outcome::Etcd(done) => done.map_err(errors::mvcc),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),

@@ -46,14 +46,28 @@ impl EtcdApi {
         }
         let term = g.leadership.term();
         let ids = [id.max(0) as u64];
+        // The read handle also serves follower read leases: the role and term are checked
+        // inside, so a node that stepped down meanwhile refreshes nothing.
         let refresh = || {
-            let now_ns = g.clock.now_ns();
-            g.machine.write().keepalive_local(&ids, term, now_ns)
+            if g.leadership.get().0 && g.leadership.term() == term {
+                let now_ns = g.clock.now_ns();
+                g.machine.write().keepalive_local(&ids, term, now_ns)
+            } else {
+                Err(Refusal::NotReady)
+            }
         };
+        let handle = g.handle.clone();
         let local = match self.app().opts.unsafe_keepalive_without_lease {
             true => refresh(),
-            false => match g.handle.clone().read(refresh) {
+            false => match handle.try_read(refresh) {
                 Ok(l) => l,
+                // Applies to wait for: spin off the runtime's worker.
+                Err(_) if handle.lease_held() => {
+                    match tokio::task::block_in_place(|| handle.read(refresh)) {
+                        Ok(l) => l,
+                        Err(_) => return Ok(None),
+                    }
+                }
                 Err(_) => return Ok(None),
             },
         };

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 
 use etcd_client::proto::{
     PbWatchRequest as WatchRequest, PbWatchRequestUnion as Union, PbWatchResponse as WatchResponse,
@@ -24,6 +25,10 @@ pub const MAX_WATCHERS_PER_STREAM: usize = 1024;
 /// Events in one response at most (a response ends at a revision's end, so one revision's
 /// events may pass it).
 const MAX_EVENTS_PER_RESPONSE: usize = 1000;
+/// Events read from the history in one pass over a stream's watchers (under the state's lock).
+const EVENTS_PER_PASS: usize = 4096;
+/// Watchers of every stream on the node together, at most.
+pub const MAX_WATCHERS_PER_NODE: usize = 100_000;
 /// How often a watcher that asked for progress notifications gets one with no events.
 const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -63,6 +68,15 @@ impl Session {
         }
     }
 
+    /// A response whose header says the watcher is synced through `revision`.
+    fn response_at(&self, watch_id: i64, revision: i64) -> WatchResponse {
+        WatchResponse {
+            header: self.api.header(revision),
+            watch_id,
+            ..Default::default()
+        }
+    }
+
     async fn handle(&mut self, req: WatchRequest) -> bool {
         match req.request_union {
             Some(Union::CreateRequest(c)) => {
@@ -73,12 +87,17 @@ impl Session {
                     }
                     id = self.next_id;
                 }
+                let on_node = self.api.0.watchers.load(Ordering::Relaxed);
                 let refuse = if self.watchers.len() >= MAX_WATCHERS_PER_STREAM {
                     Some(format!(
                         "etcdserver: at most {MAX_WATCHERS_PER_STREAM} watchers per stream"
                     ))
+                } else if on_node >= MAX_WATCHERS_PER_NODE {
+                    Some(format!(
+                        "etcdserver: at most {MAX_WATCHERS_PER_NODE} watchers per node; retry later"
+                    ))
                 } else if id < 0 || self.watchers.contains_key(&id) {
-                    Some("mvcc: watcher ID exists or is invalid".to_string())
+                    Some("mvcc: duplicate watch ID provided on the WatchStream".to_string())
                 } else {
                     None
                 };
@@ -105,6 +124,7 @@ impl Session {
                     progress_notify: c.progress_notify,
                 };
                 self.watchers.insert(id, w);
+                self.api.0.watchers.fetch_add(1, Ordering::Relaxed);
                 let mut r = self.response(id);
                 r.created = true;
                 self.send(r).await && self.pump().await
@@ -113,85 +133,123 @@ impl Session {
                 if self.watchers.remove(&c.watch_id).is_none() {
                     return true;
                 }
+                self.api.0.watchers.fetch_sub(1, Ordering::Relaxed);
                 let mut r = self.response(c.watch_id);
                 r.canceled = true;
                 self.send(r).await
             }
+            // Answered once every watcher is synced, at the revision they are synced through.
             Some(Union::ProgressRequest(_)) => {
-                self.pump().await && self.send(self.response(-1)).await
+                self.pump().await && {
+                    let through = self.synced_through();
+                    self.send(self.response_at(-1, through)).await
+                }
             }
             None => true,
         }
     }
 
-    /// Send every watcher what the history holds for it past its next revision.
+    /// Send every watcher what the history holds for it past its next revision, in passes of
+    /// at most [`EVENTS_PER_PASS`] events: the state's lock is held for one pass only (the raft
+    /// thread applies under it), and the answers of a pass are sent, waiting for the client to
+    /// take them, before the next pass reads more.
     async fn pump(&mut self) -> bool {
-        let mut out = Vec::new();
-        {
-            let m = self.api.group().machine.read();
-            let current = m.mvcc.rev();
-            let mut gone = Vec::new();
-            for (&id, w) in self.watchers.iter_mut() {
-                while w.next_rev <= current {
-                    match m.mvcc.events(
-                        &w.key,
-                        &w.end,
-                        w.next_rev,
-                        w.prev_kv,
-                        MAX_EVENTS_PER_RESPONSE,
-                    ) {
-                        Ok(got) => {
-                            w.next_rev = got.through + 1;
-                            let events: Vec<_> = got
-                                .events
-                                .into_iter()
-                                .filter(|e| !(e.r#type == EVENT_PUT && w.no_put))
-                                .filter(|e| !(e.r#type == EVENT_DELETE && w.no_delete))
-                                .collect();
-                            if !events.is_empty() {
-                                out.push((id, events, 0));
-                            }
-                        }
-                        Err(MvccError::Compacted) => {
-                            out.push((id, Vec::new(), m.mvcc.compacted()));
-                            gone.push(id);
-                            break;
-                        }
-                        Err(e) => unreachable!("a watch reads only history: {e}"),
-                    }
+        loop {
+            let (out, behind) = self.pass();
+            for (id, events, through, compacted) in out {
+                let mut r = self.response_at(id, through);
+                r.events = events;
+                if compacted != 0 {
+                    (r.canceled, r.compact_revision) = (true, compacted);
+                }
+                if !self.send(r).await {
+                    return false;
                 }
             }
-            for id in gone {
-                self.watchers.remove(&id);
+            if !behind {
+                return true;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// One pass under the state's read lock: each watcher's next batch (watcher, events, the
+    /// revision it is synced through, the compacted revision if it was canceled), and whether
+    /// any watcher is still behind.
+    fn pass(&mut self) -> (Vec<(i64, Vec<etcd_client::proto::PbEvent>, i64, i64)>, bool) {
+        let m = self.api.group().machine.read();
+        let current = m.mvcc.rev();
+        let (mut out, mut gone, mut budget) = (Vec::new(), Vec::new(), EVENTS_PER_PASS);
+        for (&id, w) in self.watchers.iter_mut() {
+            if w.next_rev > current || budget == 0 {
+                continue;
+            }
+            let max = budget.min(MAX_EVENTS_PER_RESPONSE);
+            match m.mvcc.events(&w.key, &w.end, w.next_rev, w.prev_kv, max) {
+                Ok(got) => {
+                    w.next_rev = got.through + 1;
+                    budget = budget.saturating_sub(got.events.len().max(1));
+                    let events: Vec<_> = got
+                        .events
+                        .into_iter()
+                        .filter(|e| !(e.r#type == EVENT_PUT && w.no_put))
+                        .filter(|e| !(e.r#type == EVENT_DELETE && w.no_delete))
+                        .collect();
+                    if !events.is_empty() {
+                        out.push((id, events, got.through, 0));
+                    }
+                }
+                Err(MvccError::Compacted) => {
+                    out.push((id, Vec::new(), current, m.mvcc.compacted()));
+                    gone.push(id);
+                }
+                Err(e) => unreachable!("a watch reads only history: {e}"),
             }
         }
-        for (id, events, compacted) in out {
-            let mut r = self.response(id);
-            r.events = events;
-            if compacted != 0 {
-                (r.canceled, r.compact_revision) = (true, compacted);
-                r.cancel_reason = MvccError::Compacted.to_string();
-            }
-            if !self.send(r).await {
+        for id in gone {
+            self.watchers.remove(&id);
+            self.api.0.watchers.fetch_sub(1, Ordering::Relaxed);
+        }
+        let behind = self.watchers.values().any(|w| w.next_rev <= current);
+        (out, behind)
+    }
+
+    /// The revision every watcher of this stream is synced through (the current one if none).
+    fn synced_through(&self) -> i64 {
+        let current = self.api.group().machine.read().mvcc.rev();
+        self.watchers
+            .values()
+            .map(|w| w.next_rev - 1)
+            .min()
+            .unwrap_or(current)
+            .min(current)
+    }
+
+    /// Progress notifications: each watcher that asked gets its own synced revision, so a
+    /// client that resumes from a notification's header misses nothing.
+    async fn progress(&mut self) -> bool {
+        if !self.pump().await {
+            return false;
+        }
+        let due: Vec<(i64, i64)> = self
+            .watchers
+            .iter()
+            .filter(|(_, w)| w.progress_notify)
+            .map(|(id, w)| (*id, w.next_rev - 1))
+            .collect();
+        for (id, through) in due {
+            if !self.send(self.response_at(id, through)).await {
                 return false;
             }
         }
         true
     }
+}
 
-    async fn progress(&mut self) -> bool {
-        let ids: Vec<i64> = self
-            .watchers
-            .iter()
-            .filter(|(_, w)| w.progress_notify)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
-            if !self.send(self.response(id)).await {
-                return false;
-            }
-        }
-        true
+impl Drop for Session {
+    fn drop(&mut self) {
+        let n = self.watchers.len();
+        self.api.0.watchers.fetch_sub(n, Ordering::Relaxed);
     }
 }
 
@@ -212,7 +270,7 @@ impl PbWatchService for EtcdApi {
         let mut s = Session {
             api: self.clone(),
             watchers: BTreeMap::new(),
-            next_id: 1,
+            next_id: 0,
             out: tx,
         };
         tokio::spawn(async move {

@@ -71,18 +71,18 @@ pub async fn refusals(c: &Cluster) {
 }
 
 /// The store refuses writes past `--max-state-bytes` with etcd's "database space exceeded",
-/// and a compaction gives the room back.
+/// lets a delete through, and a compaction gives the room back.
 pub async fn a_full_store(c: &Cluster) {
     let ep = format!("127.0.0.1:{}", c.etcd_port(1));
     let mut cl = Client::connect([ep.as_str()], None).await.unwrap();
     let value = vec![b'v'; 64 << 10];
-    let mut last = 0;
+    let mut puts = 0;
     let full = loop {
         match cl.put("same-key", value.clone(), None).await {
-            Ok(r) => last = r.header().unwrap().revision(),
+            Ok(_) => puts += 1,
             Err(e) => break status(e),
         }
-        assert!(last < 10_000, "never full");
+        assert!(puts < 10_000, "never full");
     };
     assert_eq!(
         full,
@@ -91,6 +91,12 @@ pub async fn a_full_store(c: &Cluster) {
             "etcdserver: mvcc: database space exceeded".into()
         )
     );
+    // As in etcd's no-space mode, a delete still passes (a lock can be released).
+    let del = cl
+        .delete("same-key", None)
+        .await
+        .expect("a delete passes a full store");
+    let last = del.header().unwrap().revision();
     cl.compact(last, None).await.unwrap();
     cl.put("same-key", value, None)
         .await
@@ -146,22 +152,29 @@ pub async fn garbage_on_the_port(c: &Cluster) {
     still_serves(&format!("127.0.0.1:{port}")).await;
 }
 
-/// Connections past `--http-max-connections-per-ip` (128) are closed at once, and when the
-/// crowd leaves a client is served again.
+/// Connections past `--http-max-connections-per-ip` (128) are closed at once (of 140 from
+/// one address, at most 128 are answered, and the rest see the connection closed), and when
+/// the crowd leaves a client is served again.
 pub async fn too_many_connections(c: &Cluster) {
     let port = c.etcd_port(1);
-    let crowd: Vec<TcpStream> = (0..128)
+    let crowd: Vec<TcpStream> = (0..140)
         .map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let mut extra = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    extra
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut buf = [0u8; 16];
+    let (mut answered, mut closed) = (0, 0);
+    for s in &crowd {
+        let mut s = s;
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        match s.read(&mut [0u8; 64]) {
+            Ok(0) => closed += 1,
+            Ok(_) => answered += 1,
+            Err(_) => {}
+        }
+    }
     assert!(
-        matches!(extra.read(&mut buf), Ok(0) | Err(_)),
-        "the 129th connection was kept"
+        answered <= 128 && closed >= 1,
+        "{answered} answered, {closed} closed of 140"
     );
     drop(crowd);
     std::thread::sleep(Duration::from_millis(300));

@@ -106,6 +106,13 @@ pub fn in_range(k: &[u8], key: &[u8], end: &[u8]) -> bool {
     }
 }
 
+/// The newest of `vs` (oldest first) at `rev`, if it is not a tombstone: a binary search.
+fn latest_at(vs: &[Version], rev: i64) -> Option<&Version> {
+    let at = vs.partition_point(|v| v.mod_rev <= rev).checked_sub(1)?;
+    let v = &vs[at];
+    v.value.as_ref().map(|_| v)
+}
+
 impl Mvcc {
     /// An empty keyspace at revision 1.
     pub fn new() -> Self {
@@ -146,13 +153,7 @@ impl Mvcc {
 
     /// `key`'s version at `rev`, if the key existed then.
     pub fn version_at(&self, key: &[u8], rev: i64) -> Option<&Version> {
-        let v = self
-            .keys
-            .get(key)?
-            .iter()
-            .rev()
-            .find(|v| v.mod_rev <= rev)?;
-        v.value.as_ref().map(|_| v)
+        latest_at(self.keys.get(key)?, rev)
     }
 
     /// The keys in `key`..`end` that existed at `rev`, in key order, with their version then.
@@ -164,10 +165,7 @@ impl Mvcc {
     ) -> impl Iterator<Item = (&'a [u8], &'a Version)> + 'a {
         self.keys
             .range(bounds(key, end))
-            .filter_map(move |(k, vs)| {
-                let v = vs.iter().rev().find(|v| v.mod_rev <= rev)?;
-                v.value.as_ref().map(|_| (k.as_slice(), v))
-            })
+            .filter_map(move |(k, vs)| latest_at(vs, rev).map(|v| (k.as_slice(), v)))
     }
 
     /// The keys attached to lease `id` now.
@@ -296,6 +294,10 @@ impl Write<'_> {
     fn detach(&mut self, key: &[u8], lease: i64) {
         if let Some(set) = self.mvcc.lease_keys.get_mut(&lease) {
             set.remove(key);
+            // No empty sets: a snapshot does not keep them, and replicas must compare equal.
+            if set.is_empty() {
+                self.mvcc.lease_keys.remove(&lease);
+            }
         }
     }
 

@@ -19,6 +19,10 @@ use crate::state::mvcc::{in_range, range, Mvcc, MvccError, Write};
 /// transactions' operations counted in their own branch.
 pub const MAX_TXN_OPS: usize = 128;
 
+/// Compares and operations in one transaction, every nested one counted (each compare may
+/// scan a range on every replica: the whole is bounded, not only each level).
+pub const MAX_TXN_TOTAL: usize = 1024;
+
 /// How deep transactions may nest.
 pub const MAX_TXN_DEPTH: usize = 8;
 
@@ -45,7 +49,24 @@ const RESULT_NOT_EQUAL: i32 = 3;
 /// A transaction's shape: keys given, at most [`MAX_TXN_OPS`] operations per branch, no key
 /// written twice in a branch (nested ones included), known compare results.
 pub fn check(t: &TxnRequest) -> Result<(), MvccError> {
-    check_depth(t, 0)
+    check_depth(t, 0)?;
+    match size(t) <= MAX_TXN_TOTAL {
+        true => Ok(()),
+        false => Err(MvccError::TooManyOps),
+    }
+}
+
+/// Compares and operations in `t`, nested transactions' included.
+fn size(t: &TxnRequest) -> usize {
+    let nested = |ops: &[etcd_client::proto::PbTxnRequestOp]| -> usize {
+        ops.iter()
+            .map(|op| match &op.request {
+                Some(Op::RequestTxn(n)) => 1 + size(n),
+                _ => 1,
+            })
+            .sum()
+    };
+    t.compare.len() + nested(&t.success) + nested(&t.failure)
 }
 
 fn check_depth(t: &TxnRequest, depth: usize) -> Result<(), MvccError> {
@@ -141,12 +162,9 @@ fn check_overlaps(branch: &[etcd_client::proto::PbTxnRequestOp]) -> Result<(), M
 }
 
 /// Whether `c` holds on `m` at revision `rev` (etcd's rules: over a range, every key must
-/// hold; a missing key compares as zeros, except that a value compare on it fails).
+/// hold; a missing key compares as zeros, except that a value compare on it fails). Stops at
+/// the first key that does not hold, and copies nothing.
 fn holds(m: &Mvcc, c: &Compare, rev: i64) -> bool {
-    let found: Vec<_> = m
-        .scan_at(&c.key, &c.range_end, rev)
-        .map(|(_, v)| v.clone())
-        .collect();
     let zero = crate::state::mvcc::Version {
         create_rev: 0,
         mod_rev: 0,
@@ -154,11 +172,7 @@ fn holds(m: &Mvcc, c: &Compare, rev: i64) -> bool {
         lease: 0,
         value: Some(Vec::new()),
     };
-    if found.is_empty() && matches!(c.target_union, Some(Target::Value(_))) {
-        return false;
-    }
-    let all = if found.is_empty() { vec![zero] } else { found };
-    all.iter().all(|v| {
+    let one = |v: &crate::state::mvcc::Version| {
         let ord = match &c.target_union {
             Some(Target::Version(x)) => v.version.cmp(x),
             Some(Target::CreateRevision(x)) => v.create_rev.cmp(x),
@@ -173,7 +187,15 @@ fn holds(m: &Mvcc, c: &Compare, rev: i64) -> bool {
             RESULT_LESS => ord.is_lt(),
             _ => ord.is_ne(),
         }
-    })
+    };
+    let mut found = false;
+    for (_, v) in m.scan_at(&c.key, &c.range_end, rev) {
+        found = true;
+        if !one(v) {
+            return false;
+        }
+    }
+    found || (!matches!(c.target_union, Some(Target::Value(_))) && one(&zero))
 }
 
 /// The branch each transaction takes, outer first then nested in order, all decided on the
@@ -199,6 +221,10 @@ fn precheck(
     let ok = *path.next().expect("a branch for every transaction");
     for op in if ok { &t.success } else { &t.failure } {
         match &op.request {
+            // etcd refuses the whole transaction for a range it cannot read.
+            Some(Op::RequestRange(r)) if r.revision > 0 => {
+                m.read_rev(r.revision)?;
+            }
             Some(Op::RequestPut(p)) => {
                 if p.lease != 0 && !lease_exists(p.lease) {
                     return Err(MvccError::LeaseNotFound);
@@ -216,6 +242,33 @@ fn precheck(
 }
 
 impl Mvcc {
+    /// What `t` may add to the byte count, both branches counted: (its puts' versions, its
+    /// deletes' tombstones over the keys in their ranges now).
+    pub fn growth_bytes(&self, t: &TxnRequest) -> (u64, u64) {
+        let (mut puts, mut dels) = (0u64, 0u64);
+        for op in t.success.iter().chain(&t.failure) {
+            match &op.request {
+                Some(Op::RequestPut(p)) => {
+                    puts += (p.key.len() + p.value.len()) as u64
+                        + crate::state::mvcc::VERSION_OVERHEAD_BYTES
+                }
+                Some(Op::RequestDeleteRange(d)) => {
+                    let rev = self.rev();
+                    dels += self
+                        .scan_at(&d.key, &d.range_end, rev)
+                        .map(|(k, _)| k.len() as u64 + crate::state::mvcc::VERSION_OVERHEAD_BYTES)
+                        .sum::<u64>()
+                }
+                Some(Op::RequestTxn(n)) => {
+                    let (p, d) = self.growth_bytes(n);
+                    (puts, dels) = (puts + p, dels + d);
+                }
+                _ => {}
+            }
+        }
+        (puts, dels)
+    }
+
     /// Apply transaction `t` (checked with [`check`] here too: a forged proposal is refused,
     /// not obeyed). `lease_exists` says whether a lease is live in the replicated state.
     pub fn txn(

@@ -54,7 +54,7 @@ impl Mvcc {
     /// compacted revision).
     fn event(&self, key: &[u8], rev: i64, prev_kv: bool) -> Option<Event> {
         let vs = self.keys.get(key)?;
-        let at = vs.iter().rposition(|v| v.mod_rev == rev)?;
+        let at = vs.binary_search_by_key(&rev, |v| v.mod_rev).ok()?;
         debug_assert!(rev > self.compacted || at == 0);
         let v = &vs[at];
         let prev = at
