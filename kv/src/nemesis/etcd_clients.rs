@@ -44,6 +44,8 @@ pub struct Etcd {
     conns: Arc<Mutex<HashMap<u64, Client>>>,
     /// Each watcher's events, in the order it saw them.
     pub watched: Arc<Mutex<Vec<Vec<Seen>>>>,
+    /// What the lease rounds found wrong.
+    pub lease_anomalies: Arc<Mutex<Vec<String>>>,
 }
 
 impl Etcd {
@@ -54,6 +56,7 @@ impl Etcd {
             addrs,
             conns: Arc::default(),
             watched: Arc::default(),
+            lease_anomalies: Arc::default(),
         }
     }
 
@@ -256,10 +259,20 @@ async fn leaser(e: Etcd, seed: u64) -> (u64, u64) {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             c.lease_revoke(id).await?;
-            Ok::<(), etcd_client::Error>(())
+            // A revoked lease is gone, and so is its key (linearizable reads, after the ack).
+            let key = c.get(format!("lease/{id}"), None).await?;
+            let ttl = c.lease_time_to_live(id, None).await?.ttl();
+            Ok::<Option<String>, etcd_client::Error>(match (key.kvs().len(), ttl) {
+                (0, -1) => None,
+                (n, ttl) => Some(format!("lease {id} revoked, then {n} keys and TTL {ttl}")),
+            })
         };
         match tokio::time::timeout(OP_TIMEOUT * 2, round).await {
-            Ok(Ok(())) => ok += 1,
+            Ok(Ok(None)) => ok += 1,
+            Ok(Ok(Some(anomaly))) => {
+                e.lease_anomalies.lock().push(anomaly);
+                ok += 1;
+            }
             Ok(Err(err)) => {
                 if failed < 3 {
                     println!("etcd lease round at node {node}: {}", why(&err));
@@ -396,10 +409,72 @@ pub async fn history(e: &Etcd, node: u64) -> Result<Vec<Seen>, String> {
     Ok(out)
 }
 
+/// The history itself (read through the same watch code, so checked on its own): revisions
+/// never go down, no key changes twice in a revision, every event is the write of a value some
+/// client invoked and was not refused, at the revision it was acknowledged with; and each
+/// compare-and-swap that succeeded follows, in its key's history, the write of the value it
+/// expected.
+fn check_history(history: &[Seen], ops: &[Op], out: &mut Vec<Anomaly>) {
+    let writes: HashMap<(&str, &str), &Op> = ops
+        .iter()
+        .filter_map(|op| match &op.call {
+            Call::Put { key, value, .. } | Call::Cas { key, value, .. } => {
+                Some(((key.as_str(), value.as_str()), op))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut bad = |op: usize, detail: String| {
+        out.push(Anomaly {
+            op,
+            against: op,
+            detail,
+        })
+    };
+    let mut prev_of_key: HashMap<&str, &str> = HashMap::new();
+    for (i, (rev, key, put, value)) in history.iter().enumerate() {
+        if let Some(before) = i.checked_sub(1).map(|j| &history[j]) {
+            if before.0 > *rev || (before.0 == *rev && &before.1 == key) {
+                bad(
+                    0,
+                    format!("the history goes from {before:?} to {:?}", history[i]),
+                );
+            }
+        }
+        if !put {
+            bad(0, format!("a delete of {key} at {rev}: no client deletes"));
+            continue;
+        }
+        let Some(w) = writes.get(&(key.as_str(), value.as_str())) else {
+            bad(0, format!("{key}={value} at {rev}: no client wrote it"));
+            continue;
+        };
+        match w.ret() {
+            Some(Ret::Failed { why }) => {
+                bad(w.id, format!("{key}={value} at {rev}: refused ({why})"))
+            }
+            Some(Ret::Written { revision }) if *revision as i64 != *rev => bad(
+                w.id,
+                format!("{key}={value} at {rev}: acknowledged at {revision}"),
+            ),
+            _ => {}
+        }
+        if let Call::Cas { expect, .. } = &w.call {
+            if prev_of_key.get(key.as_str()) != Some(&expect.as_str()) {
+                let was = prev_of_key.get(key.as_str());
+                bad(w.id, format!("compare-and-swap {key}={value} at {rev} expected {expect:?}, the value before was {was:?}"));
+            }
+        }
+        prev_of_key.insert(key, value);
+    }
+}
+
 /// Each watcher saw a prefix of the history, event for event (no change missed, none twice, none
-/// out of order), and the history holds every write acknowledged, at its revision.
+/// out of order), the history holds every write acknowledged at its revision, and the history
+/// itself holds ([`check_history`]).
 pub fn check_watches(history: &[Seen], watched: &[Vec<Seen>], ops: &[Op]) -> Vec<Anomaly> {
     let mut out = Vec::new();
+    check_history(history, ops, &mut out);
     for (i, seen) in watched.iter().enumerate() {
         let agree = seen.len() <= history.len() && seen[..] == history[..seen.len()];
         if !agree {

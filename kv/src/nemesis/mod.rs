@@ -438,6 +438,14 @@ fn etcd_final(e: &etcd_clients::Etcd, nem: &Nemesis, leases: (u64, u64)) -> chec
             detail: "the history could not be read after the faults".into(),
         }),
     }
+    for detail in e.lease_anomalies.lock().iter() {
+        let detail = detail.clone();
+        v.lease_violations.push(checker::Anomaly {
+            op: 0,
+            against: 0,
+            detail,
+        });
+    }
     v
 }
 

@@ -334,10 +334,16 @@ pub fn elect_across_a_killed_leader(t: &mut Target) {
         t.name()
     );
     let mut bob = spawn_logged(t, &["elect", "the-election", "bob"]);
+    let bob_lines = lines_of(&mut bob);
     std::thread::sleep(Duration::from_millis(500));
     t.kill_leader(&rt);
-    // Bob must not be elected while alice holds it, leader or no leader.
-    std::thread::sleep(Duration::from_secs(3));
+    // Bob must not be elected while alice holds it, leader or no leader: he prints nothing.
+    let early = bob_lines.recv_timeout(Duration::from_secs(3));
+    assert!(
+        early.is_err(),
+        "{}: bob elected while alice held it: {early:?}",
+        t.name()
+    );
     let observed = etcdctl(&t.live_endpoints())
         .args([
             "get",
@@ -351,12 +357,13 @@ pub fn elect_across_a_killed_leader(t: &mut Target) {
         .unwrap();
     let order = String::from_utf8_lossy(&observed.stdout).to_string();
     assert!(order.starts_with("alice\n"), "{}: {order:?}", t.name());
-    assert!(bob.try_wait().unwrap().is_none(), "bob stopped early");
     // Alice resigns (etcdctl resigns on SIGINT), then bob is elected.
     // SAFETY: signalling a child process this test spawned.
     unsafe { libc::kill(alice.id() as libc::pid_t, libc::SIGINT) };
     let _ = alice.wait();
-    let bob_out = read_line(&mut bob, Duration::from_secs(30));
+    let bob_out = bob_lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("bob elected after alice resigned");
     assert!(
         bob_out.starts_with("the-election/"),
         "{}: {bob_out:?}",
@@ -364,6 +371,22 @@ pub fn elect_across_a_killed_leader(t: &mut Target) {
     );
     let _ = bob.kill();
     let _ = bob.wait();
+}
+
+/// The non-empty lines `child` prints, as they come.
+fn lines_of(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if !line.is_empty() && tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 /// The first line `child` prints, within `within`.
