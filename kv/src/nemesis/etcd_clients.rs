@@ -278,6 +278,8 @@ async fn leaser(e: Etcd, seed: u64) -> (u64, u64) {
                     println!("etcd lease round at node {node}: {}", why(&err));
                 }
                 failed += 1;
+                // A node with no leader answers at once: do not spin on it.
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(_) => failed += 1,
         }
