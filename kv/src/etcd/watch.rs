@@ -36,6 +36,10 @@ const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 const FILTER_NOPUT: i32 = 0;
 const FILTER_NODELETE: i32 = 1;
 
+/// One watcher's answer of a pass: (watcher, events, the revision it is synced through, the
+/// compacted revision if it was canceled, else 0).
+type Batch = (i64, Vec<etcd_client::proto::PbEvent>, i64, i64);
+
 struct Watcher {
     key: Vec<u8>,
     end: Vec<u8>,
@@ -176,7 +180,7 @@ impl Session {
     /// One pass under the state's read lock: each watcher's next batch (watcher, events, the
     /// revision it is synced through, the compacted revision if it was canceled), and whether
     /// any watcher is still behind.
-    fn pass(&mut self) -> (Vec<(i64, Vec<etcd_client::proto::PbEvent>, i64, i64)>, bool) {
+    fn pass(&mut self) -> (Vec<Batch>, bool) {
         let m = self.api.group().machine.read();
         let current = m.mvcc.rev();
         let (mut out, mut gone, mut budget) = (Vec::new(), Vec::new(), EVENTS_PER_PASS);

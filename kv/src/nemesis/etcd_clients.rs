@@ -533,12 +533,28 @@ mod tests {
     fn ops() -> Vec<Op> {
         let rec = Recorder::new(std::time::Instant::now());
         let put = |v: &str, rev: u64| {
-            let id = rec.invoke(1, 1, Call::Put { key: "e/0".into(), value: v.into(), fence: None });
+            let id = rec.invoke(
+                1,
+                1,
+                Call::Put {
+                    key: "e/0".into(),
+                    value: v.into(),
+                    fence: None,
+                },
+            );
             rec.complete(id, 1, Ret::Written { revision: rev });
         };
         put("a", 2);
         put("b", 3);
-        let cas = rec.invoke(2, 1, Call::Cas { key: "e/0".into(), value: "c".into(), expect: "b".into() });
+        let cas = rec.invoke(
+            2,
+            1,
+            Call::Cas {
+                key: "e/0".into(),
+                value: "c".into(),
+                expect: "b".into(),
+            },
+        );
         rec.complete(cas, 1, Ret::Written { revision: 4 });
         rec.snapshot()
     }
@@ -563,13 +579,24 @@ mod tests {
         // An acknowledged write missing from the history; a CAS after the wrong value.
         let lost = vec![seen("a", 2), seen("c", 4)];
         let found = check_watches(&lost, &[], &ops());
-        assert!(found.iter().any(|a| a.detail.contains("not in the watched history")), "{found:?}");
-        assert!(found.iter().any(|a| a.detail.contains("compare-and-swap")), "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|a| a.detail.contains("not in the watched history")),
+            "{found:?}"
+        );
+        assert!(
+            found.iter().any(|a| a.detail.contains("compare-and-swap")),
+            "{found:?}"
+        );
         // Out of order, at the wrong revision, a value nobody wrote.
         let bad = vec![seen("b", 3), seen("a", 2), seen("zz", 5), seen("c", 9)];
         let found = check_watches(&bad, &[], &ops());
         for what in ["goes from", "no client wrote it", "acknowledged at"] {
-            assert!(found.iter().any(|a| a.detail.contains(what)), "{what}: {found:?}");
+            assert!(
+                found.iter().any(|a| a.detail.contains(what)),
+                "{what}: {found:?}"
+            );
         }
     }
 }

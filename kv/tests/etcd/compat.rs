@@ -29,6 +29,14 @@ pub async fn client_of(ep: &str) -> Client {
     Client::connect([ep], None).await.expect("connect")
 }
 
+/// The next message of a watch, within 10 s.
+async fn next(w: &mut etcd_client::WatchStream) -> etcd_client::WatchResponse {
+    let m = tokio::time::timeout(Duration::from_secs(10), w.message()).await;
+    m.expect("a watch message in time")
+        .unwrap()
+        .expect("the watch is open")
+}
+
 /// The gRPC status of an error.
 fn status(e: etcd_client::Error) -> (tonic::Code, String) {
     match e {
@@ -377,20 +385,12 @@ pub async fn watches(t: &Target) {
     assert_eq!(seen, expect, "{}", t.name());
     // Progress: a response with no events at the current revision.
     w.request_progress().await.unwrap();
-    let progress = tokio::time::timeout(Duration::from_secs(10), w.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let progress = next(&mut w).await;
     assert!(progress.events().is_empty());
     assert_eq!(rev(progress.header()), txn_rev);
     let id = created.watch_id();
     w.cancel(id).await.unwrap();
-    let m = tokio::time::timeout(Duration::from_secs(10), w.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let m = next(&mut w).await;
     assert!(m.canceled(), "{}", t.name());
     // Filters: deletes only.
     let opts = WatchOptions::new().with_filters([etcd_client::WatchFilterType::NoPut]);
@@ -398,11 +398,7 @@ pub async fn watches(t: &Target) {
     assert!(d.message().await.unwrap().unwrap().created());
     c.put("w/b", "y", None).await.unwrap();
     c.delete("w/b", None).await.unwrap();
-    let m = tokio::time::timeout(Duration::from_secs(10), d.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let m = next(&mut d).await;
     assert_eq!(m.events().len(), 1);
     assert_eq!(m.events()[0].event_type(), EventType::Delete);
 }

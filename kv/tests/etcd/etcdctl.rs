@@ -396,17 +396,7 @@ fn read_line(child: &mut Child, within: Duration) -> String {
 
 /// The first `n` non-empty lines `child` prints, within `within` in all.
 fn read_lines(child: &mut Child, n: usize, within: Duration) -> Vec<String> {
-    use std::io::BufRead;
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if !line.is_empty() && tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = lines_of(child);
     let deadline = Instant::now() + within;
     let mut lines = Vec::new();
     while lines.len() < n {

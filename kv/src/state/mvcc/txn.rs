@@ -125,11 +125,12 @@ pub fn check_put(p: &PutRequest) -> Result<(), MvccError> {
     Ok(())
 }
 
+/// A key and its `range_end`.
+type KeyRange = (Vec<u8>, Vec<u8>);
+
 /// The keys a branch may put (a nested transaction's both branches), and the ranges it may
 /// delete.
-fn writes(
-    branch: &[etcd_client::proto::PbTxnRequestOp],
-) -> (Vec<Vec<u8>>, Vec<(Vec<u8>, Vec<u8>)>) {
+fn writes(branch: &[etcd_client::proto::PbTxnRequestOp]) -> (Vec<Vec<u8>>, Vec<KeyRange>) {
     let (mut puts, mut dels) = (Vec::new(), Vec::new());
     for op in branch {
         match &op.request {
