@@ -214,3 +214,11 @@ fn the_etcd_api_over_tls_serves_and_forwards_at_every_node() {
         }
     });
 }
+
+/// With follower read leases on, a follower serves linearizable ranges from its own state (no
+/// forward): any member still reads every write acknowledged before it.
+#[test]
+fn any_member_reads_linearizably_with_follower_leases() {
+    let t = Target::store_with(&["--follower-leases-ms", "120"]);
+    compat::runtime().block_on(compat::any_member(&t));
+}

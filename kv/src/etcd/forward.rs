@@ -5,9 +5,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tonic::client::Grpc;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::Status;
+use tonic_prost::ProstCodec;
 
 use crate::etcd::errors;
 
@@ -18,11 +20,14 @@ pub const FORWARDED: &str = "x-raft-lease-forwarded";
 /// How long a forwarded call may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(6);
 
-/// gRPC channels to other nodes' etcd APIs.
+/// gRPC channels to other nodes' etcd APIs: per address, one for single calls and one for
+/// relayed streams, so that long-lived keep-alive streams (a connection carries at most
+/// `serve::MAX_STREAMS_PER_CONNECTION`) never hold up a forwarded write or read.
 pub struct Forwarder {
     /// `Some`: the nodes serve TLS, with certificates the CA signs.
     tls: Option<ClientTlsConfig>,
-    channels: Mutex<HashMap<String, Channel>>,
+    /// By (address, for streams).
+    channels: Mutex<HashMap<(String, bool), Channel>>,
 }
 
 impl Forwarder {
@@ -35,8 +40,9 @@ impl Forwarder {
         }
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, Status> {
-        if let Some(c) = self.channels.lock().get(addr) {
+    fn channel(&self, addr: &str, streams: bool) -> Result<Channel, Status> {
+        let key = (addr.to_string(), streams);
+        if let Some(c) = self.channels.lock().get(&key) {
             return Ok(c.clone());
         }
         let scheme = if self.tls.is_some() { "https" } else { "http" };
@@ -51,7 +57,7 @@ impl Forwarder {
             ep = ep.tls_config(tls.clone()).map_err(bad)?;
         }
         let c = ep.connect_lazy();
-        self.channels.lock().insert(addr.to_string(), c.clone());
+        self.channels.lock().insert(key, c.clone());
         Ok(c)
     }
 
@@ -62,16 +68,29 @@ impl Forwarder {
         req
     }
 
+    /// A client of `addr` ready for a call to `path`, with its codec.
+    async fn ready<Q, A>(
+        &self,
+        addr: &str,
+        streams: bool,
+        path: &'static str,
+    ) -> Result<(Grpc<Channel>, ProstCodec<Q, A>, PathAndQuery), Status>
+    where
+        Q: prost::Message + Send + Sync + 'static,
+        A: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = Grpc::new(self.channel(addr, streams)?);
+        grpc.ready().await.map_err(|_| errors::no_leader())?;
+        Ok((grpc, ProstCodec::default(), PathAndQuery::from_static(path)))
+    }
+
     /// Call `path` (`/etcdserverpb.KV/Put`, say) on `addr` with `msg`.
     pub async fn unary<Q, A>(&self, addr: &str, path: &'static str, msg: Q) -> Result<A, Status>
     where
         Q: prost::Message + Send + Sync + 'static,
         A: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?);
-        grpc.ready().await.map_err(|_| errors::no_leader())?;
-        let codec = tonic_prost::ProstCodec::<Q, A>::default();
-        let path = PathAndQuery::from_static(path);
+        let (mut grpc, codec, path) = self.ready::<Q, A>(addr, false, path).await?;
         grpc.unary(Self::request(msg), path, codec)
             .await
             .map(tonic::Response::into_inner)
@@ -90,10 +109,7 @@ impl Forwarder {
         A: prost::Message + Default + Send + Sync + 'static,
         S: tokio_stream::Stream<Item = Q> + Send + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.channel(addr)?);
-        grpc.ready().await.map_err(|_| errors::no_leader())?;
-        let codec = tonic_prost::ProstCodec::<Q, A>::default();
-        let path = PathAndQuery::from_static(path);
+        let (mut grpc, codec, path) = self.ready::<Q, A>(addr, true, path).await?;
         grpc.streaming(Self::request(out), path, codec)
             .await
             .map(tonic::Response::into_inner)

@@ -45,6 +45,11 @@ fn status(e: etcd_client::Error) -> (tonic::Code, String) {
     }
 }
 
+/// `e` is etcd's refusal with `code` and exactly `text`.
+fn assert_refused(e: etcd_client::Error, code: tonic::Code, text: &str) {
+    assert_eq!(status(e), (code, text.to_string()));
+}
+
 fn rev(h: Option<&etcd_client::ResponseHeader>) -> i64 {
     h.expect("every response has a header").revision()
 }
@@ -171,43 +176,31 @@ pub async fn kv_and_revisions(t: &Target) {
         .get("a", Some(GetOptions::new().with_revision(10_000)))
         .await
         .unwrap_err();
-    assert_eq!(
-        status(e),
-        (
-            tonic::Code::OutOfRange,
-            "etcdserver: mvcc: required revision is a future revision".into()
-        )
+    assert_refused(
+        e,
+        tonic::Code::OutOfRange,
+        "etcdserver: mvcc: required revision is a future revision",
     );
     let e = c.put("", "v", None).await.unwrap_err();
-    assert_eq!(
-        status(e),
-        (
-            tonic::Code::InvalidArgument,
-            "etcdserver: key is not provided".into()
-        )
+    assert_refused(
+        e,
+        tonic::Code::InvalidArgument,
+        "etcdserver: key is not provided",
     );
     let e = c
         .put("k", "v", Some(PutOptions::new().with_lease(123_456)))
         .await
         .unwrap_err();
-    assert_eq!(
-        status(e),
-        (
-            tonic::Code::NotFound,
-            "etcdserver: requested lease not found".into()
-        )
+    assert_refused(
+        e,
+        tonic::Code::NotFound,
+        "etcdserver: requested lease not found",
     );
     let e = c
         .put("never", "", Some(PutOptions::new().with_ignore_value()))
         .await
         .unwrap_err();
-    assert_eq!(
-        status(e),
-        (
-            tonic::Code::InvalidArgument,
-            "etcdserver: key not found".into()
-        )
-    );
+    assert_refused(e, tonic::Code::InvalidArgument, "etcdserver: key not found");
 }
 
 /// Transactions: compares on value, version, create and mod revision over a key and over a
@@ -274,23 +267,19 @@ pub async fn transactions(t: &Target) {
     assert_eq!(inner_kv.kvs()[0].mod_revision(), before + 1);
     let dup = Txn::new().and_then([TxnOp::put("t/d", "1", None), TxnOp::put("t/d", "2", None)]);
     let e = c.txn(dup).await.unwrap_err();
-    assert_eq!(
-        status(e),
-        (
-            tonic::Code::InvalidArgument,
-            "etcdserver: duplicate key given in txn request".into()
-        )
+    assert_refused(
+        e,
+        tonic::Code::InvalidArgument,
+        "etcdserver: duplicate key given in txn request",
     );
     let many: Vec<TxnOp> = (0..129)
         .map(|i| TxnOp::put(format!("t/m{i}"), "v", None))
         .collect();
     let e = c.txn(Txn::new().and_then(many)).await.unwrap_err();
-    assert_eq!(
-        status(e),
-        (
-            tonic::Code::InvalidArgument,
-            "etcdserver: too many operations in txn request".into()
-        )
+    assert_refused(
+        e,
+        tonic::Code::InvalidArgument,
+        "etcdserver: too many operations in txn request",
     );
 }
 
@@ -306,12 +295,10 @@ pub async fn compaction(t: &Target) {
         .get("cmp", Some(GetOptions::new().with_revision(first)))
         .await
         .unwrap_err();
-    assert_eq!(
-        status(e),
-        (
-            tonic::Code::OutOfRange,
-            "etcdserver: mvcc: required revision has been compacted".into()
-        )
+    assert_refused(
+        e,
+        tonic::Code::OutOfRange,
+        "etcdserver: mvcc: required revision has been compacted",
     );
     let at = c
         .get("cmp", Some(GetOptions::new().with_revision(last - 1)))
@@ -452,12 +439,10 @@ pub async fn leases(t: &Target) {
     let gone = c.lease_time_to_live(id, None).await.unwrap();
     assert_eq!(gone.ttl(), -1, "{}", t.name());
     let e = c.lease_revoke(id).await.unwrap_err();
-    assert_eq!(
-        status(e),
-        (
-            tonic::Code::NotFound,
-            "etcdserver: requested lease not found".into()
-        )
+    assert_refused(
+        e,
+        tonic::Code::NotFound,
+        "etcdserver: requested lease not found",
     );
     // A keep-alive of a lease that is gone answers TTL 0.
     keeper.keep_alive().await.unwrap();

@@ -22,6 +22,13 @@ impl Target {
         Target::Store(c)
     }
 
+    /// Three nodes of this store started with `args`, a leader elected.
+    pub fn store_with(args: &[&str]) -> Target {
+        let c = Cluster::start(3, args);
+        c.leader(&[1, 2, 3], 15);
+        Target::Store(c)
+    }
+
     /// Three members of etcd 3.4.
     pub fn etcd() -> Target {
         Target::Etcd(Etcd::start())
