@@ -57,6 +57,18 @@ pub struct Plan {
     pub etcd: bool,
 }
 
+/// The groups the nodes are asked to host: `--groups`, or the same flag among the node flags
+/// (after `--`), else 1.
+fn groups_asked(args: &ClusterArgs) -> u64 {
+    let in_node_args = args
+        .node_args
+        .iter()
+        .position(|a| a == "--groups")
+        .and_then(|i| args.node_args.get(i + 1))
+        .and_then(|n| n.parse().ok());
+    args.groups.map(u64::from).or(in_node_args).unwrap_or(1)
+}
+
 /// The CA that clients of HTTPS nodes trust, if `node_args` give `--http-cert`: `ca.pem` beside
 /// the certificate (where `kv certs --http-san` writes both), else the cluster CA in `dir/tls`.
 fn https_ca(node_args: &[String], dir: &Path) -> Option<PathBuf> {
@@ -124,7 +136,7 @@ impl Plan {
             common,
             insecure: args.insecure_peers,
             https_ca: https_ca(&args.node_args, dir),
-            etcd: args.groups.unwrap_or(1) == 1,
+            etcd: groups_asked(args) == 1,
         })
     }
 
