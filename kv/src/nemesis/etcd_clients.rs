@@ -289,7 +289,8 @@ async fn leaser(e: Etcd, seed: u64) -> (u64, u64) {
 
 /// Follow the checked keys from revision `from` at node `slot`'s target, reconnecting after
 /// any error from the revision after the last event seen.
-async fn watcher(e: Etcd, slot: usize) {
+async fn watcher(e: Etcd, slot: usize, seed: u64) {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut seen: Vec<Seen> = Vec::new();
     let mut pick = slot;
     while !e.s.stop.load(Ordering::Relaxed) {
@@ -305,7 +306,14 @@ async fn watcher(e: Etcd, slot: usize) {
         else {
             continue;
         };
+        // A client also resumes on its own now and then (every 1 to 3 s), as one that restarts
+        // or rebalances does: each resume is a start from the revision after the last event.
+        let resume_at =
+            tokio::time::Instant::now() + Duration::from_millis(rng.gen_range(1000..3000));
         loop {
+            if tokio::time::Instant::now() >= resume_at {
+                break;
+            }
             let msg = tokio::time::timeout(Duration::from_millis(500), w.message()).await;
             if e.s.stop.load(Ordering::Relaxed) {
                 break;
@@ -355,7 +363,11 @@ pub fn start(e: &Etcd, nodes: u64, seed: u64) -> std::thread::JoinHandle<(u64, u
                     slot,
                     seed ^ (200 + slot as u64),
                 )));
-                tasks.push(tokio::spawn(watcher(e.clone(), slot)));
+                tasks.push(tokio::spawn(watcher(
+                    e.clone(),
+                    slot,
+                    seed ^ (400 + slot as u64),
+                )));
             }
             let leases = tokio::spawn(leaser(e.clone(), seed ^ 300));
             for t in tasks {
