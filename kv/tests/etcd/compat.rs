@@ -37,6 +37,16 @@ async fn next(w: &mut etcd_client::WatchStream) -> etcd_client::WatchResponse {
         .expect("the watch is open")
 }
 
+/// The next keep-alive answer, within 10 s.
+async fn next_keepalive(
+    answers: &mut etcd_client::LeaseKeepAliveStream,
+) -> etcd_client::LeaseKeepAliveResponse {
+    let m = tokio::time::timeout(Duration::from_secs(10), answers.message()).await;
+    m.expect("a keep-alive answer in time")
+        .unwrap()
+        .expect("the stream is open")
+}
+
 /// The gRPC status of an error.
 fn status(e: etcd_client::Error) -> (tonic::Code, String) {
     match e {
@@ -405,11 +415,7 @@ pub async fn leases(t: &Target) {
         .unwrap();
     let (mut keeper, mut answers) = c.lease_keep_alive(id).await.unwrap();
     keeper.keep_alive().await.unwrap();
-    let a = tokio::time::timeout(Duration::from_secs(10), answers.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let a = next_keepalive(&mut answers).await;
     assert_eq!((a.id(), a.ttl()), (id, 20), "{}", t.name());
     let ttl = c
         .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
@@ -446,11 +452,7 @@ pub async fn leases(t: &Target) {
     );
     // A keep-alive of a lease that is gone answers TTL 0.
     keeper.keep_alive().await.unwrap();
-    let a = tokio::time::timeout(Duration::from_secs(10), answers.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let a = next_keepalive(&mut answers).await;
     assert_eq!(a.ttl(), 0, "{}", t.name());
     // A compare on a key's lease (etcdctl's txn cannot: it panics on lease compares).
     let g2 = c.lease_grant(20, None).await.unwrap();
