@@ -75,6 +75,13 @@ pub struct BenchArgs {
     /// With `--groups`: seconds of the idle period.
     #[arg(long, default_value_t = 60)]
     idle_s: u64,
+    /// Instead of the HTTP cells: the store beside a 3-member etcd 3.4, both through etcd's
+    /// gRPC API with one client (see `bench::etcd`).
+    #[arg(long)]
+    vs_etcd: bool,
+    /// With `--vs-etcd`: the etcd binary (default: `$ETCD_BIN`, else `etcd` on the PATH).
+    #[arg(long)]
+    etcd_bin: Option<PathBuf>,
 }
 
 /// `kv bench`.
@@ -140,6 +147,17 @@ fn groups(args: &BenchArgs, groups: u32, dir: &std::path::Path) -> Result<(), (i
 fn all(args: &BenchArgs, dir: &std::path::Path) -> Result<(), (i32, String)> {
     if let Some(n) = args.groups {
         return groups(args, n, dir);
+    }
+    if args.vs_etcd {
+        let vs = crate::bench::etcd::VsEtcd {
+            clients: args.clients.clone(),
+            seconds: args.seconds,
+            value_bytes: args.value_bytes,
+            base_port: args.base_port,
+            etcd_bin: args.etcd_bin.clone(),
+            json: args.json.clone(),
+        };
+        return crate::bench::etcd::run(&vs, dir);
     }
     let fdatasync = crate::bench::fsync::fdatasync_us(dir, 200).map_err(|e| (1, e.to_string()))?;
     let engines = match (args.log_engine, args.sessions) {
