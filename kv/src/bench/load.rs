@@ -82,6 +82,13 @@ pub struct BenchArgs {
     /// With `--vs-etcd`: the etcd binary (default: `$ETCD_BIN`, else `etcd` on the PATH).
     #[arg(long)]
     etcd_bin: Option<PathBuf>,
+    /// With `--vs-etcd`: the operations to run (default: all of them; see `bench::etcd::ops`).
+    #[arg(long, value_delimiter = ',')]
+    ops: Vec<String>,
+    /// With `--vs-etcd`: a flag for the store's nodes (`kv node`'s), repeatable, such as
+    /// `--node-arg=--log-engine --node-arg=redb`.
+    #[arg(long, allow_hyphen_values = true)]
+    node_arg: Vec<String>,
 }
 
 /// `kv bench`.
@@ -156,6 +163,8 @@ fn all(args: &BenchArgs, dir: &std::path::Path) -> Result<(), (i32, String)> {
             base_port: args.base_port,
             etcd_bin: args.etcd_bin.clone(),
             json: args.json.clone(),
+            ops: crate::bench::etcd::ops::Op::parse(&args.ops).map_err(|e| (2, e))?,
+            node_args: args.node_arg.clone(),
         };
         return crate::bench::etcd::run(&vs, dir);
     }
@@ -310,7 +319,7 @@ fn bench(
             let mut cell = load(&addr, op, clients, args)?;
             let after: Vec<Scrape> = nodes.iter().map(|a| Scrape::of(a)).collect();
             if op == "put" {
-                cell.stages = Some(stages_of(&cell, leader, &before, &after));
+                cell.stages = Some(Stages::around(cell.mean_us, leader, &before, &after));
             }
             cell.engine = engine.name();
             cell.cpu = cpu_before
@@ -329,16 +338,6 @@ fn bench(
         }
     }
     Ok(cells)
-}
-
-/// A write cell's stages, from every node's scrape before and after it; `leader` indexes the
-/// node the clients wrote to.
-fn stages_of(cell: &Cell, leader: usize, before: &[Scrape], after: &[Scrape]) -> Stages {
-    let followers: Vec<(Scrape, Scrape)> = (0..before.len())
-        .filter(|&i| i != leader)
-        .map(|i| (before[i], after[i]))
-        .collect();
-    Stages::of(cell.mean_us, (&before[leader], &after[leader]), &followers)
 }
 
 /// Run `clients` clients doing `op` for the cell's time.

@@ -107,6 +107,16 @@ impl Stages {
         }
     }
 
+    /// The stages of a write cell whose client mean was `total_us`, from every node's scrape
+    /// before and after it; `leader` indexes the node the clients wrote to.
+    pub fn around(total_us: f64, leader: usize, before: &[Scrape], after: &[Scrape]) -> Stages {
+        let followers: Vec<(Scrape, Scrape)> = (0..before.len())
+            .filter(|&i| i != leader)
+            .map(|i| (before[i], after[i]))
+            .collect();
+        Stages::of(total_us, (&before[leader], &after[leader]), &followers)
+    }
+
     /// Client, HTTP and loopback: the client's mean less the leader's own time.
     pub fn http_us(&self) -> f64 {
         (self.total_us - self.server_us).max(0.0)

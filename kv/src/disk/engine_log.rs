@@ -22,6 +22,7 @@ use raft::eraftpb::{ConfState, Entry, HardState, Snapshot};
 use raft_engine::{Command, Config, Engine, LogBatch, MessageExt, ReadableSize, RecoveryMode};
 
 use crate::disk::log_store::{Cut, DiskError, LogStore, Meta, StoreError, Write};
+use crate::disk::zero_fill::ZeroFilled;
 
 /// The engine's folder in a data dir.
 pub const ENGINE_DIR: &str = "raft-engine";
@@ -56,7 +57,7 @@ impl MessageExt for EntryExt {
 /// A raft-engine log of one raft group; every group of a node shares the engine. See the module
 /// docs.
 pub struct EngineLog {
-    engine: Arc<Engine>,
+    engine: Arc<Engine<ZeroFilled>>,
     /// The engine's raft group holding this group's log.
     log: u64,
     /// The engine's raft group holding this group's hard state, conf state, snapshot, node id.
@@ -102,8 +103,10 @@ fn open_in(dir: &Path, mode: RecoveryMode) -> Result<EngineLog, OpenFailure> {
         ..config(dir)
     };
     // A panic while replaying damaged files must not take the process down unexplained.
-    let opened = std::panic::catch_unwind(|| Engine::open(cfg))
-        .map_err(|_| OpenFailure::Other(corrupt("the log engine panicked reading it")))?;
+    let opened = std::panic::catch_unwind(|| {
+        Engine::open_with_file_system(cfg, Arc::new(ZeroFilled::new()))
+    })
+    .map_err(|_| OpenFailure::Other(corrupt("the log engine panicked reading it")))?;
     match opened {
         Ok(engine) => Ok(EngineLog {
             engine: Arc::new(engine),
@@ -446,6 +449,48 @@ mod tests {
         bytes.extend(std::iter::repeat_n(0u8, 1 << 20));
         std::fs::write(&file, &bytes).unwrap();
         assert_eq!(reopened(dir.path()).unwrap(), 300);
+    }
+
+    /// What a crash leaves of a store on `ZeroFilled`: its files as they are while it runs,
+    /// the active one ending in the written zeros filled ahead. It reopens whole.
+    #[test]
+    fn a_crash_image_of_a_running_store_reopens_with_every_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = EngineLog::create(dir.path()).unwrap();
+        let cs = ConfState {
+            voters: vec![1],
+            ..Default::default()
+        };
+        let meta = Write {
+            conf_state: Some(&cs),
+            node_id: Some(1),
+            ..Write::nothing()
+        };
+        log.write(&meta).unwrap();
+        let batch = entries(1..=50);
+        log.write(&Write {
+            entries: &batch,
+            sync: true,
+            ..Write::nothing()
+        })
+        .unwrap();
+        let image = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join(ENGINE_DIR), image.path().join(ENGINE_DIR));
+        std::fs::create_dir_all(&to).unwrap();
+        let mut zeros_ahead = 0;
+        for f in std::fs::read_dir(&from).unwrap().map(|e| e.unwrap().path()) {
+            let bytes = std::fs::read(&f).unwrap();
+            if is_log_file(&f) {
+                zeros_ahead = bytes.iter().rev().take_while(|&&b| b == 0).count();
+            }
+            std::fs::write(to.join(f.file_name().unwrap()), bytes).unwrap();
+        }
+        assert!(
+            zeros_ahead > 1 << 20,
+            "the space ahead is filled: {zeros_ahead} zeros"
+        );
+        drop(log);
+        assert_eq!(reopened(image.path()).unwrap(), 50);
     }
 
     #[test]

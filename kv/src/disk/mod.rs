@@ -10,3 +10,4 @@ pub mod mem_log;
 pub mod promise_file;
 pub mod redb_log;
 pub mod storage;
+pub mod zero_fill;

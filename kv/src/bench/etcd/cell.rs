@@ -18,6 +18,8 @@ pub struct Cell {
     pub p50_us: f64,
     /// 99th percentile latency, µs.
     pub p99_us: f64,
+    /// Mean latency, µs.
+    pub mean_us: f64,
     /// CPU of the system's three processes per operation, µs (`None`: `/proc` unreadable).
     pub cpu_us_per_op: Option<f64>,
     /// Operations that failed.
@@ -255,6 +257,7 @@ mod tests {
             ops_per_s: ops,
             p50_us: p50,
             p99_us: p50 * 2.0,
+            mean_us: p50,
             cpu_us_per_op: Some(10.0),
             errors: 0,
         }

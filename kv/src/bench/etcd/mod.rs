@@ -19,6 +19,7 @@ use etcd_client::Client;
 use serde_json::json;
 
 use crate::bench::cpu::CpuSample;
+use crate::bench::stages::{Scrape, Stages};
 use crate::cli::cluster::args::ClusterArgs;
 use crate::cli::cluster::layout::Layout;
 use crate::cli::cluster::plan::{shutdown, Plan};
@@ -39,6 +40,10 @@ pub struct VsEtcd {
     pub etcd_bin: Option<PathBuf>,
     /// Where to write the JSON.
     pub json: Option<PathBuf>,
+    /// The operations, in this order.
+    pub ops: Vec<Op>,
+    /// More flags for the store's nodes.
+    pub node_args: Vec<String>,
 }
 
 /// A system under test: its name, its leader's endpoint and its processes.
@@ -46,6 +51,8 @@ struct System {
     name: &'static str,
     leader: String,
     pids: Vec<u32>,
+    /// The store's nodes' HTTP addresses, for their write stages (`None`: etcd).
+    http: Option<Vec<String>>,
 }
 
 /// Run the whole comparison in `dir`.
@@ -73,11 +80,10 @@ pub fn run(args: &VsEtcd, dir: &Path) -> Result<(), (i32, String)> {
         .collect::<Result<_, _>>()
         .map_err(|e| (1, e))?;
     let store_pids: Vec<u32> = children.iter().map(|c| c.id()).collect();
-    let etcd_cluster = match &etcd {
-        Some((bin, _)) => Some(member::EtcdCluster::start(bin, dir, args.base_port + 3000)),
-        None => None,
-    }
-    .transpose();
+    let etcd_cluster = etcd
+        .as_ref()
+        .map(|(bin, _)| member::EtcdCluster::start(bin, dir, args.base_port + 3000))
+        .transpose();
     let result = etcd_cluster.map_err(|e| (1, e)).and_then(|etcd_cluster| {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -116,7 +122,7 @@ fn store_plan(args: &VsEtcd, dir: &Path) -> Result<(Plan, Layout), (i32, String)
         unsafe_lease_based: false,
         follower_leases_ms: None,
         insecure_peers: false,
-        node_args: Vec::new(),
+        node_args: args.node_args.clone(),
     };
     let layout = Layout {
         nodes: 3,
@@ -143,12 +149,18 @@ async fn all_cells(
         name: "raft-lease",
         leader: member::leader(&endpoints).await.map_err(|e| (1, e))?,
         pids: store_pids,
+        http: Some(
+            (1..=3)
+                .map(|id| format!("127.0.0.1:{}", layout.http_port(id)))
+                .collect(),
+        ),
     }];
     if let Some(e) = etcd {
         systems.push(System {
             name: "etcd",
             leader: member::leader(&e.endpoints).await.map_err(|e| (1, e))?,
             pids: e.pids(),
+            http: None,
         });
     }
     for s in &systems {
@@ -159,12 +171,19 @@ async fn all_cells(
     println!("{}", cell::header());
     let mut cells = Vec::new();
     for &clients in &args.clients {
-        for op in Op::ALL {
+        for &op in &args.ops {
             for s in &systems {
+                let scrape = || s.http.iter().flatten().map(|a| Scrape::of(a)).collect();
+                let before: Vec<Scrape> = scrape();
                 let c = one_cell(args, s, op, clients)
-                    .await
                     .map_err(|e| (1, format!("{} {} {clients}: {e}", s.name, op.name())))?;
                 println!("{}", c.row());
+                if let (Op::Put, Some(http)) = (op, &s.http) {
+                    let leader = endpoints.iter().position(|e| *e == s.leader).unwrap_or(0);
+                    let stages = Stages::around(c.mean_us, leader, &before, &scrape());
+                    println!("  {}", stages.line("raft-lease", clients));
+                    debug_assert_eq!(http.len(), before.len());
+                }
                 cells.push(c);
                 compact(&s.leader)
                     .await
@@ -203,27 +222,34 @@ async fn compact(ep: &str) -> Result<(), String> {
     }
 }
 
-/// `clients` clients doing `op` on `s` for the cell's time.
-async fn one_cell(args: &VsEtcd, s: &System, op: Op, clients: usize) -> Result<Cell, String> {
-    let mut ready = Vec::with_capacity(clients);
-    for i in 0..clients {
-        let mut c = Client::connect([s.leader.as_str()], None)
-            .await
-            .map_err(|e| e.to_string())?;
-        let prepared = ops::prepare(op, &mut c, i).await?;
-        ready.push((c, prepared));
-    }
-    let cpu_before = CpuSample::now(&s.pids);
-    let t0 = Instant::now();
-    let end = t0 + Duration::from_secs(args.seconds);
-    let tasks: Vec<_> = ready
-        .into_iter()
-        .enumerate()
-        .map(|(i, (c, p))| tokio::spawn(ops::run(op, c, p, i, vec![b'v'; args.value_bytes], end)))
-        .collect();
+/// `clients` clients doing `op` on `s` for the cell's time. The clients run on as many threads
+/// as there are CPUs (fewer if there are fewer clients), each a single-threaded runtime, so that
+/// a client's gRPC channel's tasks wake each other without crossing threads; the cell's clock
+/// and the CPU counters start once every client has connected and made its state.
+fn one_cell(args: &VsEtcd, s: &System, op: Op, clients: usize) -> Result<Cell, String> {
+    let threads = clients.min(crate::bench::report::cores() as usize).max(1);
+    let ready = std::sync::Barrier::new(threads + 1);
+    let seconds = Duration::from_secs(args.seconds);
+    let (results, t0, cpu_before) = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (ready, leader) = (&ready, s.leader.as_str());
+                let mine: Vec<usize> = (t..clients).step_by(threads).collect();
+                let value = vec![b'v'; args.value_bytes];
+                scope.spawn(move || client_thread(op, leader, mine, value, seconds, ready))
+            })
+            .collect();
+        ready.wait();
+        let (t0, cpu_before) = (Instant::now(), CpuSample::now(&s.pids));
+        let results: Vec<Result<ops::Measured, String>> = handles
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err("a client panicked".into())))
+            .collect();
+        (results, t0, cpu_before)
+    });
     let (mut lat, mut errors) = (Vec::new(), 0);
-    for t in tasks {
-        let m = t.await.map_err(|e| format!("client panicked: {e}"))??;
+    for m in results {
+        let m = m?;
         lat.extend(m.lat_ns);
         errors += m.errors;
     }
@@ -237,8 +263,10 @@ async fn one_cell(args: &VsEtcd, s: &System, op: Op, clients: usize) -> Result<C
         let i = ((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1));
         lat.get(i).copied().unwrap_or(0) as f64 / 1e3
     };
+    let mean_us = lat.iter().sum::<u64>() as f64 / lat.len().max(1) as f64 / 1e3;
     Ok(Cell {
         system: s.name,
+        mean_us,
         op: op.name(),
         clients,
         ops_per_s: ops / secs,
@@ -246,6 +274,51 @@ async fn one_cell(args: &VsEtcd, s: &System, op: Op, clients: usize) -> Result<C
         p99_us: at(0.99),
         cpu_us_per_op: cpu,
         errors,
+    })
+}
+
+/// One client thread: connect its clients (`ids`) and make their state, wait for the other
+/// threads, then run them all for `seconds`. A thread that fails before the start still waits
+/// at the barrier, so that none waits for ever.
+fn client_thread(
+    op: Op,
+    leader: &str,
+    ids: Vec<usize>,
+    value: Vec<u8>,
+    seconds: Duration,
+    ready: &std::sync::Barrier,
+) -> Result<ops::Measured, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string());
+    let made = runtime.as_ref().map_err(Clone::clone).and_then(|rt| {
+        rt.block_on(async {
+            let mut made = Vec::with_capacity(ids.len());
+            for &i in &ids {
+                let mut c = Client::connect([leader], None)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                made.push((i, ops::prepare(op, &mut c, i).await?, c));
+            }
+            Ok::<_, String>(made)
+        })
+    });
+    ready.wait();
+    let (runtime, made) = (runtime?, made?);
+    let end = Instant::now() + seconds;
+    runtime.block_on(async {
+        let tasks: Vec<_> = made
+            .into_iter()
+            .map(|(i, p, c)| tokio::spawn(ops::run(op, c, p, i, value.clone(), end)))
+            .collect();
+        let mut all = ops::Measured::default();
+        for t in tasks {
+            let m = t.await.map_err(|e| format!("a client panicked: {e}"))??;
+            all.lat_ns.extend(m.lat_ns);
+            all.errors += m.errors;
+        }
+        Ok(all)
     })
 }
 

@@ -37,6 +37,23 @@ impl Op {
         Op::Watch,
     ];
 
+    /// The operations named in `names` (every one if none is).
+    pub fn parse(names: &[String]) -> Result<Vec<Op>, String> {
+        if names.is_empty() {
+            return Ok(Op::ALL.to_vec());
+        }
+        let find = |n: &String| {
+            Op::ALL
+                .into_iter()
+                .find(|op| op.name() == n)
+                .ok_or_else(|| {
+                    let all: Vec<_> = Op::ALL.iter().map(|op| op.name()).collect();
+                    format!("--ops: no operation {n:?}; there are {}", all.join(", "))
+                })
+        };
+        names.iter().map(find).collect()
+    }
+
     /// The name in the table and the JSON.
     pub fn name(self) -> &'static str {
         match self {
