@@ -126,6 +126,8 @@ pub struct Metrics {
     pub bad_frames: Counter,
     /// Messages dropped on a full queue.
     pub dropped_full: Counter,
+    /// Peer batches the raft thread wrote into their connection itself (`peer::express`).
+    pub express_sent: Counter,
     /// HTTP connections open now.
     pub http_open: Gauge,
     /// HTTP connections closed to admit a new one (the table, or an address's share, was full).
@@ -193,6 +195,7 @@ impl Default for Metrics {
             http_errors: Counter::default(),
             bad_frames: Counter::default(),
             dropped_full: Counter::default(),
+            express_sent: Counter::default(),
             http_open: Gauge::default(),
             http_evicted: Counter::default(),
             http_refused: Counter::default(),
@@ -428,6 +431,11 @@ impl Metrics {
                 "kv_peer_dropped_total",
                 "Messages dropped on a full queue.",
                 self.dropped_full.get(),
+            ),
+            (
+                "kv_peer_express_total",
+                "Peer batches the raft thread wrote into their connection itself.",
+                self.express_sent.get(),
             ),
             (
                 "kv_http_evicted_total",

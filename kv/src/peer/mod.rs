@@ -3,6 +3,7 @@
 
 #[cfg(test)]
 pub mod ack_contexts;
+pub mod express;
 pub mod follow;
 pub mod frame;
 pub mod heard;

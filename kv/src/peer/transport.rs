@@ -28,6 +28,7 @@ use tokio::time::{timeout, Instant};
 
 use crate::base::budget::Budget;
 use crate::base::metrics::Metrics;
+use crate::peer::express::{Express, PeerConn, PeerWriter, WRITER_BUFFER_BYTES};
 use crate::peer::frame::{write_message, FrameError};
 use crate::peer::heard::Heard;
 use crate::peer::members::Members;
@@ -79,11 +80,25 @@ pub enum Report {
 
 /// A batch queued for a peer: its bytes, and what raft must hear of if it is lost.
 struct Outgoing {
+    /// The encoded batch (empty: only flush what the express path left buffered).
     bytes: Vec<u8>,
     /// The group and type of each raft message in it.
     raft: Vec<(GroupId, MessageType)>,
     to: u64,
     queued_at: Instant,
+}
+
+impl Outgoing {
+    /// A request to the sender task to flush what the express path left buffered of `self`: it
+    /// carries `self`'s raft messages, so that they are reported lost if the flush fails.
+    fn flush_request(&self) -> Outgoing {
+        Outgoing {
+            bytes: Vec::new(),
+            raft: self.raft.clone(),
+            to: self.to,
+            queued_at: self.queued_at,
+        }
+    }
 }
 
 /// Settings shared by the transport's tasks and the peer listener.
@@ -128,9 +143,15 @@ impl TransportConfig {
     }
 }
 
+/// A peer's queue to its sender task, and its connection (see `express`).
+struct Peer {
+    queue: mpsc::Sender<Outgoing>,
+    conn: Arc<PeerConn>,
+}
+
 /// The sending side, owned by the raft thread.
 pub struct Transport {
-    queues: HashMap<u64, mpsc::Sender<Outgoing>>,
+    queues: HashMap<u64, Peer>,
     cfg: TransportConfig,
     rt: tokio::runtime::Handle,
     reports: Reports,
@@ -138,8 +159,6 @@ pub struct Transport {
 
 /// Where reports go; `None` only for the tests' control (`--no-transport-reports`).
 type Reports = Option<crossbeam_channel::Sender<Report>>;
-
-type PeerWriter = BufWriter<Box<dyn AsyncWrite + Send + Unpin>>;
 
 impl Transport {
     /// A transport whose sender tasks run on `rt` and report to `reports`.
@@ -172,21 +191,50 @@ impl Transport {
         if cut(&self.cfg.blocked, to, false) {
             return report_lost(&self.reports, &self.cfg.metrics, &out);
         }
-        let Some(q) = self.queue(to) else {
-            return report_lost(&self.reports, &self.cfg.metrics, &out);
+        let delayed = self.cfg.peer_delay_ms.load(Ordering::Relaxed) > 0;
+        let metrics = self.cfg.metrics.clone();
+        let rt = self.rt.clone();
+        let Some(peer) = self.queue(to) else {
+            return report_lost(&self.reports, &metrics, &out);
         };
         let out = Outgoing {
             bytes: wire::encode(&batch),
             ..out
         };
-        if let Err(TrySendError::Full(out) | TrySendError::Closed(out)) = q.try_send(out) {
+        let snapshot = out.raft.iter().any(|(_, t)| *t == MessageType::MsgSnapshot);
+        let flush_only = match delayed || snapshot {
+            true => None,
+            false => {
+                let _runtime = rt.enter();
+                match peer.conn.try_write(&out.bytes) {
+                    Express::Sent => return metrics.express_sent.inc(),
+                    Express::Buffered => Some(out.flush_request()),
+                    Express::Declined => None,
+                    Express::Failed(e) => {
+                        metrics.peer_write_failures.inc();
+                        warn!(self.cfg.logger, "peer connection failed; reconnecting";
+                              "peer" => to, "error" => %e, "lost" => 1);
+                        return report_lost(&self.reports, &metrics, &out);
+                    }
+                }
+            }
+        };
+        if flush_only.is_some() {
+            metrics.express_sent.inc();
+        }
+        let queued = flush_only.unwrap_or(out);
+        peer.conn.unwritten.fetch_add(1, Ordering::AcqRel);
+        if let Err(TrySendError::Full(out) | TrySendError::Closed(out)) =
+            peer.queue.try_send(queued)
+        {
+            peer.conn.unwritten.fetch_sub(1, Ordering::AcqRel);
             self.cfg.metrics.dropped_full.inc();
             report_lost(&self.reports, &self.cfg.metrics, &out);
         }
     }
 
     /// The queue of peer `to`, its sender task started on first use.
-    fn queue(&mut self, to: u64) -> Option<&mpsc::Sender<Outgoing>> {
+    fn queue(&mut self, to: u64) -> Option<&Peer> {
         if to == self.cfg.my_id {
             return None;
         }
@@ -194,8 +242,10 @@ impl Transport {
             self.cfg.addr_of(to)?;
             let (tx, rx) = mpsc::channel(QUEUE_LEN);
             let reports = self.reports.clone();
-            self.rt.spawn(send_loop(to, rx, self.cfg.clone(), reports));
-            self.queues.insert(to, tx);
+            let conn = Arc::new(PeerConn::default());
+            let task = send_loop(to, rx, conn.clone(), self.cfg.clone(), reports);
+            self.rt.spawn(task);
+            self.queues.insert(to, Peer { queue: tx, conn });
         }
         self.queues.get(&to)
     }
@@ -229,27 +279,30 @@ fn send_report(reports: &Reports, r: Report) {
 async fn send_loop(
     peer: u64,
     mut rx: mpsc::Receiver<Outgoing>,
+    shared: Arc<PeerConn>,
     cfg: TransportConfig,
     reports: Reports,
 ) {
     let log = cfg.logger.new(slog::o!("peer" => peer));
-    let mut conn: Option<PeerWriter> = None;
     let mut backoff = Duration::from_millis(20);
     while let Some(out) = rx.recv().await {
         let delay = Duration::from_millis(cfg.peer_delay_ms.load(Ordering::Relaxed));
         if !delay.is_zero() {
             tokio::time::sleep_until(out.queued_at + delay).await; // the timer's 1 ms grain otherwise
         }
+        let mut conn = shared.writer.lock().await;
         if conn.is_none() {
             match connect(peer, &cfg).await {
                 Ok(w) => {
                     info!(log, "connected to peer"; "tls" => cfg.tls.is_some());
-                    conn = Some(BufWriter::new(w));
+                    *conn = Some(BufWriter::with_capacity(WRITER_BUFFER_BYTES, w));
                     backoff = Duration::from_millis(20);
                 }
                 Err(e) => {
                     debug!(log, "peer unreachable; dropping batch"; "error" => %e, "backoff_ms" => backoff.as_millis());
                     report_lost(&reports, &cfg.metrics, &out);
+                    shared.unwritten.fetch_sub(1, Ordering::AcqRel);
+                    drop(conn);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
@@ -267,8 +320,10 @@ async fn send_loop(
         if let Err(e) = write_batch(w, &batch, &reports, &cfg.metrics).await {
             cfg.metrics.peer_write_failures.inc();
             warn!(log, "peer connection failed; reconnecting"; "error" => %e, "lost" => batch.len());
-            conn = None;
+            *conn = None;
         }
+        // Written (or reported lost) with the lock held: the raft thread may write after them.
+        shared.unwritten.fetch_sub(batch.len(), Ordering::AcqRel);
     }
 }
 
@@ -283,6 +338,9 @@ async fn write_batch(
 ) -> Result<(), FrameError> {
     let mut unflushed = 0;
     for (i, out) in batch.iter().enumerate() {
+        if out.bytes.is_empty() {
+            continue; // a flush request: the flush below does it
+        }
         let mut written = write_message(w, &out.bytes, FRAME_TIMEOUT).await;
         let snapshots = out
             .raft
