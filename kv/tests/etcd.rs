@@ -6,6 +6,8 @@
 
 #[path = "etcd/attack.rs"]
 mod attack;
+#[path = "etcd/bench.rs"]
+mod bench;
 #[path = "kv/cluster.rs"]
 #[allow(dead_code)]
 mod cluster;

@@ -63,12 +63,16 @@ pub fn reserve() -> Port {
 /// Reserve `base+1..=base+n`, `base+1001..=base+1000+n` and `base+2001..=base+2000+n` for
 /// `kv cluster` (peers, HTTP, etcd API): the base.
 pub fn reserve_base(n: u16) -> (u16, Vec<Port>) {
+    let offsets: Vec<u16> = (1..=n).flat_map(|i| [i, 1000 + i, 2000 + i]).collect();
+    reserve_offsets(&offsets)
+}
+
+/// A base port with `base + o` free and reserved for every offset `o` in `offsets`.
+pub fn reserve_offsets(offsets: &[u16]) -> (u16, Vec<Port>) {
+    let top = offsets.iter().copied().max().unwrap_or(0);
     for _ in 0..10_000 {
-        let base = next_candidate().min(RANGE.end - 2100);
-        let ports: Option<Vec<Port>> = (1..=n)
-            .flat_map(|i| [base + i, base + 1000 + i, base + 2000 + i])
-            .map(try_reserve)
-            .collect();
+        let base = next_candidate().min(RANGE.end - top - 1);
+        let ports: Option<Vec<Port>> = offsets.iter().map(|o| try_reserve(base + o)).collect();
         if let Some(p) = ports {
             return (base, p);
         }
