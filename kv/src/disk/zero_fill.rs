@@ -10,8 +10,10 @@
 //! the leader and one on a follower.
 //!
 //! [`ZeroFilled`] is raft-engine's default file system but for that one call: it writes the
-//! zeros (in 256 KiB pieces) and syncs them, so that the metadata is written once per 2 MiB, not
-//! once per batch. What a crash leaves is unchanged: the active file ends in zeros past its last
+//! zeros (in 256 KiB pieces), so that the metadata is written once per 2 MiB (by the next sync
+//! of the log), not once per batch. It does not sync them itself: raft-engine only warns when
+//! an allocation fails, and an fsync here could report, and so consume, a writeback error of a
+//! batch that the log's own sync must then see. What a crash leaves is unchanged: the active file ends in zeros past its last
 //! batch, which `engine_log`'s open drops exactly as it drops `fallocate`'s.
 
 use std::io::{Result as IoResult, Seek, SeekFrom, Write};
@@ -69,14 +71,15 @@ impl WriteExt for ZeroFillWriter {
         self.inner.truncate(offset)
     }
 
-    /// Write `size` zeros at `offset` (past everything written so far) and sync them. The
-    /// writer's position is not moved: raft-engine writes its next batch where it was.
+    /// Write `size` zeros at `offset` (past everything written so far), not synced (see the
+    /// module docs). The writer's position is not moved: raft-engine writes its next batch
+    /// where it was.
     fn allocate(&mut self, offset: usize, size: usize) -> IoResult<()> {
         let end = offset
             .checked_add(size)
             .expect("an allocation past usize::MAX bytes");
         debug_assert!(
-            self.handle.file_size()? <= end,
+            self.handle.file_size()? <= offset,
             "allocating over written data"
         );
         let zeros = vec![0u8; FILL_CHUNK_BYTES.min(size)];
@@ -87,7 +90,7 @@ impl WriteExt for ZeroFillWriter {
             assert!(wrote > 0, "a write of {n} zeros at {at} wrote nothing");
             at += wrote;
         }
-        self.handle.sync()
+        Ok(())
     }
 }
 

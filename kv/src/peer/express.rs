@@ -29,7 +29,13 @@ pub type PeerWriter = BufWriter<Box<dyn AsyncWrite + Send + Unpin>>;
 
 /// The buffer of a peer connection's writer: a batch the express path takes must fit in what
 /// is free of it.
-pub const WRITER_BUFFER_BYTES: usize = 64 << 10;
+const WRITER_BUFFER_BYTES: usize = 64 << 10;
+
+/// The writer of a new connection `w`: every peer connection's is made here, with the buffer
+/// the express path's room check counts on.
+pub fn writer_over(w: Box<dyn AsyncWrite + Send + Unpin>) -> PeerWriter {
+    BufWriter::with_capacity(WRITER_BUFFER_BYTES, w)
+}
 
 /// One peer's connection, shared by its sender task and the raft thread.
 #[derive(Default)]
@@ -66,7 +72,7 @@ impl PeerConn {
         let Some(w) = guard.as_mut() else {
             return Express::Declined;
         };
-        // Every connection's writer is made with this capacity (see `transport`).
+        // Every connection's writer is made with this capacity (`writer_over`).
         if WRITER_BUFFER_BYTES.saturating_sub(w.buffer().len()) < 5 + bytes.len() {
             return Express::Declined;
         }
@@ -119,8 +125,7 @@ mod tests {
     fn conn_over(w: impl AsyncWrite + Send + Unpin + 'static) -> PeerConn {
         let conn = PeerConn::default();
         let writer: Box<dyn AsyncWrite + Send + Unpin> = Box::new(w);
-        *conn.writer.try_lock().unwrap() =
-            Some(BufWriter::with_capacity(WRITER_BUFFER_BYTES, writer));
+        *conn.writer.try_lock().unwrap() = Some(writer_over(writer));
         conn
     }
 

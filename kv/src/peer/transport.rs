@@ -21,14 +21,14 @@ use parking_lot::RwLock;
 use raft::eraftpb::MessageType;
 use raft_lease::multi::{wire, GroupId, NodeBatch};
 use slog::{debug, info, warn, Logger};
-use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::time::{timeout, Instant};
 
 use crate::base::budget::Budget;
 use crate::base::metrics::Metrics;
-use crate::peer::express::{Express, PeerConn, PeerWriter, WRITER_BUFFER_BYTES};
+use crate::peer::express::{writer_over, Express, PeerConn, PeerWriter};
 use crate::peer::frame::{write_message, FrameError};
 use crate::peer::heard::Heard;
 use crate::peer::members::Members;
@@ -295,7 +295,7 @@ async fn send_loop(
             match connect(peer, &cfg).await {
                 Ok(w) => {
                     info!(log, "connected to peer"; "tls" => cfg.tls.is_some());
-                    *conn = Some(BufWriter::with_capacity(WRITER_BUFFER_BYTES, w));
+                    *conn = Some(writer_over(w));
                     backoff = Duration::from_millis(20);
                 }
                 Err(e) => {
