@@ -98,10 +98,7 @@ pub async fn prepare(op: Op, c: &mut Client, i: usize) -> Result<Prepared, Strin
             let (keeper, stream) = c.lease_keep_alive(id).await.map_err(err)?;
             Prepared::Lease(id, keeper, stream)
         }
-        Op::Watch => {
-            let stream = c.watch(format!("watched{i}"), None).await.map_err(err)?;
-            Prepared::Watch(stream)
-        }
+        Op::Watch => Prepared::Watch(watch_created(c, i).await?),
         _ => Prepared::Nothing,
     })
 }
@@ -189,28 +186,81 @@ async fn one(
     }
 }
 
-/// A put on client `i`'s watched key, and its event: done when the event arrives.
+/// A watch on client `i`'s key, once the server has created it: `Client::watch` returns when
+/// the stream opens, before the server has taken the request, and a put sent before then may
+/// land at a revision the watch (which starts after the revision current when it is created)
+/// never shows.
+async fn watch_created(c: &mut Client, i: usize) -> Result<WatchStream, String> {
+    let mut stream = c.watch(format!("watched{i}"), None).await.map_err(err)?;
+    loop {
+        match stream.message().await.map_err(err)? {
+            Some(r) if r.created() && !r.canceled() => return Ok(stream),
+            Some(r) if r.canceled() => return Err(format!("watch refused: {}", r.cancel_reason())),
+            Some(_) => continue,
+            None => return Err("the watch stream ended before the watch was created".into()),
+        }
+    }
+}
+
+/// How long a put's event may take before the operation counts as failed.
+const EVENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A put on client `i`'s watched key, and its event: done when the event arrives. A watch the
+/// server cancels, or an event that does not come within [`EVENT_TIMEOUT`], is an error (said
+/// on standard error), and the watch is made again.
 async fn watch_one(
     c: &mut Client,
     stream: &mut WatchStream,
     i: usize,
     value: &[u8],
 ) -> Result<bool, etcd_client::Error> {
-    let put = c.put(format!("watched{i}"), value, None);
+    let key = format!("watched{i}");
+    let put = c.put(key.as_str(), value, None);
     let event = async {
-        let rev: Result<i64, etcd_client::Error> = loop {
+        loop {
             match stream.message().await {
-                Err(e) => break Err(e),
+                Err(e) => break Err(format!("the watch failed: {e}")),
+                Ok(Some(r)) if r.canceled() => {
+                    let why = r.cancel_reason().to_string();
+                    break Err(format!(
+                        "the watch was canceled at {}: {why}",
+                        r.compact_revision()
+                    ));
+                }
                 Ok(Some(r)) if !r.events().is_empty() => {
                     break Ok(r.events()[0].kv().map_or(0, |kv| kv.mod_revision()))
                 }
                 Ok(Some(_)) => continue,
-                Ok(None) => break Ok(0),
+                Ok(None) => break Err("the watch stream ended".to_string()),
             }
-        };
-        rev
+        }
+    };
+    let event = async {
+        match tokio::time::timeout(EVENT_TIMEOUT, event).await {
+            Ok(got) => got,
+            Err(_) => Err(format!("no event within {EVENT_TIMEOUT:?}")),
+        }
+    };
+    let put = async {
+        match tokio::time::timeout(EVENT_TIMEOUT, put).await {
+            Ok(answer) => answer.map(Some),
+            Err(_) => Ok(None),
+        }
     };
     let (put, event) = tokio::join!(put, event);
-    let put_rev = put?.header().map_or(-1, |h| h.revision());
-    Ok(event? == put_rev)
+    let Some(put) = put? else {
+        eprintln!("watch_latency, client {i}: the put was not answered within {EVENT_TIMEOUT:?}");
+        return Ok(false);
+    };
+    let put_rev = put.header().map_or(-1, |h| h.revision());
+    match event {
+        Ok(rev) => Ok(rev == put_rev),
+        Err(why) => {
+            eprintln!("watch_latency, client {i}: {why} (the put was at revision {put_rev})");
+            if let Ok(again) = watch_created(c, i).await {
+                *stream = again;
+            }
+            Ok(false)
+        }
+    }
 }
