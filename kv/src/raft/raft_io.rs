@@ -234,6 +234,10 @@ impl<M: StateMachine> LoopIo<M> {
                 .saturating_duration_since(proposed_at)
                 .as_secs_f64(),
         );
+        // Timed before the answer is sent: once it is, the waiting worker may run first, and an
+        // apply stage read after that would overlap the answer's hand-off.
+        let apply = applying_at.elapsed().as_secs_f64();
+        self.metrics.write_apply_seconds.observe(apply);
         match (w, outcome) {
             (Waiter::Write(reply, _), Some(o)) if term == e.term => {
                 let _ = reply.send(WriteReply::Done(o));
@@ -373,7 +377,7 @@ impl<M: StateMachine> LoopIo<M> {
 
     /// Apply a run of normal entries under one write lock of the state machine.
     /// Each write's answer is timed: from its proposal to this run (commit), and from this run to
-    /// its answer (apply).
+    /// the moment its answer is sent (apply).
     fn apply_normal(&mut self, run: &[Entry]) {
         let applying_at = Instant::now();
         let shared = self.shared.clone();
@@ -387,12 +391,7 @@ impl<M: StateMachine> LoopIo<M> {
                 false => Some(machine.apply(e.index, &e.data)),
             };
             self.applied_bytes += e.data.len() as u64;
-            let waited = self.waiting.contains_key(&e.index);
             self.answer_write(e, outcome, applying_at);
-            if waited {
-                let apply = applying_at.elapsed().as_secs_f64();
-                self.metrics.write_apply_seconds.observe(apply);
-            }
         }
     }
 }
