@@ -102,6 +102,14 @@ pub struct TestingKnobs {
     /// Follower read leases: a membership change is proposed, and granting goes on, while
     /// read leases live, so it may be committed at a replica that cannot apply it.
     pub conf_with_grants: bool,
+    /// Follower read leases: a holder takes a grant its give-up voided (one that was on its
+    /// way when it gave its lease up), so its lease lives on after the leader stopped counting
+    /// it.
+    pub accept_voided_grants: bool,
+    /// Follower read leases, not a safety: the leader never asks its holders to give their
+    /// read leases up, so a transfer or a membership change waits for every grant to run out
+    /// (the behaviour measured beside give-ups).
+    pub no_read_lease_give_ups: bool,
     /// Follower read leases: a replica ignores that its leader runs without them, and waits for
     /// an exposed index that leader never sends.
     pub ignore_plain_leaders: bool,
@@ -140,6 +148,8 @@ impl TestingKnobs {
             (self.reuse_tags, "reuse_tags"),
             (self.ignore_pending_keys, "ignore_pending_keys"),
             (self.conf_with_grants, "conf_with_grants"),
+            (self.accept_voided_grants, "accept_voided_grants"),
+            (self.no_read_lease_give_ups, "no_read_lease_give_ups"),
             (self.ignore_plain_leaders, "ignore_plain_leaders"),
             (self.sync_after_advance, "sync_after_advance"),
             (self.count_own_promise, "count_own_promise"),

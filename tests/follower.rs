@@ -6,7 +6,9 @@
 
 mod follower_common;
 
-use follower_common::{config, followers_hold, slow_appends_to, stale_reads_with};
+use follower_common::{
+    config, followers_hold, holding_leader_and_followers, slow_appends_to, stale_reads_with,
+};
 use raft_lease::sim::{CheckReport, Load, SimCluster, SimConfig, Violation};
 
 fn run(c: SimConfig) -> SimCluster {
@@ -124,12 +126,7 @@ fn control_exposing_past_a_holder_serves_stale_follower_reads() {
 /// more; the leader transfers to the other follower in the middle of the load. Returns the
 /// report and whether the transferee led at the end.
 fn run_transfer(c: SimConfig) -> (CheckReport, bool) {
-    let mut sim = SimCluster::new(c);
-    assert!(sim.run_until(2_000, |s| s.leader().is_some()), "no leader");
-    assert!(sim.run_until(500, followers_hold), "no read leases");
-    let l = sim.leader().expect("a leader");
-    let mut others = (1..=3).filter(|&id| id != l);
-    let (to, slow) = (others.next().unwrap(), others.next().unwrap());
+    let (mut sim, l, to, slow) = holding_leader_and_followers(c);
     slow_appends_to(&mut sim, slow);
     sim.run_with_load(100, &Load::default());
     sim.transfer_leader(l, to);

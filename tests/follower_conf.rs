@@ -14,20 +14,9 @@
 
 mod follower_common;
 
-use follower_common::{config, followers_hold, slow_appends_to};
-use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
+use follower_common::{config, followers_hold, no_op_change, slow_appends_to};
 use raft_lease::config::TestingKnobs;
 use raft_lease::sim::{SimCluster, SimConfig};
-
-/// A change that changes nothing: node 1, already a voter, added as a voter again.
-fn no_op_change() -> ConfChangeV2 {
-    let mut single = ConfChangeSingle::default();
-    single.set_change_type(ConfChangeType::AddNode);
-    single.node_id = 1;
-    let mut cc = ConfChangeV2::default();
-    cc.set_changes(vec![single].into());
-    cc
-}
 
 /// The raft commit index `id` knows.
 fn committed(sim: &SimCluster, id: u64) -> u64 {

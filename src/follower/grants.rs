@@ -84,6 +84,13 @@ struct Holding {
     /// not in raft, so a holder removed and added back (raft gives it a fresh progress at 0)
     /// is still counted with what it had.
     matched: u64,
+    /// The boot of the tags granted, and the highest sequence granted in it: a give-up of that
+    /// boot through this sequence or later voids every grant counted here.
+    boot: u64,
+    max_seq: u64,
+    /// Grants to tags of more than one boot are counted here: no give-up ends them (a restarted
+    /// holder never takes a grant of its earlier boot, but one give-up cannot speak for both).
+    mixed_boots: bool,
 }
 
 /// The grants a node made, counted across step-downs and terms until each has ended (a node
@@ -187,8 +194,15 @@ impl GrantTable {
             until_ns,
             term,
             matched,
+            boot: req.tag.boot,
+            max_seq: req.tag.seq,
+            mixed_boots: false,
         });
         (h.until_ns, h.term, h.matched) = (h.until_ns.max(until_ns), term, matched);
+        h.mixed_boots |= h.boot != req.tag.boot;
+        if h.boot == req.tag.boot {
+            h.max_seq = h.max_seq.max(req.tag.seq);
+        }
         Ok(Grant {
             term,
             tag: req.tag,
@@ -209,11 +223,23 @@ impl GrantTable {
         }
     }
 
-    /// `holder` gave up every grant of `term`: it is not counted for them any more.
-    pub fn on_give_up(&mut self, holder: u64, term: u64) {
-        if self.holders.get(&holder).is_some_and(|h| h.term == term) {
+    /// `holder` gave up every grant of `given.term` (and earlier) answering its tags of
+    /// `given.boot` up to `given.seq`. It is no longer counted if that covers every grant made
+    /// to it; a grant to a later tag (the give-up overtaken on its way) keeps it counted until
+    /// that grant ends. Returns whether it is no longer counted.
+    pub fn on_give_up(&mut self, holder: u64, given: AckTag) -> bool {
+        let Some(h) = self.holders.get(&holder) else {
+            return true;
+        };
+        let covered = h.term <= given.term
+            && !h.mixed_boots
+            && h.boot == given.boot
+            && h.max_seq <= given.seq;
+        if covered {
             self.holders.remove(&holder);
         }
+        debug_assert!(covered != self.holders.contains_key(&holder));
+        covered
     }
 
     /// Recompute `E` at `now_ns` from raft's `commit`: the smallest matched index of every
@@ -365,15 +391,39 @@ mod tests {
         assert!(t.all_ended(G));
     }
 
+    fn given(term: u64, boot: u64, seq: u64) -> AckTag {
+        AckTag { term, boot, seq }
+    }
+
     #[test]
-    fn a_give_up_ends_only_the_grants_of_its_term() {
+    fn a_give_up_ends_only_the_grants_it_covers() {
         let mut t = GrantTable::new(G, 0, 0);
         t.grant(req(2, 0, 5), 3, Some(G)).unwrap();
-        t.on_give_up(2, 2);
-        assert!(t.counts(2, 1), "a give-up of another term");
-        t.on_give_up(2, 3);
+        t.grant(req(2, 7, 5), 3, Some(G)).unwrap();
+        assert!(!t.on_give_up(2, given(2, 1, 9)), "of an earlier term");
+        assert!(!t.on_give_up(2, given(3, 2, 9)), "of another boot");
+        assert!(
+            !t.on_give_up(2, given(3, 1, 6)),
+            "tag 7 was granted after the give-up left: still counted"
+        );
+        assert!(t.counts(2, 1));
+        assert!(t.on_give_up(2, given(3, 1, 7)));
         assert!(!t.counts(2, 1));
         assert_eq!(t.last_end_ns(), 0);
+        assert!(t.on_give_up(2, given(3, 1, 7)), "a duplicate: nothing left");
+    }
+
+    #[test]
+    fn grants_to_two_boots_of_a_holder_are_waited_out() {
+        let mut t = GrantTable::new(G, 0, 0);
+        t.grant(req(2, 5, 5), 3, Some(G)).unwrap();
+        let restarted = GrantRequest {
+            tag: given(3, 2, 1),
+            ..req(2, 6, 5)
+        };
+        t.grant(restarted, 3, Some(G)).unwrap();
+        assert!(!t.on_give_up(2, given(3, 2, 1)));
+        assert!(t.counts(2, 7));
     }
 
     #[test]

@@ -40,8 +40,11 @@ pub struct ReadLease {
     /// Reads may be served before this local instant (exclusive), in `lease_term`.
     until_ns: u64,
     lease_term: u64,
-    /// The highest term this replica gave up: every grant of it, or of an earlier term, is ignored.
-    gave_up_term: u64,
+    /// What this replica gave up last: every grant of `gave_up.term` answering a tag of this
+    /// boot up to `gave_up.seq`, and every grant of an earlier term, is ignored (a grant that
+    /// was on its way when the give-up left must not revive the lease). Grants answering later
+    /// tags count: the leader sees the give-up before, or counts them after.
+    gave_up: AckTag,
     /// The largest exposed index received from any leader (each is a committed index).
     exposed: u64,
     drift_ppm: u64,
@@ -50,6 +53,8 @@ pub struct ReadLease {
     from_receipt: bool,
     /// Negative control (tests only): the tag counter never moves.
     reuse_tags: bool,
+    /// Negative control (tests only): a grant a give-up voided is taken all the same.
+    accept_voided: bool,
 }
 
 impl ReadLease {
@@ -62,13 +67,25 @@ impl ReadLease {
             sent_ns: BTreeMap::new(),
             until_ns: 0,
             lease_term: 0,
-            gave_up_term: 0,
+            gave_up: AckTag {
+                term: 0,
+                boot,
+                seq: 0,
+            },
             exposed: 0,
             drift_ppm,
             margin_ns,
             from_receipt: false,
             reuse_tags: false,
+            accept_voided: false,
         }
+    }
+
+    /// Negative control: a grant that arrives after the give-up it was overtaken by is taken.
+    #[doc(hidden)]
+    pub fn control_accept_voided(mut self) -> Self {
+        self.accept_voided = true;
+        self
     }
 
     /// Negative control: count the lease from the grant's receipt.
@@ -112,7 +129,7 @@ impl ReadLease {
     /// this boot still known, in `term`, not given up. Returns whether the lease moved later.
     pub fn on_grant(&mut self, grant: &Grant, term: u64, now_ns: u64) -> bool {
         let ours = grant.tag.boot == self.boot && grant.tag.term == grant.term;
-        if !ours || grant.term != term || grant.term <= self.gave_up_term {
+        if !ours || grant.term != term || (self.voids(grant) && !self.accept_voided) {
             return false;
         }
         let Some(&sent_ns) = self.sent_ns.get(&grant.tag) else {
@@ -142,14 +159,38 @@ impl ReadLease {
         lease_ns
     }
 
-    /// Give up every grant of `term` (a transfer waits for it): the lease ends now, and every
-    /// later grant of `term`, delayed or duplicated, is ignored.
-    pub fn give_up(&mut self, term: u64) {
-        self.gave_up_term = self.gave_up_term.max(term);
+    /// Whether a give-up voided `grant` (of this boot): a grant of an earlier term than the
+    /// give-up's, or of its term for a tag sent before it.
+    fn voids(&self, grant: &Grant) -> bool {
+        debug_assert_eq!(grant.tag.boot, self.boot);
+        let g = &self.gave_up;
+        grant.term < g.term || (grant.term == g.term && grant.tag.seq <= g.seq)
+    }
+
+    /// Give up every grant of `term` and of earlier terms the leader asked for (a transfer or a
+    /// membership change waits for it): the lease ends now, and every grant answering a tag
+    /// sent so far, delayed or duplicated, is ignored. Returns what to tell the leader: the last
+    /// tag voided (`None`: this boot sent no tag, so it holds no grant). The leader stops
+    /// counting this holder only once every grant it made it answers a tag up to that one.
+    pub fn give_up(&mut self, term: u64) -> Option<AckTag> {
+        let given = AckTag {
+            term,
+            boot: self.boot,
+            seq: self.last_seq,
+        };
+        if (given.term, given.seq) > (self.gave_up.term, self.gave_up.seq) {
+            self.gave_up = given;
+        }
         if self.lease_term <= term {
             self.until_ns = 0;
         }
         debug_assert!(self.until_ns == 0 || self.lease_term > term);
+        (self.last_seq > 0).then_some(self.gave_up)
+    }
+
+    /// The term of the last grant taken (0: none yet).
+    pub fn term(&self) -> u64 {
+        self.lease_term
     }
 
     /// A leader's exposed index arrived (kept if larger).
@@ -234,7 +275,7 @@ mod tests {
             !h.on_grant(&grant(tag, 1_000), 6, 200),
             "the replica moved to term 6"
         );
-        h.give_up(5);
+        assert_eq!(h.give_up(5), Some(tag), "gives up through its last tag");
         assert!(
             !h.on_grant(&grant(tag, 1_000), 5, 200),
             "a grant after the give-up"
@@ -245,6 +286,47 @@ mod tests {
             h.on_grant(&grant(later, 1_000), 6, 310),
             "the next term grants again"
         );
+    }
+
+    /// The hazard: a grant on its way when the holder gave up arrives after it. The leader
+    /// stops counting the holder on the give-up, so the grant must revive nothing; a grant for
+    /// a tag sent after the give-up counts (the leader counts it too).
+    #[test]
+    fn a_give_up_overtaken_by_a_delayed_grant_of_its_term_is_not_undone() {
+        let mut h = ReadLease::new(1, 0, 0);
+        let before = h.tag(5, 100);
+        assert!(h.on_grant(&grant(before, 1_000), 5, 150));
+        let in_flight = h.tag(5, 200);
+        let given = h.give_up(5).expect("tags were sent");
+        assert_eq!(given, in_flight);
+        assert!(!h.is_valid(250), "ended at once");
+        assert!(!h.on_grant(&grant(in_flight, 1_000), 5, 300), "voided");
+        assert!(!h.is_valid(300));
+        let after = h.tag(5, 400);
+        assert!(
+            h.on_grant(&grant(after, 1_000), 5, 450),
+            "a later tag counts"
+        );
+        assert_eq!(h.give_up(4), Some(given), "an older ask moves nothing back");
+        assert!(
+            h.is_valid(500),
+            "a give-up of an earlier term leaves term 5's lease"
+        );
+    }
+
+    #[test]
+    fn control_accepting_a_voided_grant_revives_the_lease() {
+        let mut h = ReadLease::new(1, 0, 0).control_accept_voided();
+        let in_flight = h.tag(5, 200);
+        h.give_up(5);
+        assert!(h.on_grant(&grant(in_flight, 1_000), 5, 300), "the bug");
+        assert!(h.is_valid(300));
+    }
+
+    #[test]
+    fn a_holder_that_never_tagged_has_nothing_to_give_up() {
+        let mut h = ReadLease::new(1, 0, 0);
+        assert_eq!(h.give_up(3), None);
     }
 
     #[test]

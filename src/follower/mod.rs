@@ -15,8 +15,12 @@
 //! - **A read lease never outlives the leader lease that granted it**, and the granting node
 //!   keeps counting its grants across a step-down and a re-election ([`GrantTable`] is kept per
 //!   node, not per term).
-//! - **Transfers wait out the read leases** ([`GrantTable::stop_granting`],
-//!   [`GrantTable::all_ended`], [`ReadLease::give_up`]).
+//! - **Transfers and membership changes wait for the read leases** ([`GrantTable::stop_granting`],
+//!   [`GrantTable::all_ended`]), one round trip when the holders give them up: asked by the
+//!   leader, a holder ends its lease and voids every grant answering a tag it sent so far
+//!   ([`ReadLease::give_up`]); the leader stops counting it only if that covers every grant it
+//!   made it ([`GrantTable::on_give_up`]), so a grant overtaken by the give-up revives nothing.
+//!   A lost give-up leaves the wait as it was: every grant runs out.
 //! - **A holder reads only what no pending entry touches** ([`PendingKeys`],
 //!   [`ReadLease::check_local`]).
 //! - **A lagging node may be left out** ([`LagPolicy`], optional): a voter behind the commit
@@ -37,5 +41,7 @@ pub use lag::LagPolicy;
 pub use pending::{Keys, PendingKeys};
 pub use wire::{HolderNote, LeaderNote, WireError};
 
+#[cfg(test)]
+mod give_up_props;
 #[cfg(test)]
 mod props;

@@ -230,7 +230,14 @@ fn check_exposed(ops: &[Op], control: Option<ExposeControl>) -> Result<(), Strin
             }
             Op::Commit(c) => commit = commit.max(c),
             Op::GiveUp(h) => {
-                t.on_give_up(h, 1);
+                t.on_give_up(
+                    h,
+                    AckTag {
+                        term: 1,
+                        boot: h,
+                        seq,
+                    },
+                );
                 until[h as usize] = 0;
             }
             Op::Expose => {

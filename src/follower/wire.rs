@@ -2,10 +2,11 @@
 //! message already carries (raft's own, or the layer's round and read tags), so that both the
 //! existing contexts and raft-rs see exactly the bytes they did before once it is split off.
 //!
-//! - From the leader, on heartbeats and appends: a [`LeaderNote`], the exposed index `E` and at
-//!   most one [`Grant`] for the receiving node.
+//! - From the leader, on heartbeats and appends: a [`LeaderNote`], the exposed index `E`, at
+//!   most one [`Grant`] for the receiving node, and the term whose read leases it asks its
+//!   holders to give up (a transfer or a membership change waits for them).
 //! - From a voter, on heartbeat and append responses: a [`HolderNote`], the fresh [`AckTag`] the
-//!   voter recorded its clock for, and the term of a give-up, if it gave one up.
+//!   voter recorded its clock for, and the last tag of a give-up, if it gave one up.
 //!
 //! Layout: `context ‖ body ‖ body length (u16, big-endian) ‖ kind (1 byte) ‖ MAGIC`. A context
 //! that does not end in the magic has no trailer. One that ends in it but does not parse is a
@@ -26,6 +27,8 @@ const FOOTER_LEN: usize = 2 + 1 + MAGIC.len();
 const TAG_LEN: usize = 3 * 8;
 /// A grant: term, tag, grant, drift, margin.
 const GRANT_LEN: usize = 8 + TAG_LEN + 3 * 8;
+/// The longest body: a leader's exposed index, a grant and an ask.
+const MAX_BODY_LEN: usize = 8 + GRANT_LEN + 8;
 
 /// What the leader tells one voter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +37,9 @@ pub struct LeaderNote {
     pub exposed: u64,
     /// A read lease for the receiving voter, answering one of its acknowledgements.
     pub grant: Option<Grant>,
+    /// Give up every read lease of this term (and earlier ones) now, and say so: the leader
+    /// is transferring leadership or changing its membership, and waits for its holders.
+    pub give_up: Option<u64>,
 }
 
 /// What a voter tells the leader with an acknowledgement.
@@ -41,8 +47,9 @@ pub struct LeaderNote {
 pub struct HolderNote {
     /// The tag of this acknowledgement: the voter read its clock for it before sending.
     pub tag: Option<AckTag>,
-    /// The term whose read lease the voter gave up (a transfer waits for it).
-    pub gave_up: Option<u64>,
+    /// The voter gave up its read lease: every grant of this tag's term answering one of its
+    /// tags up to this one is void at the voter ([`crate::follower::ReadLease::give_up`]).
+    pub gave_up: Option<AckTag>,
 }
 
 /// A trailer that ends in [`MAGIC`] but is not one this layer writes.
@@ -72,6 +79,10 @@ impl LeaderNote {
             put(ctx, g.drift_ppm);
             put(ctx, g.margin_ns);
         }
+        if let Some(term) = self.give_up {
+            assert!(term > 0, "an ask to give up term 0");
+            put(ctx, term);
+        }
         footer(ctx, start, LEADER_KIND);
     }
 
@@ -81,10 +92,18 @@ impl LeaderNote {
             return Ok((ctx, None));
         };
         let v = words(body)?;
-        let note = match v.as_slice() {
+        let (v, give_up) = match v.len() {
+            2 | 9 => (&v[..v.len() - 1], Some(v[v.len() - 1])),
+            _ => (v.as_slice(), None),
+        };
+        if give_up == Some(0) {
+            return Err(WireError::Zero);
+        }
+        let note = match v {
             [exposed] => LeaderNote {
                 exposed: *exposed,
                 grant: None,
+                give_up,
             },
             [exposed, term, t_term, boot, seq, grant_ns, drift_ppm, margin_ns] => {
                 let tag = tag_of(*t_term, *boot, *seq)?;
@@ -101,6 +120,7 @@ impl LeaderNote {
                 LeaderNote {
                     exposed: *exposed,
                     grant: Some(grant),
+                    give_up,
                 }
             }
             _ => return Err(WireError::Malformed),
@@ -124,8 +144,11 @@ impl HolderNote {
                 put(ctx, v);
             }
         }
-        if let Some(term) = self.gave_up {
-            put(ctx, term);
+        if let Some(t) = self.gave_up {
+            assert!(t.term > 0 && t.seq > 0, "a give-up is never zero: {t:?}");
+            for v in [t.term, t.boot, t.seq] {
+                put(ctx, v);
+            }
         }
         footer(ctx, start, HOLDER_KIND);
     }
@@ -142,13 +165,13 @@ impl HolderNote {
                 tag: Some(tag_of(*term, *boot, *seq)?),
                 gave_up: None,
             },
-            (0b10, [gave_up]) => HolderNote {
+            (0b10, [term, boot, seq]) => HolderNote {
                 tag: None,
-                gave_up: Some(*gave_up),
+                gave_up: Some(tag_of(*term, *boot, *seq)?),
             },
-            (0b11, [term, boot, seq, gave_up]) => HolderNote {
+            (0b11, [term, boot, seq, g_term, g_boot, g_seq]) => HolderNote {
                 tag: Some(tag_of(*term, *boot, *seq)?),
-                gave_up: Some(*gave_up),
+                gave_up: Some(tag_of(*g_term, *g_boot, *g_seq)?),
             },
             _ => return Err(WireError::Malformed),
         };
@@ -166,7 +189,7 @@ fn footer(ctx: &mut Vec<u8>, start: usize, kind: u8) {
     ctx.extend_from_slice(&body.to_be_bytes());
     ctx.push(kind);
     ctx.extend_from_slice(MAGIC);
-    debug_assert!(ctx.len() - start <= GRANT_LEN + 8 + FOOTER_LEN);
+    debug_assert!(ctx.len() - start <= MAX_BODY_LEN + FOOTER_LEN);
 }
 
 /// A context split in two: what came before the trailer, and the trailer's body.
@@ -195,7 +218,7 @@ fn trailer(ctx: &[u8], kind: u8) -> Result<Option<Split<'_>>, WireError> {
 
 /// `body` as big-endian `u64`s.
 fn words(body: &[u8]) -> Result<Vec<u64>, WireError> {
-    if body.len() % 8 != 0 || body.len() > GRANT_LEN + 8 {
+    if body.len() % 8 != 0 || body.len() > MAX_BODY_LEN {
         return Err(WireError::Malformed);
     }
     Ok(body
@@ -238,10 +261,22 @@ mod tests {
                 LeaderNote {
                     exposed: 0,
                     grant: None,
+                    give_up: None,
                 },
                 LeaderNote {
                     exposed: u64::MAX,
                     grant: Some(grant()),
+                    give_up: None,
+                },
+                LeaderNote {
+                    exposed: 4,
+                    grant: None,
+                    give_up: Some(7),
+                },
+                LeaderNote {
+                    exposed: 4,
+                    grant: Some(grant()),
+                    give_up: Some(7),
                 },
             ] {
                 let mut m = ctx.clone();
@@ -253,7 +288,12 @@ mod tests {
                 );
             }
             let tag = grant().tag;
-            for note in [(Some(tag), None), (None, Some(9)), (Some(tag), Some(6))] {
+            let given = AckTag { seq: 40, ..tag };
+            for note in [
+                (Some(tag), None),
+                (None, Some(given)),
+                (Some(tag), Some(given)),
+            ] {
                 let note = HolderNote {
                     tag: note.0,
                     gave_up: note.1,
@@ -272,6 +312,7 @@ mod tests {
         LeaderNote {
             exposed: 3,
             grant: None,
+            give_up: None,
         }
         .attach(&mut m);
         let (rest, _) = LeaderNote::split(&m).unwrap();
@@ -287,6 +328,7 @@ mod tests {
         LeaderNote {
             exposed: 1,
             grant: Some(grant()),
+            give_up: None,
         }
         .attach(&mut m);
         let seq_at = 8 + 8 + 8 + 8; // exposed, term, tag term, boot
@@ -295,7 +337,7 @@ mod tests {
         let mut empty = Vec::new();
         HolderNote {
             tag: None,
-            gave_up: Some(4),
+            gave_up: Some(grant().tag),
         }
         .attach(&mut empty);
         empty[0] = 0; // the flags: neither a tag nor a give-up

@@ -32,8 +32,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
                 .saturating_sub(self.clock.now_ns())
                 .div_ceil(1_000_000);
             return Err(raft::Error::ConfChangeError(format!(
-                "follower read leases are live for {wait_ms} ms more; granting has stopped: \
-                 propose the change again after that (within G)"
+                "follower read leases are live for {wait_ms} ms more at most; granting has \
+                 stopped and their holders are asked to give them up: propose the change again \
+                 after a round trip, or after that at the latest"
             )));
         }
         let r = self.raw.propose_conf_change(context, cc);

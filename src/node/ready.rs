@@ -89,7 +89,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         self.hold_transfer(&mut msgs);
         self.expose_now(); // a commit index leaves with the `E` computed from it
         if let Some(x) = self.exposure.as_mut() {
-            x.annotate(&mut msgs);
+            x.annotate(&mut msgs, now_ns);
         }
         msgs
     }

@@ -148,6 +148,8 @@ pub fn follower_knob(k: &TestingKnobs) -> bool {
         || k.reuse_tags
         || k.ignore_pending_keys
         || k.conf_with_grants
+        || k.accept_voided_grants
+        || k.no_read_lease_give_ups
 }
 
 /// `(tick_ms, heartbeat_tick, election_tick)`. One seed in ten has 1 ms heartbeats and a 300 ms
@@ -225,11 +227,20 @@ enum Later {
     Unstall(u64),
     Block(u64, u64),
     Isolate(u64),
+    /// A membership change refused while follower read leases lived, proposed again (a new
+    /// random one): the holders were asked to give theirs up, so it usually goes.
+    Membership,
+    /// A membership change that changes nothing, proposed at the node if it leads: refused
+    /// while read leases live, it asks their holders to give them up.
+    AskGiveUps(u64),
 }
 
 /// Chooses and applies faults. All its choices come from its seeded generator.
 struct Nemesis {
     rng: ChaCha8Rng,
+    /// The draws of the faults that exercise give-ups, from a generator of their own, so that
+    /// every other draw of the seed stays as it was before them.
+    give_up_rng: ChaCha8Rng,
     /// Faults to undo, with the simulated millisecond at which to undo them.
     later: Vec<(u64, Later)>,
     /// The promise `P` and election timeout, in ms, to scale pauses and delays.
@@ -244,6 +255,12 @@ struct Nemesis {
     episode_writes_at: Option<Vec<u64>>,
     /// The longest follower read lease a grant may give (`G`), in ms; 0 when they are off.
     grant_ms: u64,
+    /// Clients write every 0.5 ms until this simulated millisecond (a fault that needs appends
+    /// in flight at every instant).
+    busy_until_ms: u64,
+    /// No other fault starts until this simulated millisecond, but reads go on in every mode
+    /// (unlike an episode's): a fault whose hazard is a stale local read, left undisturbed.
+    calm_until_ms: u64,
 }
 
 impl Nemesis {
@@ -253,12 +270,28 @@ impl Nemesis {
         self.grant_ms > 0
     }
 
-    fn undo_due(&mut self, sim: &mut SimCluster) {
+    /// Undo the faults due, and make the changes due; returns what the changes were.
+    fn undo_due(&mut self, sim: &mut SimCluster) -> Vec<String> {
         let now_ms = sim.now_ns() / 1_000_000;
         let (due, rest): (Vec<_>, Vec<_>) = self.later.drain(..).partition(|(at, _)| *at <= now_ms);
         self.later = rest;
+        let mut made = Vec::new();
         for (_, undo) in due {
             match undo {
+                Later::Membership if now_ms < self.episode_until_ms => {
+                    self.later.push((self.episode_until_ms, Later::Membership));
+                    // undisturbed
+                }
+                Later::Membership => {
+                    made.push(format!("{now_ms}ms again: {}", self.membership(sim)));
+                }
+                Later::AskGiveUps(leader) if sim.leader() == Some(leader) => {
+                    let voter = conf_change(ConfChangeType::AddNode, leader); // already one
+                    let r = sim
+                        .propose_conf_change(leader, voter)
+                        .map_err(|e| e.to_string());
+                    made.push(format!("{now_ms}ms no-op membership at {leader}: {r:?}"));
+                }
                 Later::Resume(n) if sim.is_paused(n) => sim.resume(n),
                 Later::Restart(n) if !sim.is_up(n) => sim.restart(n),
                 Later::Stall(n) => sim.stall_ticks(n, true),
@@ -271,6 +304,7 @@ impl Nemesis {
                 _ => {}
             }
         }
+        made
     }
 
     fn pick(&mut self, ids: &[u64]) -> u64 {
@@ -280,6 +314,11 @@ impl Nemesis {
     /// Later than now by `lo..=hi` ms.
     fn after(&mut self, sim: &SimCluster, lo: u64, hi: u64) -> u64 {
         sim.now_ns() / 1_000_000 + self.rng.gen_range(lo..=hi.max(lo))
+    }
+
+    /// [`Nemesis::after`], drawn from the give-up faults' generator.
+    fn give_up_after(&mut self, sim: &SimCluster, lo: u64, hi: u64) -> u64 {
+        sim.now_ns() / 1_000_000 + self.give_up_rng.gen_range(lo..=hi.max(lo))
     }
 
     /// Inject one random fault; returns its description (empty when none applied).
@@ -474,9 +513,34 @@ impl Nemesis {
         };
         let followers: Vec<u64> = sim.ids().into_iter().filter(|&i| i != leader).collect();
         let slow = self.pick(&followers);
+        if self.give_up_rng.gen_bool(0.5) {
+            return self.give_up_race(sim, leader, slow);
+        }
         let extra_ms = self.rng.gen_range(1..=self.promise_ms.max(1));
         slow_appends_to(sim, slow, extra_ms);
         format!("slow appends to {slow} +{extra_ms}ms")
+    }
+
+    /// Under writes every 0.5 ms, the leader's appends to `slow` come late (by up to half a
+    /// grant), with the grants they carry; then the leader is asked for a membership change
+    /// and asks its holders to give their read leases up. The heartbeat that asks overtakes the
+    /// grants on their way, and the leader, once the holders have given up, exposes writes that
+    /// `slow` receives only later: a holder that took such a grant (`accept_voided_grants`)
+    /// serves them stale. Undisturbed by other faults, reads in every mode.
+    fn give_up_race(&mut self, sim: &mut SimCluster, leader: u64, slow: u64) -> String {
+        let g = self.grant_ms.max(1);
+        let extra_ms = self.give_up_rng.gen_range((g / 8).max(2)..=(g / 2).max(3));
+        sim.net_mut().delay(DelayRule {
+            from: Some(leader),
+            to: Some(slow),
+            msg_type: Some(MessageType::MsgAppend),
+            extra_ns: extra_ms * 1_000_000,
+        });
+        let ask_at = self.give_up_after(sim, extra_ms, extra_ms + g);
+        self.later.push((ask_at, Later::AskGiveUps(leader)));
+        self.busy_until_ms = ask_at + 2 * g;
+        self.calm_until_ms = ask_at + 2 * g;
+        format!("appends {leader}->{slow} +{extra_ms}ms under writes, give-ups asked at {ask_at}ms")
     }
 
     /// The leader and fewer than half the other nodes on one side (one at least, when there are
@@ -625,6 +689,11 @@ impl Nemesis {
             .any(|c| c.node_id == leader && c.get_change_type() == ConfChangeType::RemoveNode);
         let desc = format!("membership at {leader}: {:?}", cc.get_changes());
         if let Err(e) = sim.propose_conf_change(leader, cc) {
+            if e.to_string().contains("read leases are live") {
+                let again_at = self.give_up_after(sim, 1, self.election_ms / 4);
+                self.later.push((again_at, Later::Membership));
+                return format!("{desc} refused: {e}; again at {again_at}ms");
+            }
             return format!("{desc} refused: {e}");
         }
         if !leaves {
@@ -701,12 +770,15 @@ pub fn run(run: RandomRun) -> RunOutcome {
     let mut sim = SimCluster::new(config.clone());
     let mut nemesis = Nemesis {
         rng,
+        give_up_rng: ChaCha8Rng::seed_from_u64(run.seed ^ 0x61_7e_0f),
         later: Vec::new(),
         promise_ms: config.lease.promise_ms,
         election_ms: config.election_tick as u64 * config.tick_ms,
         episode_until_ms: 0,
         episode_without_writes: false,
         episode_writes_at: None,
+        busy_until_ms: 0,
+        calm_until_ms: 0,
         grant_ms: config.lease.follower_leases.map_or(0, |f| f.max_grant_ms),
     };
     let faults = safety_phase(&mut sim, &mut nemesis, run.safety_ms);
@@ -731,10 +803,11 @@ pub fn run(run: RandomRun) -> RunOutcome {
 fn safety_phase(sim: &mut SimCluster, nemesis: &mut Nemesis, safety_ms: u64) -> Vec<String> {
     let mut faults = Vec::new();
     while sim.now_ns() / 1_000_000 < safety_ms {
-        nemesis.undo_due(sim);
+        faults.extend(nemesis.undo_due(sim));
         let now_ms = sim.now_ns() / 1_000_000;
         let in_episode = now_ms < nemesis.episode_until_ms;
-        if !in_episode && nemesis.rng.gen_bool(0.4) {
+        let calm = now_ms < nemesis.calm_until_ms;
+        if !in_episode && !calm && nemesis.rng.gen_bool(0.4) {
             let fault = nemesis.inject(sim);
             if !fault.is_empty() {
                 faults.push(format!("{now_ms}ms {fault}"));
@@ -747,10 +820,13 @@ fn safety_phase(sim: &mut SimCluster, nemesis: &mut Nemesis, safety_ms: u64) -> 
             modes[nemesis.rng.gen_range(0..3)]
         };
         let quiet = in_episode && nemesis.episode_without_writes;
-        let write_every_us = if quiet {
-            0
-        } else {
-            Load::default().write_every_us
+        // While busy, a write every 0.5 ms: an append is in flight to every follower at any
+        // instant, with the grants it carries (a give-up can then overtake one).
+        let busy = now_ms < nemesis.busy_until_ms;
+        let write_every_us = match (quiet, busy) {
+            (true, _) => 0,
+            (false, true) => 500,
+            (false, false) => Load::default().write_every_us,
         };
         sim.run_with_load(
             SLICE_MS,

@@ -1,7 +1,7 @@
 //! Shared by the follower-lease simulator tests: the configuration, whether the followers hold
 //! read leases, and a holder that receives writes late.
 
-use raft::eraftpb::MessageType;
+use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2, MessageType};
 use raft_lease::config::TestingKnobs;
 use raft_lease::sim::{CheckReport, DelayRule, SimCluster, SimConfig};
 use raft_lease::FollowerLeases;
@@ -26,7 +26,8 @@ pub fn followers_hold(sim: &SimCluster) -> bool {
 }
 
 /// Appends to `slow` take 3 ms more: it acknowledges every heartbeat at once but receives each
-/// write late.
+/// write late. (Not every test file slows a holder.)
+#[allow(dead_code)]
 pub fn slow_appends_to(sim: &mut SimCluster, slow: u64) {
     sim.net_mut().delay(DelayRule {
         from: None,
@@ -51,4 +52,29 @@ pub fn stale_reads_with(
     let stale = stale.sum();
     eprintln!("control: {stale} stale follower reads over 4 seeds");
     stale
+}
+
+/// A cluster of `c` with a leader whose two followers hold read leases: `(sim, leader, to,
+/// slow)`, the followers in id order. (Not every test file uses it.)
+#[allow(dead_code)]
+pub fn holding_leader_and_followers(c: SimConfig) -> (SimCluster, u64, u64, u64) {
+    let mut sim = SimCluster::new(c);
+    assert!(sim.run_until(2_000, |s| s.leader().is_some()), "no leader");
+    assert!(sim.run_until(500, followers_hold), "no read leases");
+    let l = sim.leader().expect("a leader");
+    let mut others = (1..=3).filter(|&id| id != l);
+    let (to, slow) = (others.next().unwrap(), others.next().unwrap());
+    (sim, l, to, slow)
+}
+
+/// A change that changes nothing: node 1, already a voter, added as a voter again. (Not every
+/// test file uses it.)
+#[allow(dead_code)]
+pub fn no_op_change() -> ConfChangeV2 {
+    let mut single = ConfChangeSingle::default();
+    single.set_change_type(ConfChangeType::AddNode);
+    single.node_id = 1;
+    let mut cc = ConfChangeV2::default();
+    cc.set_changes(vec![single].into());
+    cc
 }

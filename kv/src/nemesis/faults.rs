@@ -311,18 +311,19 @@ impl Nemesis {
     }
 
     /// `POST /admin/members` through the leader (redirects followed once). With follower read
-    /// leases a change is refused while read leases live (granting stops meanwhile): asked
-    /// again, up to 10 times, 200 ms apart.
+    /// leases a change is refused while read leases live (granting stops meanwhile, and their
+    /// holders are asked to give them up, which takes a round trip): asked again, up to 100
+    /// times, 20 ms apart (2 s, past any `G`, should a give-up be lost).
     fn change(&self, changes: Value) -> Result<Value, String> {
-        for _ in 0..10 {
+        for _ in 0..100 {
             let l = self.leader(20).ok_or("no leader")?;
             match self.admin(l, "/admin/members", json!({ "changes": changes.clone() })) {
                 Some((200, v)) => return Ok(v),
-                Some((409, v)) if v.to_string().contains("read leases are live") => sleep_ms(200),
+                Some((409, v)) if v.to_string().contains("read leases are live") => sleep_ms(20),
                 other => return Err(format!("membership change answered {other:?}")),
             }
         }
-        Err("membership change refused 10 times: read leases stayed live".into())
+        Err("membership change refused 100 times: read leases stayed live".into())
     }
 
     /// Wait until the leader's configuration has `id` as a voter (`want`) or not.
