@@ -67,6 +67,7 @@ impl Drop for SeedOnPanic {
 #[test]
 fn randomized_faults_never_break_the_lease() {
     let mut totals = [0u64; 10];
+    let (mut read_lease_checks, mut worst_read_lease) = (0, (0, 0));
     for seed in seeds() {
         let guard = SeedOnPanic(seed);
         let out = run(seed, None);
@@ -104,6 +105,12 @@ fn randomized_faults_never_break_the_lease() {
         for (t, c) in totals.iter_mut().zip(counts) {
             *t += c;
         }
+        if let Some((ms, bound_ms)) = out.read_leases_after_ms {
+            read_lease_checks += 1;
+            if ms * worst_read_lease.1.max(1) >= worst_read_lease.0 * bound_ms {
+                worst_read_lease = (ms, bound_ms); // the largest share of its bound
+            }
+        }
     }
     let [ops, lease_reads, checks, changes, installs, after_install, evicted, splits, follower_reads, follower_seeds] =
         totals;
@@ -112,8 +119,12 @@ fn randomized_faults_never_break_the_lease() {
          instants checked, 0 violations; {changes} membership changes, {installs} snapshots installed, \
          {after_install} lease reads after an install, {evicted} rounds evicted at the table's limit, \
          {splits} split votes in the liveness phases; follower leases on {follower_seeds} seeds, \
-         {follower_reads} follower reads checked",
-        seeds().len()
+         {follower_reads} follower reads checked; every live voter held a read lease again \
+         within its bound on {read_lease_checks} seeds (a leader lost for good as its membership \
+         change committed), the slowest {} ms against a bound of {} ms",
+        seeds().len(),
+        worst_read_lease.0,
+        worst_read_lease.1
     );
     assert!(lease_reads > 0 && checks > 0, "nothing was checked");
     if follower_seeds > 0 {
@@ -339,6 +350,29 @@ fn control_reuse_tags_is_caught() {
 /// come late with the grants they carry, then a membership change asks for give-ups): a grant
 /// the give-up voided arrives after the last ask and revives the lease while the leader
 /// exposes writes the holder has not received. Caught on seed 22 (2 stale reads).
+/// The liveness check catches the membership-change deadlock on its own: after every fault
+/// has healed, the leader proposes a change under live read leases and is lost for good as
+/// soon as another voter knows the change is committed; with the change committed while a
+/// read lease lives, no one of the rest can win an election (docs/follower.md, "Liveness:
+/// membership changes").
+#[test]
+fn control_conf_with_grants_is_caught_by_the_liveness_check() {
+    let caught = seeds().into_iter().find(|&seed| {
+        let out = run(
+            seed,
+            Some(Control::Safeties(knob(|k| k.conf_with_grants = true))),
+        );
+        out.liveness.is_err()
+    });
+    eprintln!("randomized control conf_with_grants: the cluster stayed without a leader on seed {caught:?}");
+    if std::env::var("RAFT_LEASE_SEED").is_err() {
+        assert!(
+            caught.is_some(),
+            "the liveness check never caught conf_with_grants"
+        );
+    }
+}
+
 #[test]
 fn control_accept_voided_grants_is_caught() {
     assert_caught(

@@ -152,5 +152,27 @@ fn check_cell(c: &serde_json::Value, modes: &[&str]) -> (String, u64, u64) {
             .is_some_and(|m| m.is_finite() && m >= 0.0),
         "{key:?}"
     );
+    check_failures(c, &key);
     key
+}
+
+/// A cell's failures add up by reason, and its refusal rate is theirs.
+fn check_failures(c: &serde_json::Value, key: &(String, u64, u64)) {
+    let failed = c["failed"].as_u64().expect("failed");
+    let by = c["failed_by"].as_object().expect("failed_by");
+    let known = ["no_lease", "not_leader", "refused", "no_answer"];
+    assert!(
+        by.keys().all(|k| known.contains(&k.as_str())),
+        "{key:?}: {by:?}"
+    );
+    let sum: u64 = by.values().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(sum, failed, "{key:?}: reasons {by:?}");
+    let reads = c["reads"].as_u64().unwrap();
+    let rate = c["refusal_rate"].as_f64().expect("refusal_rate");
+    let want = failed as f64 / (reads + failed) as f64;
+    assert!((rate - want).abs() < 1e-9, "{key:?}: {rate} against {want}");
+    assert!(
+        c["refusal_runs"].as_u64().is_some_and(|r| r <= failed),
+        "{key:?}"
+    );
 }

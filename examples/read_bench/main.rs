@@ -190,7 +190,12 @@ fn print_legend() {
          ReadIndex; raftrs_read_index / raftrs_lease_based = raft-rs 0.7's own read paths (the \
          second is unsafe); follower_lease = a read through a follower's ReadHandle under its follower \
          read lease (on a follower of a cluster with follower leases on). delay_us = simulated one-way network delay; out = reads outstanding \
-         at once; msgs/read = raft messages sent per read; failed = reads that returned an error.\n"
+         at once; msgs/read = raft messages sent per read; failed = reads not served, each an \
+         answer, not a lost read: a handle with no valid lease refuses at once (no_lease: on a \
+         follower, its read lease lapsed, as when client threads spinning on every core starve \
+         the node threads of CPU and a renewal comes late), or the raft thread refused it \
+         (refused), or none came within 2 s (no_answer); each cell with failures is broken down \
+         by reason below the table, with its runs of refusals back to back.\n"
     );
 }
 
@@ -220,6 +225,9 @@ fn print_table(cells: &[Cell]) {
             c.msgs_per_read,
             c.failed
         );
+    }
+    for line in cells.iter().map(Cell::failures).filter(|l| !l.is_empty()) {
+        println!("  failed: {line}");
     }
 }
 
@@ -329,6 +337,12 @@ fn follower_writes(window: Duration) -> Vec<serde_json::Value> {
     println!(
         "\nwrites, one at a time to the leader (G = {} ms):",
         writes::GRANT_MS
+    );
+    println!(
+        "lag = the lagging-node policy on (true: FollowerLeases::with_max_lag_ms({}), no grant to \
+         a voter behind the commit index for longer) or off (false), in the slow-follower cells; \
+         - : not a slow-follower cell",
+        writes::MAX_LAG_MS
     );
     println!(
         "{:<24} {:>8} {:>6} {:>11} {:>11}",

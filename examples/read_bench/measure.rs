@@ -1,9 +1,10 @@
 //! Measuring one cell: a mode, a one-way delay and a number of outstanding reads.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use raft_lease::{Clock, MonotonicClock, ReadMode};
+use raft_lease::{Clock, MonotonicClock, ReadError, ReadMode};
 
 use crate::cluster::{Cluster, Cmd, Done};
 
@@ -58,6 +59,11 @@ pub struct Cell {
     pub client_threads: usize,
     pub reads: u64,
     pub failed: u64,
+    /// `failed` by reason ([`Samples::fail`]).
+    pub failed_by: BTreeMap<&'static str, u64>,
+    /// Runs of refusals back to back on one client thread, and the longest in ns.
+    pub refusal_runs: u64,
+    pub longest_refusal_ns: u64,
     pub p50_ns: u64,
     pub p99_ns: u64,
     pub p999_ns: u64,
@@ -72,24 +78,82 @@ impl Cell {
         serde_json::json!({
             "mode": self.mode.name(), "one_way_delay_us": self.one_way_delay_us, "outstanding": self.outstanding,
             "client_threads": self.client_threads, "reads": self.reads, "failed": self.failed,
+            "failed_by": self.failed_by, "refusal_rate": self.refusal_rate(),
+            "refusal_runs": self.refusal_runs, "longest_refusal_us": self.longest_refusal_ns / 1_000,
             "p50_ns": self.p50_ns, "p99_ns": self.p99_ns, "p999_ns": self.p999_ns,
             "reads_per_sec": self.reads_per_sec, "msgs_per_read": self.msgs_per_read,
             "scaling": self.scaling,
         })
     }
+
+    /// The share of reads refused: failed / (served + failed).
+    pub fn refusal_rate(&self) -> f64 {
+        self.failed as f64 / (self.reads + self.failed).max(1) as f64
+    }
+
+    /// What the failures were, on one line (empty: none).
+    pub fn failures(&self) -> String {
+        if self.failed == 0 {
+            return String::new();
+        }
+        let by: Vec<String> = self
+            .failed_by
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        format!(
+            "{} {} us out {}: {} failed ({:.1}% of reads: {}), in {} runs back to back, the longest {:.1} ms",
+            self.mode.name(),
+            self.one_way_delay_us,
+            self.outstanding,
+            self.failed,
+            100.0 * self.refusal_rate(),
+            by.join(", "),
+            self.refusal_runs,
+            self.longest_refusal_ns as f64 / 1e6,
+        )
+    }
 }
 
-/// Latencies of successful reads, and failures.
+/// Latencies of successful reads, and failures by reason.
 #[derive(Default)]
 pub struct Samples {
     pub latencies_ns: Vec<u64>,
+    /// Reads not served: the sum of `failed_by`.
     pub failed: u64,
+    /// Why: `no_lease` (the handle holds no valid lease: on a follower, its read lease lapsed,
+    /// as when the client threads starve the node threads of CPU), `not_leader`, `refused`
+    /// (the raft thread answered with an error), `no_answer` (none within 2 s).
+    pub failed_by: BTreeMap<&'static str, u64>,
+    /// Runs of refusals back to back on one client thread (one lapse of a lease shows as one
+    /// run of many quick refusals), and the longest, in ns.
+    pub refusal_runs: u64,
+    pub longest_refusal_ns: u64,
 }
 
 impl Samples {
     pub fn merge(&mut self, other: Samples) {
         self.latencies_ns.extend(other.latencies_ns);
         self.failed += other.failed;
+        for (why, n) in other.failed_by {
+            *self.failed_by.entry(why).or_default() += n;
+        }
+        self.refusal_runs += other.refusal_runs;
+        self.longest_refusal_ns = self.longest_refusal_ns.max(other.longest_refusal_ns);
+    }
+
+    /// A run of refusals that began at `since` has ended.
+    fn end_refusal_run(&mut self, since: Instant) {
+        self.refusal_runs += 1;
+        let run_ns = since.elapsed().as_nanos() as u64;
+        self.longest_refusal_ns = self.longest_refusal_ns.max(run_ns);
+    }
+
+    /// `n` reads not served, for `why`.
+    pub fn fail(&mut self, why: &'static str, n: u64) {
+        self.failed += n;
+        *self.failed_by.entry(why).or_default() += n;
+        debug_assert_eq!(self.failed, self.failed_by.values().sum::<u64>());
     }
 
     /// (p50, p99, p99.9) in ns.
@@ -171,6 +235,9 @@ pub fn scaling(
         client_threads: threads,
         reads,
         failed: samples.failed,
+        failed_by: samples.failed_by.clone(),
+        refusal_runs: samples.refusal_runs,
+        longest_refusal_ns: samples.longest_refusal_ns,
         p50_ns,
         p99_ns,
         p999_ns,
@@ -186,31 +253,52 @@ fn sync_loop(cluster: &Cluster, leader: usize, mode: Mode, window: Duration) -> 
     let clock = MonotonicClock::new();
     let mut s = Samples {
         latencies_ns: Vec::with_capacity(1 << 20),
-        failed: 0,
+        ..Samples::default()
     };
     let end = Instant::now() + window;
     let mut k = 0u64;
+    let mut refusing_since = None;
     while Instant::now() < end {
         for _ in 0..256 {
             k = (k + 7) % 1_000;
             let t0 = Instant::now();
-            let ok = match mode {
+            let read = match mode {
                 Mode::Local => {
                     std::hint::black_box(clock.now_ns());
                     std::hint::black_box(crate::cluster::get(&node.state, k));
-                    true
+                    Ok(())
                 }
-                _ => handle.read(|| crate::cluster::get(&node.state, k)).is_ok(),
+                _ => handle
+                    .read(|| crate::cluster::get(&node.state, k))
+                    .map(|_| ()),
             };
             let dt = t0.elapsed().as_nanos() as u64;
-            if ok {
-                s.latencies_ns.push(dt);
-            } else {
-                s.failed += 1;
+            match read {
+                Ok(()) => {
+                    s.latencies_ns.push(dt);
+                    if let Some(since) = refusing_since.take() {
+                        s.end_refusal_run(since);
+                    }
+                }
+                Err(e) => {
+                    refusing_since.get_or_insert(t0);
+                    s.fail(reason(&e), 1);
+                }
             }
         }
     }
+    if let Some(since) = refusing_since {
+        s.end_refusal_run(since);
+    }
     s
+}
+
+/// The name a refusal is counted under.
+fn reason(e: &ReadError) -> &'static str {
+    match e {
+        ReadError::LeaseNotHeld => "no_lease",
+        ReadError::NotLeader { .. } => "not_leader",
+    }
 }
 
 fn issue(cluster: &Cluster, leader: usize, mode: Mode, reply: &Sender<Done>) {
@@ -248,7 +336,7 @@ fn async_loop(
     let mut in_flight = outstanding;
     while in_flight > 0 {
         let Some(done) = recv_spinning(&rx, Duration::from_secs(2)) else {
-            s.failed += in_flight as u64; // dropped by raft: give up on them
+            s.fail("no_answer", in_flight as u64); // dropped by raft: give up on them
             break;
         };
         in_flight -= 1;
@@ -256,7 +344,7 @@ fn async_loop(
             Some(_) => s
                 .latencies_ns
                 .push(done.started.elapsed().as_nanos() as u64),
-            None => s.failed += 1,
+            None => s.fail("refused", 1),
         }
         if Instant::now() < end {
             issue(cluster, leader, mode, &tx);
@@ -304,6 +392,9 @@ pub fn measure(
         client_threads,
         reads,
         failed: samples.failed,
+        failed_by: samples.failed_by.clone(),
+        refusal_runs: samples.refusal_runs,
+        longest_refusal_ns: samples.longest_refusal_ns,
         p50_ns,
         p99_ns,
         p999_ns,
@@ -357,7 +448,8 @@ pub fn mixed(cluster: &Cluster, leader: usize, window: Duration) -> (Samples, Sa
                     kind: Some(_),
                     started,
                 }) => s.latencies_ns.push(started.elapsed().as_nanos() as u64),
-                Ok(_) | Err(_) => s.failed += 1,
+                Ok(_) => s.fail("refused", 1),
+                Err(_) => s.fail("no_answer", 1),
             }
         }
         while wrx.recv_timeout(Duration::from_millis(100)).is_ok() {}

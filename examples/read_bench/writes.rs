@@ -16,7 +16,7 @@ pub const GRANT_MS: u64 = 100;
 
 /// The lagging-node policy's bound in the slow-follower cell: the slow follower's writes arrive
 /// about 8 ms after the quorum's at 1 ms and 5 ms one-way.
-const MAX_LAG_MS: u64 = 3;
+pub const MAX_LAG_MS: u64 = 3;
 
 /// Follower read leases as the bench runs them.
 pub fn follower_leases() -> FollowerLeases {
@@ -83,7 +83,8 @@ fn write_loop(cluster: &Cluster, leader: usize, window: Duration, seq: &mut u64)
             Ok(done) if done.kind.is_some() => s
                 .latencies_ns
                 .push(done.started.elapsed().as_nanos() as u64),
-            _ => s.failed += 1,
+            Ok(_) => s.fail("refused", 1),
+            Err(_) => s.fail("no_answer", 1),
         }
     }
     s

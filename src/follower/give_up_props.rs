@@ -75,7 +75,7 @@ fn check(steps: &[Step], accept_voided: bool) -> Result<(), String> {
                     }
                 }
                 Up::GaveUp(given) => {
-                    leader.on_give_up(HOLDER, given);
+                    leader.on_give_up(HOLDER, given, now);
                 }
             },
             Step::DeliverDown(i) if !down.is_empty() => match down.remove(i % down.len()) {

@@ -84,13 +84,14 @@ struct Holding {
     /// not in raft, so a holder removed and added back (raft gives it a fresh progress at 0)
     /// is still counted with what it had.
     matched: u64,
-    /// The boot of the tags granted, and the highest sequence granted in it: a give-up of that
-    /// boot through this sequence or later voids every grant counted here.
+    /// The boot of the tags last granted, and the highest sequence granted in it: a give-up of
+    /// that boot through this sequence or later voids every grant to that boot.
     boot: u64,
     max_seq: u64,
-    /// Grants to tags of more than one boot are counted here: no give-up ends them (a restarted
-    /// holder never takes a grant of its earlier boot, but one give-up cannot speak for both).
-    mixed_boots: bool,
+    /// The end of the grants made to other boots of the holder (0: none). A give-up speaks for
+    /// its own boot only: until then the holder stays counted (a restarted holder never takes
+    /// a grant of its earlier boot, nor gives one up).
+    other_boots_until_ns: u64,
 }
 
 /// The grants a node made, counted across step-downs and terms until each has ended (a node
@@ -196,13 +197,14 @@ impl GrantTable {
             matched,
             boot: req.tag.boot,
             max_seq: req.tag.seq,
-            mixed_boots: false,
+            other_boots_until_ns: 0,
         });
-        (h.until_ns, h.term, h.matched) = (h.until_ns.max(until_ns), term, matched);
-        h.mixed_boots |= h.boot != req.tag.boot;
-        if h.boot == req.tag.boot {
-            h.max_seq = h.max_seq.max(req.tag.seq);
+        if h.boot != req.tag.boot {
+            h.other_boots_until_ns = h.other_boots_until_ns.max(h.until_ns);
+            (h.boot, h.max_seq) = (req.tag.boot, req.tag.seq);
         }
+        h.max_seq = h.max_seq.max(req.tag.seq);
+        (h.until_ns, h.term, h.matched) = (h.until_ns.max(until_ns), term, matched);
         Ok(Grant {
             term,
             tag: req.tag,
@@ -223,18 +225,19 @@ impl GrantTable {
         }
     }
 
-    /// `holder` gave up every grant of `given.term` (and earlier) answering its tags of
-    /// `given.boot` up to `given.seq`. It is no longer counted if that covers every grant made
-    /// to it; a grant to a later tag (the give-up overtaken on its way) keeps it counted until
-    /// that grant ends. Returns whether it is no longer counted.
-    pub fn on_give_up(&mut self, holder: u64, given: AckTag) -> bool {
+    /// `holder` gave up, at `now_ns`, every grant of `given.term` (and earlier) answering its
+    /// tags of `given.boot` up to `given.seq`. It is no longer counted if that covers every
+    /// grant made to it that may live: a grant to a later tag (the give-up overtaken on its
+    /// way), or to another boot, keeps it counted until that grant ends. Returns whether it is
+    /// no longer counted.
+    pub fn on_give_up(&mut self, holder: u64, given: AckTag, now_ns: u64) -> bool {
         let Some(h) = self.holders.get(&holder) else {
             return true;
         };
         let covered = h.term <= given.term
-            && !h.mixed_boots
             && h.boot == given.boot
-            && h.max_seq <= given.seq;
+            && h.max_seq <= given.seq
+            && h.other_boots_until_ns <= now_ns;
         if covered {
             self.holders.remove(&holder);
         }
@@ -400,30 +403,42 @@ mod tests {
         let mut t = GrantTable::new(G, 0, 0);
         t.grant(req(2, 0, 5), 3, Some(G)).unwrap();
         t.grant(req(2, 7, 5), 3, Some(G)).unwrap();
-        assert!(!t.on_give_up(2, given(2, 1, 9)), "of an earlier term");
-        assert!(!t.on_give_up(2, given(3, 2, 9)), "of another boot");
+        assert!(!t.on_give_up(2, given(2, 1, 9), 10), "of an earlier term");
+        assert!(!t.on_give_up(2, given(3, 2, 9), 10), "of another boot");
         assert!(
-            !t.on_give_up(2, given(3, 1, 6)),
+            !t.on_give_up(2, given(3, 1, 6), 10),
             "tag 7 was granted after the give-up left: still counted"
         );
-        assert!(t.counts(2, 1));
-        assert!(t.on_give_up(2, given(3, 1, 7)));
-        assert!(!t.counts(2, 1));
+        assert!(t.counts(2, 10));
+        assert!(t.on_give_up(2, given(3, 1, 7), 10));
+        assert!(!t.counts(2, 10));
         assert_eq!(t.last_end_ns(), 0);
-        assert!(t.on_give_up(2, given(3, 1, 7)), "a duplicate: nothing left");
+        assert!(
+            t.on_give_up(2, given(3, 1, 7), 10),
+            "a duplicate: nothing left"
+        );
     }
 
+    /// A holder restarted (boot 2) while a grant to its earlier boot lives: a give-up speaks for
+    /// its own boot only. Boot 1's give-up, delayed, must not end boot 2's grant; boot 2's ends
+    /// the holder only once boot 1's grant has ended too.
     #[test]
-    fn grants_to_two_boots_of_a_holder_are_waited_out() {
+    fn a_give_up_speaks_for_its_own_boot_only() {
         let mut t = GrantTable::new(G, 0, 0);
         t.grant(req(2, 5, 5), 3, Some(G)).unwrap();
         let restarted = GrantRequest {
             tag: given(3, 2, 1),
             ..req(2, 6, 5)
         };
-        t.grant(restarted, 3, Some(G)).unwrap();
-        assert!(!t.on_give_up(2, given(3, 2, 1)));
+        t.grant(restarted, 3, Some(2 * G)).unwrap();
+        assert!(!t.on_give_up(2, given(3, 1, 9), 7), "the earlier boot's");
+        assert!(!t.on_give_up(2, given(3, 2, 1), 7), "boot 1's grant lives");
         assert!(t.counts(2, 7));
+        assert!(
+            t.on_give_up(2, given(3, 2, 1), G),
+            "boot 1's grant has ended"
+        );
+        assert!(!t.counts(2, G));
     }
 
     #[test]

@@ -230,15 +230,14 @@ fn check_exposed(ops: &[Op], control: Option<ExposeControl>) -> Result<(), Strin
             }
             Op::Commit(c) => commit = commit.max(c),
             Op::GiveUp(h) => {
-                t.on_give_up(
-                    h,
-                    AckTag {
-                        term: 1,
-                        boot: h,
-                        seq,
-                    },
-                );
-                until[h as usize] = 0;
+                let given = AckTag {
+                    term: 1,
+                    boot: h,
+                    seq,
+                };
+                if t.on_give_up(h, given, now) {
+                    until[h as usize] = 0;
+                }
             }
             Op::Expose => {
                 let before = t.exposed();

@@ -62,7 +62,8 @@ pub(crate) struct Exposure {
     grants_paused_until_ns: u64,
     /// As the leader: the term whose read leases its holders are asked to give up, on every
     /// append and heartbeat of that term, while a transfer or a membership change waits for
-    /// them. Cleared once every grant has ended or been given up.
+    /// them. Cleared once every grant has ended or been given up, and once nothing waits (no
+    /// `MsgTimeoutNow` held, granting no longer paused).
     asking: Option<u64>,
     /// As a voter: the give-up to tell the leader with the next acknowledgement (the last tag
     /// it voids). A lost one is asked for again; the leader waits `G` out if none arrives.
@@ -229,9 +230,14 @@ impl Exposure {
     /// grant made to it since the last message, if any, and the ask to give read leases up
     /// while something waits for them.
     pub(crate) fn annotate(&mut self, msgs: &mut [Message], now_ns: u64) {
-        if self.table.all_ended(now_ns) {
+        // Asked only while something waits: a held `MsgTimeoutNow`, or a membership change
+        // while granting is paused. Once granting resumes, an ask would end each new grant as
+        // it arrived, and no follower would hold a read lease for the rest of the term.
+        let waits = !self.held_timeout_now.is_empty() || now_ns < self.grants_paused_until_ns;
+        if self.table.all_ended(now_ns) || !waits {
             self.asking = None;
         }
+        debug_assert!(self.asking.is_none() || waits);
         let exposed = self.exposed();
         for m in msgs.iter_mut().filter(|m| {
             matches!(
@@ -334,10 +340,10 @@ impl Exposure {
         self.ask_give_ups(term)
     }
 
-    /// As the leader: `holder` gave up its read lease through `given`. Returns whether it is no
-    /// longer counted.
-    pub(crate) fn on_gave_up(&mut self, holder: u64, given: AckTag) -> bool {
-        self.table.on_give_up(holder, given)
+    /// As the leader at `now_ns`: `holder` gave up its read lease through `given`. Returns
+    /// whether it is no longer counted.
+    pub(crate) fn on_gave_up(&mut self, holder: u64, given: AckTag, now_ns: u64) -> bool {
+        self.table.on_give_up(holder, given, now_ns)
     }
 
     /// The held `MsgTimeoutNow`s that may leave: once every read lease has ended, those raft

@@ -167,7 +167,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             return;
         };
         if let Some(given) = note.gave_up {
-            let ended = x.on_gave_up(from, given);
+            let ended = x.on_gave_up(from, given, self.clock.now_ns());
             debug!(self.logger, "read lease given up"; "holder" => from, "term" => given.term,
                    "seq" => given.seq, "no longer counted" => ended);
         }

@@ -232,11 +232,11 @@ fn a_give_up_releases_a_held_transfer_before_its_grant_ends() {
     let (_, note) = LeaderNote::split(msgs[0].get_context()).unwrap();
     assert_eq!(note.unwrap().give_up, Some(2), "the heartbeat asks");
     assert!(
-        !x.on_gave_up(3, tag(1)),
+        !x.on_gave_up(3, tag(1), 2_000),
         "tag 2 was granted after: still counted"
     );
     assert!(x.release_timeout_now(2, Some(3), 2_000).is_empty());
-    assert!(x.on_gave_up(3, tag(2)));
+    assert!(x.on_gave_up(3, tag(2), 2_000));
     let out = x.release_timeout_now(2, Some(3), 2_000);
     assert_eq!(out.len(), 1, "leaves well before the grant's end");
     x.annotate(&mut again, 2_000);

@@ -1,222 +1,11 @@
-//! The seeded randomized simulation, in the style of TigerBeetle's VOPR: a random cluster
-//! configuration and random, overlapping faults under client load (the safety phase), then every
-//! fault healed (the liveness phase). The history checker and the lease monitor must find
-//! nothing, and the healed cluster must serve a write and a read again.
-//!
-//! Everything follows from the seed: the same [`RandomRun`] gives the same run, so a failing
-//! seed reproduces. A negative control ([`Control`]) runs the same seed with one safety off; the
-//! crate's tests show that each control is caught within the CI seeds.
+//! The nemesis of the randomized simulation: the faults it draws, and when each ends.
 
 use raft::eraftpb::{ConfChangeTransition, ConfChangeType, ConfChangeV2, ConfState, MessageType};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::config::{FollowerLeases, LeaseConfig, Safeties, TestingKnobs};
-use crate::read::ReadMode;
-use crate::sim::history::{CheckReport, OpResult};
-use crate::sim::scenarios::{conf_change, Control};
-use crate::sim::{DelayRule, Load, NetConfig, SimCluster, SimConfig};
-
-/// One randomized run.
-#[derive(Debug, Clone, Copy)]
-pub struct RandomRun {
-    /// Fixes the configuration, the faults and the network.
-    pub seed: u64,
-    /// The negative control to run, or `None` for the lease as designed.
-    pub control: Option<Control>,
-    /// Length of the safety phase, in simulated milliseconds.
-    pub safety_ms: u64,
-}
-
-/// What one randomized run found.
-#[derive(Debug)]
-pub struct RunOutcome {
-    /// The cluster configuration the seed chose.
-    pub config: SimConfig,
-    /// Linearizability and lease-monitor findings.
-    pub report: CheckReport,
-    /// Client operations recorded.
-    pub ops: usize,
-    /// The faults injected, with their times, for the failure message.
-    pub faults: Vec<String>,
-    /// Whether the healed cluster served again, or what it last did.
-    pub liveness: Result<(), String>,
-    /// Split votes seen during the liveness phase.
-    pub liveness_split_votes: u64,
-    /// Heartbeat rounds retired because a round table was full, summed over the nodes up at the end.
-    pub rounds_evicted: u64,
-    /// Snapshots installed by followers that had fallen behind compaction.
-    pub snapshots_installed: u64,
-    /// Lease reads served by a node after it had installed a snapshot.
-    pub lease_reads_after_install: u64,
-}
-
-/// The safety phase runs in slices of this many simulated ms: a fault may start, and faults
-/// due end, between two slices.
-const SLICE_MS: u64 = 20;
-
-/// The largest drift of the drift control: 30%, against a configured bound of at most 2%.
-const DRIFT_BEYOND_PPM: i64 = 300_000;
-
-/// A random cluster configuration for `seed`, with `control` applied.
-pub fn random_config(seed: u64, control: Option<Control>, rng: &mut ChaCha8Rng) -> SimConfig {
-    let nodes = rng.gen_range(3..=5);
-    let voters: Vec<u64> = (1..=if rng.gen_bool(0.5) { 3 } else { nodes }).collect();
-    let (tick_ms, heartbeat_tick, election_tick) = random_ticks(rng);
-    let mut c = SimConfig {
-        nodes,
-        voters: Some(voters),
-        seed,
-        tick_ms,
-        heartbeat_tick,
-        election_tick,
-        election_spread_ticks: rng.gen_range(1..=election_tick),
-        pre_vote: rng.gen_bool(0.8),
-        compact_every: if rng.gen_bool(0.8) {
-            rng.gen_range(5..=200)
-        } else {
-            0
-        },
-        ..SimConfig::default()
-    };
-    c.lease = random_lease(&c, rng);
-    c.net = random_net(&c, rng);
-    let rho = c.lease.drift_ppm as i64;
-    let drift = match control {
-        Some(Control::DriftBeyondBound) => DRIFT_BEYOND_PPM,
-        _ => rho,
-    };
-    c.drift_ppm = (0..c.nodes)
-        .map(|_| rng.gen_range(-drift..=drift))
-        .collect();
-    if let Some(Control::Safeties(safeties)) = control {
-        c.lease.safeties = safeties;
-    }
-    random_follower_leases(&mut c, control);
-    c
-}
-
-/// Follower read leases for half the seeds, and for every seed of a follower-lease control, with
-/// `G` drawn from above one heartbeat interval to below half the election timeout; and on half of
-/// those, `P` raised into the top quarter of its range (up to the election timeout), where a
-/// leader lease ends late enough for an election to follow it within `G` (a read lease that
-/// outlived it would then be read from). Drawn from a generator of their own, so that every
-/// other draw of the seed stays as it was.
-fn random_follower_leases(c: &mut SimConfig, control: Option<Control>) {
-    let mut rng = ChaCha8Rng::seed_from_u64(c.seed ^ 0xf0_11_0e_4e);
-    let forced = matches!(control, Some(Control::Safeties(s)) if follower_knob(&s.testing));
-    if !rng.gen_bool(0.5) && !forced {
-        return;
-    }
-    let heartbeat_ms = c.heartbeat_tick as u64 * c.tick_ms;
-    let election_ms = c.election_tick as u64 * c.tick_ms;
-    let (lo_ms, hi_ms) = (heartbeat_ms + 1, (election_ms - 1) / 2);
-    assert!(lo_ms <= hi_ms, "no valid G for {c:?}");
-    let mut lease = LeaseConfig {
-        follower_leases: Some(FollowerLeases::new(rng.gen_range(lo_ms..=hi_ms))),
-        ..c.lease.clone()
-    };
-    let raft = raft::Config {
-        election_tick: c.election_tick,
-        heartbeat_tick: c.heartbeat_tick,
-        ..raft::Config::default()
-    };
-    lease
-        .validate(&raft, c.tick_ms)
-        .unwrap_or_else(|e| panic!("G drawn out of range: {e}"));
-    if rng.gen_bool(0.5) {
-        let promise_ms = rng.gen_range(election_ms * 3 / 4..=election_ms);
-        let late = LeaseConfig {
-            promise_ms: promise_ms.max(lease.promise_ms),
-            ..lease.clone()
-        };
-        if late.validate(&raft, c.tick_ms).is_ok() {
-            lease = late;
-        }
-    }
-    c.lease = lease;
-}
-
-/// Whether a knob of follower read leases is set: its control runs with them on.
-pub fn follower_knob(k: &TestingKnobs) -> bool {
-    k.apply_to_commit
-        || k.expose_commit
-        || k.no_transfer_wait
-        || k.uncapped_grant
-        || k.grant_lagging
-        || k.lease_from_receipt
-        || k.reuse_tags
-        || k.ignore_pending_keys
-        || k.conf_with_grants
-        || k.accept_voided_grants
-        || k.no_read_lease_give_ups
-}
-
-/// `(tick_ms, heartbeat_tick, election_tick)`. One seed in ten has 1 ms heartbeats and a 300 ms
-/// election timeout: hundreds of rounds in flight per lease, past the round table's limit.
-fn random_ticks(rng: &mut ChaCha8Rng) -> (u64, usize, usize) {
-    if rng.gen_bool(0.1) {
-        return (1, 1, 300);
-    }
-    let tick_ms = [1, 2, 5, 10][rng.gen_range(0..4)];
-    let heartbeat_tick = rng.gen_range(1..=3);
-    // An election timeout of at least 20 ms and three heartbeats.
-    let min_election = (20 / tick_ms as usize).max(3 * heartbeat_tick).max(2);
-    let election_tick = rng.gen_range(min_election..=min_election.max(30));
-    (tick_ms, heartbeat_tick, election_tick)
-}
-
-/// A valid lease config: `P` from just above one heartbeat interval up to the election timeout,
-/// ρ up to 2%, ε up to 3 ms.
-fn random_lease(c: &SimConfig, rng: &mut ChaCha8Rng) -> LeaseConfig {
-    let raft = raft::Config {
-        election_tick: c.election_tick,
-        heartbeat_tick: c.heartbeat_tick,
-        ..raft::Config::default()
-    };
-    let heartbeat_ms = c.heartbeat_tick as u64 * c.tick_ms;
-    let election_ms = c.election_tick as u64 * c.tick_ms;
-    // With 300 heartbeats per election timeout, a long P keeps more rounds alive than the
-    // round table holds.
-    // A quarter of the seeds have P under two heartbeat intervals: a pending context's round
-    // is pruned between two of its copies.
-    let (lo_ms, hi_ms) = if election_ms >= 300 * heartbeat_ms {
-        (election_ms * 9 / 10, election_ms)
-    } else if rng.gen_bool(0.25) {
-        (heartbeat_ms + 1, (2 * heartbeat_ms).min(election_ms))
-    } else {
-        (heartbeat_ms + 1, election_ms)
-    };
-    for _ in 0..20 {
-        let lease = LeaseConfig {
-            promise_ms: rng.gen_range(lo_ms..=hi_ms),
-            drift_ppm: rng.gen_range(0..=20_000),
-            margin_ms: rng.gen_range(0..=3),
-            ..LeaseConfig::default()
-        };
-        if lease.validate(&raft, c.tick_ms).is_ok() {
-            return lease;
-        }
-    }
-    LeaseConfig {
-        promise_ms: election_ms,
-        drift_ppm: 0,
-        margin_ms: 0,
-        ..LeaseConfig::default()
-    }
-}
-
-/// One-way delays up to half a heartbeat interval (at most 3 ms), from 50 µs.
-fn random_net(c: &SimConfig, rng: &mut ChaCha8Rng) -> NetConfig {
-    let heartbeat_us = c.heartbeat_tick as u64 * c.tick_ms * 1_000;
-    let max_delay_us = rng.gen_range(100..=(heartbeat_us / 2).clamp(100, 3_000));
-    NetConfig {
-        min_delay_us: rng.gen_range(50..=max_delay_us),
-        max_delay_us,
-        loss: 0.0,
-        duplicate: 0.0,
-    }
-}
+use crate::sim::scenarios::conf_change;
+use crate::sim::{DelayRule, NetConfig, SimCluster, SimConfig};
 
 /// A fault that ends by itself later.
 #[derive(Debug, Clone, Copy)]
@@ -236,8 +25,8 @@ enum Later {
 }
 
 /// Chooses and applies faults. All its choices come from its seeded generator.
-struct Nemesis {
-    rng: ChaCha8Rng,
+pub(super) struct Nemesis {
+    pub(super) rng: ChaCha8Rng,
     /// The draws of the faults that exercise give-ups, from a generator of their own, so that
     /// every other draw of the seed stays as it was before them.
     give_up_rng: ChaCha8Rng,
@@ -248,22 +37,39 @@ struct Nemesis {
     election_ms: u64,
     /// An episode (a composite fault) runs undisturbed until this simulated millisecond: no
     /// other fault starts, and clients read through ReadIndex rounds.
-    episode_until_ms: u64,
+    pub(super) episode_until_ms: u64,
     /// Clients do not write during the episode (a node leaving takes no new work).
-    episode_without_writes: bool,
+    pub(super) episode_without_writes: bool,
     /// The nodes the writing clients reach during the episode (`None`: every node).
-    episode_writes_at: Option<Vec<u64>>,
+    pub(super) episode_writes_at: Option<Vec<u64>>,
     /// The longest follower read lease a grant may give (`G`), in ms; 0 when they are off.
     grant_ms: u64,
     /// Clients write every 0.5 ms until this simulated millisecond (a fault that needs appends
     /// in flight at every instant).
-    busy_until_ms: u64,
+    pub(super) busy_until_ms: u64,
     /// No other fault starts until this simulated millisecond, but reads go on in every mode
     /// (unlike an episode's): a fault whose hazard is a stale local read, left undisturbed.
-    calm_until_ms: u64,
+    pub(super) calm_until_ms: u64,
 }
 
 impl Nemesis {
+    /// The nemesis of `seed`, drawing from `rng`, for a cluster of `config`.
+    pub(super) fn new(seed: u64, rng: ChaCha8Rng, config: &SimConfig) -> Self {
+        Nemesis {
+            rng,
+            give_up_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x61_7e_0f),
+            later: Vec::new(),
+            promise_ms: config.lease.promise_ms,
+            election_ms: config.election_tick as u64 * config.tick_ms,
+            episode_until_ms: 0,
+            episode_without_writes: false,
+            episode_writes_at: None,
+            busy_until_ms: 0,
+            calm_until_ms: 0,
+            grant_ms: config.lease.follower_leases.map_or(0, |f| f.max_grant_ms),
+        }
+    }
+
     /// Follower read leases are on: half the membership changes give way to slow appends (see
     /// [`Nemesis::slow_appends`]), and a split with the leader in a minority is drawn too.
     fn follower_leases(&self) -> bool {
@@ -271,7 +77,7 @@ impl Nemesis {
     }
 
     /// Undo the faults due, and make the changes due; returns what the changes were.
-    fn undo_due(&mut self, sim: &mut SimCluster) -> Vec<String> {
+    pub(super) fn undo_due(&mut self, sim: &mut SimCluster) -> Vec<String> {
         let now_ms = sim.now_ns() / 1_000_000;
         let (due, rest): (Vec<_>, Vec<_>) = self.later.drain(..).partition(|(at, _)| *at <= now_ms);
         self.later = rest;
@@ -322,7 +128,7 @@ impl Nemesis {
     }
 
     /// Inject one random fault; returns its description (empty when none applied).
-    fn inject(&mut self, sim: &mut SimCluster) -> String {
+    pub(super) fn inject(&mut self, sim: &mut SimCluster) -> String {
         let ids = sim.ids();
         let node = self.pick(&ids);
         let (p, e) = (self.promise_ms, self.election_ms);
@@ -761,156 +567,4 @@ fn slow_appends_to(sim: &mut SimCluster, node: u64, extra_ms: u64) {
         msg_type: Some(MessageType::MsgAppend),
         extra_ns: extra_ms * 1_000_000,
     });
-}
-
-/// Run one seed: the safety phase, then the liveness phase.
-pub fn run(run: RandomRun) -> RunOutcome {
-    let mut rng = ChaCha8Rng::seed_from_u64(run.seed ^ 0x5eed_1ea5e);
-    let config = random_config(run.seed, run.control, &mut rng);
-    let mut sim = SimCluster::new(config.clone());
-    let mut nemesis = Nemesis {
-        rng,
-        give_up_rng: ChaCha8Rng::seed_from_u64(run.seed ^ 0x61_7e_0f),
-        later: Vec::new(),
-        promise_ms: config.lease.promise_ms,
-        election_ms: config.election_tick as u64 * config.tick_ms,
-        episode_until_ms: 0,
-        episode_without_writes: false,
-        episode_writes_at: None,
-        busy_until_ms: 0,
-        calm_until_ms: 0,
-        grant_ms: config.lease.follower_leases.map_or(0, |f| f.max_grant_ms),
-    };
-    let faults = safety_phase(&mut sim, &mut nemesis, run.safety_ms);
-    heal_everything(&mut sim);
-    let split_before = sim.elections().split_votes;
-    let liveness = liveness_phase(&mut sim);
-    let totals = sim.totals();
-    RunOutcome {
-        report: sim.check(),
-        ops: sim.history().ops().len(),
-        faults,
-        liveness,
-        liveness_split_votes: sim.elections().split_votes - split_before,
-        rounds_evicted: totals.rounds_evicted,
-        snapshots_installed: totals.snapshots_installed,
-        lease_reads_after_install: totals.lease_reads_after_install,
-        config,
-    }
-}
-
-/// Faults every 20 ms with probability 0.4, under load, reads in a random mode per slice.
-fn safety_phase(sim: &mut SimCluster, nemesis: &mut Nemesis, safety_ms: u64) -> Vec<String> {
-    let mut faults = Vec::new();
-    while sim.now_ns() / 1_000_000 < safety_ms {
-        faults.extend(nemesis.undo_due(sim));
-        let now_ms = sim.now_ns() / 1_000_000;
-        let in_episode = now_ms < nemesis.episode_until_ms;
-        let calm = now_ms < nemesis.calm_until_ms;
-        if !in_episode && !calm && nemesis.rng.gen_bool(0.4) {
-            let fault = nemesis.inject(sim);
-            if !fault.is_empty() {
-                faults.push(format!("{now_ms}ms {fault}"));
-            }
-        }
-        let modes = [ReadMode::Lease, ReadMode::Auto, ReadMode::ReadIndex];
-        let read_mode = if in_episode {
-            ReadMode::ReadIndex
-        } else {
-            modes[nemesis.rng.gen_range(0..3)]
-        };
-        let quiet = in_episode && nemesis.episode_without_writes;
-        // While busy, a write every 0.5 ms: an append is in flight to every follower at any
-        // instant, with the grants it carries (a give-up can then overtake one).
-        let busy = now_ms < nemesis.busy_until_ms;
-        let write_every_us = match (quiet, busy) {
-            (true, _) => 0,
-            (false, true) => 500,
-            (false, false) => Load::default().write_every_us,
-        };
-        sim.run_with_load(
-            SLICE_MS,
-            &Load {
-                read_mode,
-                keys: 3,
-                write_every_us,
-                // An episode that began in this slice counts from now.
-                writes_at: nemesis
-                    .episode_writes_at
-                    .clone()
-                    .filter(|_| now_ms < nemesis.episode_until_ms),
-                ..Load::default()
-            },
-        );
-    }
-    faults
-}
-
-fn heal_everything(sim: &mut SimCluster) {
-    sim.heal();
-    sim.net_mut().config = NetConfig::default();
-    sim.net_mut().clear_delays();
-    for node in sim.ids() {
-        if sim.is_paused(node) {
-            sim.resume(node);
-        }
-        sim.stall_ticks(node, false);
-        if !sim.is_up(node) {
-            sim.restart(node);
-        }
-    }
-}
-
-/// With every fault healed, a leader emerges and serves a write and a read within 10 s of
-/// simulated time. Leadership may still move while the last faults settle (a node that
-/// campaigned during a partition rejoins with a higher term), so each try starts afresh.
-fn liveness_phase(sim: &mut SimCluster) -> Result<(), String> {
-    let start_ns = sim.now_ns();
-    let mut last = String::from("no leader");
-    while sim.now_ns() - start_ns < 10_000_000_000 {
-        if !sim.run_until(1_000, |s| s.leader().is_some()) {
-            continue;
-        }
-        sim.run_with_load(
-            200,
-            &Load {
-                read_mode: ReadMode::Auto,
-                keys: 3,
-                ..Load::default()
-            },
-        );
-        let Some(leader) = sim.leader() else { continue };
-        let write = sim.put(leader, b"liveness");
-        sim.run_for_ms(200);
-        let read = sim.get(leader, b"liveness", ReadMode::Auto);
-        sim.run_for_ms(200);
-        let ops = sim.history().ops();
-        match (&ops[write as usize].done, &ops[read as usize].done) {
-            (
-                Some((_, OpResult::Written { .. })),
-                Some((_, OpResult::Read { value: Some(_), .. })),
-            ) => {
-                return Ok(());
-            }
-            (w, r) => last = format!("write {w:?}, read {r:?}"),
-        }
-    }
-    Err(format!(
-        "not serving 10 s after healing; last try: {last}\n{}",
-        sim.describe()
-    ))
-}
-
-/// The safeties a control switches off, for a report line.
-pub fn describe(control: Option<Control>) -> String {
-    match control {
-        None => "the lease as designed".into(),
-        Some(Control::DriftBeyondBound) => {
-            format!("clocks drifting up to {}%", DRIFT_BEYOND_PPM / 10_000)
-        }
-        Some(Control::Safeties(s)) if s == Safeties::raft_lease_based() => {
-            "raft-rs LeaseBased".into()
-        }
-        Some(Control::Safeties(s)) => s.testing.set().join(" + "),
-    }
 }
