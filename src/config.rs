@@ -110,6 +110,10 @@ pub struct TestingKnobs {
     /// read leases up, so a transfer or a membership change waits for every grant to run out
     /// (the behaviour measured beside give-ups).
     pub no_read_lease_give_ups: bool,
+    /// Follower read leases, liveness: the leader goes on asking its holders to give their
+    /// read leases up once nothing waits any more, until every grant has ended (each new grant
+    /// is then given up as it arrives, for the rest of the term).
+    pub asks_after_waits: bool,
     /// Follower read leases: a replica ignores that its leader runs without them, and waits for
     /// an exposed index that leader never sends.
     pub ignore_plain_leaders: bool,
@@ -150,6 +154,7 @@ impl TestingKnobs {
             (self.conf_with_grants, "conf_with_grants"),
             (self.accept_voided_grants, "accept_voided_grants"),
             (self.no_read_lease_give_ups, "no_read_lease_give_ups"),
+            (self.asks_after_waits, "asks_after_waits"),
             (self.ignore_plain_leaders, "ignore_plain_leaders"),
             (self.sync_after_advance, "sync_after_advance"),
             (self.count_own_promise, "count_own_promise"),

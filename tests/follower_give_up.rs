@@ -17,6 +17,7 @@ use follower_common::{
     followers_hold, holding_leader_and_followers, no_op_change, stale_reads_with,
 };
 use raft::eraftpb::MessageType;
+use raft_lease::config::TestingKnobs;
 use raft_lease::sim::{CheckReport, DelayRule, Load, SimCluster, SimConfig};
 use raft_lease::FollowerLeases;
 
@@ -166,4 +167,56 @@ fn a_give_up_overtaken_by_a_grant_made_before_it_never_serves_a_stale_read() {
 fn control_a_holder_taking_a_voided_grant_serves_stale_follower_reads() {
     let stale = stale_reads_with(|k| k.accept_voided_grants = true, run_overtaken_grant);
     assert!(stale > 0, "no stale follower read found over 4 seeds");
+}
+
+/// A membership change refused under live read leases, and the leader paused across the instant
+/// its grant pause ends: one holder's give-up and its next acknowledgement, slowed on their way,
+/// are stepped after the pause together, so a grant is made again while the leader still asks.
+/// The leader must stop asking once nothing waits; else each new grant is given up as it
+/// arrives, and no follower holds a read lease for the rest of the term. Returns, per seed, the
+/// ms of the 3 s after the pause in which every follower held one.
+fn held_after_a_paused_refusal(set: fn(&mut TestingKnobs)) -> Vec<u64> {
+    (0..4)
+        .map(|seed| {
+            let mut c = config(seed, true);
+            set(&mut c.lease.safeties.testing);
+            let mut sim = holding(c);
+            let l = sim.leader().expect("a leader");
+            let slow = (1..=3).filter(|&id| id != l).nth(1).expect("two followers");
+            sim.net_mut().delay(DelayRule {
+                from: Some(slow),
+                to: Some(l),
+                msg_type: None,
+                extra_ns: 15_000_000,
+            });
+            let refused = sim.propose_conf_change(l, no_op_change()).is_err();
+            assert!(refused, "read leases live: the change is refused");
+            sim.put(l, b"k"); // an append that leaves while the leader asks
+            sim.run_for_ms(8);
+            sim.pause(l);
+            sim.run_for_ms(772); // past the grant pause (the last grant's end, and G)
+            sim.resume(l);
+            sim.net_mut().clear_delays();
+            (0..3_000)
+                .filter(|_| {
+                    sim.run_for_ms(1);
+                    followers_hold(&sim)
+                })
+                .count() as u64
+        })
+        .collect()
+}
+
+#[test]
+fn the_leader_stops_asking_once_nothing_waits() {
+    let held = held_after_a_paused_refusal(|_| {});
+    eprintln!("ms of 3,000 with every follower holding, per seed: {held:?}");
+    assert!(held.iter().all(|&ms| ms >= 2_000), "{held:?}");
+}
+
+#[test]
+fn control_asks_after_the_wait_leave_no_follower_holding() {
+    let held = held_after_a_paused_refusal(|k| k.asks_after_waits = true);
+    eprintln!("control: ms of 3,000 with every follower holding, per seed: {held:?}");
+    assert!(held.iter().any(|&ms| ms < 100), "{held:?}");
 }

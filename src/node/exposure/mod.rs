@@ -71,6 +71,8 @@ pub(crate) struct Exposure {
     /// Testing (the measure beside, and the behaviour before give-ups): holders are never
     /// asked, so a transfer or a membership change waits for every grant to run out.
     no_give_ups: bool,
+    /// Liveness control (tests only): asks go on once nothing waits, until every grant ends.
+    asks_after_waits: bool,
 }
 
 impl Exposure {
@@ -104,6 +106,7 @@ impl Exposure {
             asking: None,
             give_up_report: None,
             no_give_ups: false,
+            asks_after_waits: false,
         }
     }
 
@@ -172,6 +175,7 @@ impl Exposure {
             self.lease = self.lease.control_accept_voided();
         }
         self.no_give_ups = knobs.no_read_lease_give_ups;
+        self.asks_after_waits = knobs.asks_after_waits;
         self.conf_with_grants = knobs.conf_with_grants;
         self
     }
@@ -233,7 +237,9 @@ impl Exposure {
         // Asked only while something waits: a held `MsgTimeoutNow`, or a membership change
         // while granting is paused. Once granting resumes, an ask would end each new grant as
         // it arrived, and no follower would hold a read lease for the rest of the term.
-        let waits = !self.held_timeout_now.is_empty() || now_ns < self.grants_paused_until_ns;
+        let waits = !self.held_timeout_now.is_empty()
+            || now_ns < self.grants_paused_until_ns
+            || self.asks_after_waits;
         if self.table.all_ended(now_ns) || !waits {
             self.asking = None;
         }

@@ -159,6 +159,7 @@ pub fn follower_knob(k: &TestingKnobs) -> bool {
         || k.conf_with_grants
         || k.accept_voided_grants
         || k.no_read_lease_give_ups
+        || k.asks_after_waits
 }
 
 /// `(tick_ms, heartbeat_tick, election_tick)`. One seed in ten has 1 ms heartbeats and a 300 ms
