@@ -7,19 +7,22 @@ use proptest::prelude::*;
 
 use super::{AckTag, Grant, GrantRequest, GrantTable, ReadLease};
 
-/// The holder's id at the leader, and its boot.
+/// The holder's id at the leader.
 const HOLDER: u64 = 2;
 const TERM: u64 = 1;
 /// `G` and the leader's own lease, in ns of one shared clock (no drift, no margin).
 const G_NS: u64 = 1_000;
 
-/// One step: time passes, or the holder acknowledges, or the leader asks, or a message in
-/// flight arrives (picked by index among those in flight, so any order can come up).
+/// One step: time passes, or the holder acknowledges, or the leader asks, or the holder
+/// restarts (a new boot, its lease gone with the process; messages in flight stay in flight),
+/// or a message in flight arrives (picked by index among those in flight, so any order can come
+/// up).
 #[derive(Debug, Clone)]
 enum Step {
     Wait(u64),
     Ack,
     Ask,
+    Restart,
     DeliverUp(usize),
     DeliverDown(usize),
 }
@@ -29,6 +32,7 @@ fn step() -> impl Strategy<Value = Step> {
         (1..400u64).prop_map(Step::Wait),
         Just(Step::Ack),
         Just(Step::Ask),
+        Just(Step::Restart),
         any::<usize>().prop_map(Step::DeliverUp),
         any::<usize>().prop_map(Step::DeliverDown),
     ]
@@ -50,10 +54,11 @@ enum Down {
 
 /// Runs `steps`; `Err` when the holder's lease is valid while the leader does not count it.
 fn check(steps: &[Step], accept_voided: bool) -> Result<(), String> {
-    let mut holder = ReadLease::new(HOLDER, 0, 0);
-    if accept_voided {
-        holder = holder.control_accept_voided();
-    }
+    let boot_holder = |boot| match accept_voided {
+        true => ReadLease::new(boot, 0, 0).control_accept_voided(),
+        false => ReadLease::new(boot, 0, 0),
+    };
+    let (mut boot, mut holder) = (1, boot_holder(1));
     let mut leader = GrantTable::new(G_NS, 0, 0);
     let (mut now, mut up, mut down) = (0u64, Vec::<Up>::new(), Vec::<Down>::new());
     for s in steps {
@@ -61,6 +66,10 @@ fn check(steps: &[Step], accept_voided: bool) -> Result<(), String> {
             Step::Wait(dt) => now += dt,
             Step::Ack => up.push(Up::Ack(holder.tag(TERM, now))),
             Step::Ask => down.push(Down::Ask),
+            Step::Restart => {
+                boot += 1;
+                holder = boot_holder(boot);
+            }
             Step::DeliverUp(i) if !up.is_empty() => match up.remove(i % up.len()) {
                 Up::Ack(tag) => {
                     let req = GrantRequest {

@@ -435,6 +435,10 @@ mod tests {
         assert!(!t.on_give_up(2, given(3, 2, 1), 7), "boot 1's grant lives");
         assert!(t.counts(2, 7));
         assert!(
+            !t.on_give_up(2, given(3, 1, 9), G),
+            "boot 1's, once its grant has ended: boot 2's lives"
+        );
+        assert!(
             t.on_give_up(2, given(3, 2, 1), G),
             "boot 1's grant has ended"
         );
