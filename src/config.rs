@@ -345,9 +345,9 @@ pub struct FollowerLeases {
     /// at most half of it. A holder renews with every acknowledgement, so `G` must exceed one
     /// heartbeat interval.
     pub max_grant_ms: u64,
-    /// The lagging-node policy: the leader grants no read lease to a voter whose matched index
-    /// has stayed below the commit index for longer than this, so one slow follower stops
-    /// slowing writes once its last grant has run out (it reads through the leader meanwhile).
+    /// The lagging-node policy: the leader grants no read lease to a voter that lacks an entry
+    /// committed longer ago than this, so one slow follower stops slowing writes once its last
+    /// grant has run out (it reads through the leader meanwhile).
     /// `None`: every caught-up voter is granted, however late its acknowledgements come.
     pub max_lag_ms: Option<u64>,
 }
@@ -362,8 +362,9 @@ impl FollowerLeases {
         }
     }
 
-    /// The same, with the lagging-node policy: no grant to a voter behind the commit index for
-    /// longer than `max_lag_ms`.
+    /// The same, with the lagging-node policy: no grant to a voter that lacks an entry
+    /// committed more than `max_lag_ms` ago (a follower one batch behind under pipelined
+    /// writes lacks only entries committed a moment ago, and keeps its grant).
     pub fn with_max_lag_ms(self, max_lag_ms: u64) -> Self {
         FollowerLeases {
             max_lag_ms: Some(max_lag_ms),

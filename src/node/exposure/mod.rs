@@ -43,7 +43,7 @@ pub(crate) struct Exposure {
     pending_keys: PendingKeys,
     /// Which keys an entry writes, as the application says ([`Keys::unknown`] until it does).
     entry_keys: fn(&Entry) -> Keys,
-    /// The lagging-node policy, if set: no grant to a voter long behind the commit index.
+    /// The lagging-node policy, if set: no grant to a voter lacking an entry committed long ago.
     lag: Option<LagPolicy>,
     /// raft's commit index when this node started: entries up to it are applied at once, `E` or
     /// not. They were committed before the restart (an earlier run may have shown some), and a
@@ -286,8 +286,8 @@ impl Exposure {
     /// As the leader of `term`: a voter's tagged acknowledgement, stepped at `req.received_ns`
     /// with raft's matched index after it. A grant answers it if every rule allows
     /// ([`GrantTable::grant`]); it leaves with the next message to the voter.
-    /// Under the lagging-node policy, a voter whose acknowledgement comes long after the commit
-    /// it acknowledges is not granted (`commit`: raft's, after stepping it).
+    /// Under the lagging-node policy, a voter whose acknowledgement lacks an entry committed
+    /// long before it arrived is not granted (`commit`: raft's, after stepping it).
     /// No grant either while a membership change is pending above `E` (`pending_conf`: raft's
     /// index of the last one proposed) or waits for the read leases: a membership change is
     /// committed only with no read lease live, so every message that tells a replica it is
@@ -309,9 +309,8 @@ impl Exposure {
         self.table.expose(commit, in_term, req.received_ns);
         self.table.on_matched(req.holder, req.matched);
         let lagging = self.lag.as_mut().is_some_and(|lag| {
-            let lagging = lag.lagging(req.holder, req.received_ns);
             lag.observe(req.holder, req.matched, commit, req.received_ns);
-            lagging
+            lag.lagging(req.holder, req.received_ns)
         });
         let conf_waits = !self.conf_with_grants
             && (pending_conf > self.exposed() || req.received_ns < self.grants_paused_until_ns);
