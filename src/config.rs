@@ -343,7 +343,10 @@ pub struct FollowerLeases {
     /// by what is left of the leader's own lease. A transfer waits for every read lease to end,
     /// so `G` must stay well below raft's election timeout (raft gives a transfer up after one):
     /// at most half of it. A holder renews with every acknowledgement, so `G` must exceed one
-    /// heartbeat interval.
+    /// heartbeat interval. That is checked, but it is not enough for an idle follower to hold
+    /// a read lease: with no writes a grant rides the leader's next heartbeat, one interval
+    /// after the acknowledgement it answers, and the holder's lease runs from that
+    /// acknowledgement, so choose `G` above two heartbeat intervals and a round trip, plus `ε`.
     pub max_grant_ms: u64,
     /// The lagging-node policy: the leader grants no read lease to a voter that lacks an entry
     /// committed longer ago than this, so one slow follower stops slowing writes once its last
