@@ -340,7 +340,7 @@ fn follower_writes(window: Duration) -> Vec<serde_json::Value> {
     );
     println!(
         "lag = the lagging-node policy on (true: FollowerLeases::with_max_lag_ms({}), no grant to \
-         a voter behind the commit index for longer) or off (false), in the slow-follower cells; \
+         a voter lacking an entry committed longer ago) or off (false), in the slow-follower cells; \
          - : not a slow-follower cell",
         writes::MAX_LAG_MS
     );
