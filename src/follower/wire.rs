@@ -48,7 +48,8 @@ pub struct HolderNote {
     /// The tag of this acknowledgement: the voter read its clock for it before sending.
     pub tag: Option<AckTag>,
     /// The voter gave up its read lease: every grant of this tag's term answering one of its
-    /// tags up to this one is void at the voter ([`crate::follower::ReadLease::give_up`]).
+    /// tags up to this one, and every grant of an earlier term, is void at the voter
+    /// ([`crate::follower::ReadLease::give_up`]).
     pub gave_up: Option<AckTag>,
 }
 
