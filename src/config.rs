@@ -114,6 +114,9 @@ pub struct TestingKnobs {
     /// read leases up once nothing waits any more, until every grant has ended (each new grant
     /// is then given up as it arrives, for the rest of the term).
     pub asks_after_waits: bool,
+    /// Follower read leases, liveness: a leader whose transfer raft gave up before any
+    /// `MsgTimeoutNow` left never grants again in that term.
+    pub no_resume_after_abandoned_transfer: bool,
     /// Follower read leases: a replica ignores that its leader runs without them, and waits for
     /// an exposed index that leader never sends.
     pub ignore_plain_leaders: bool,
@@ -155,6 +158,10 @@ impl TestingKnobs {
             (self.accept_voided_grants, "accept_voided_grants"),
             (self.no_read_lease_give_ups, "no_read_lease_give_ups"),
             (self.asks_after_waits, "asks_after_waits"),
+            (
+                self.no_resume_after_abandoned_transfer,
+                "no_resume_after_abandoned_transfer",
+            ),
             (self.ignore_plain_leaders, "ignore_plain_leaders"),
             (self.sync_after_advance, "sync_after_advance"),
             (self.count_own_promise, "count_own_promise"),

@@ -55,6 +55,13 @@ fn holding(c: SimConfig) -> SimCluster {
     sim
 }
 
+/// [`holding`], with give-ups on and `set` applied to the testing knobs.
+fn holding_with(seed: u64, set: fn(&mut TestingKnobs)) -> SimCluster {
+    let mut c = config(seed, true);
+    set(&mut c.lease.safeties.testing);
+    holding(c)
+}
+
 /// Transfer from the leader to a follower under live read leases; returns the ms until the
 /// follower leads (`None`: not within 2 s).
 fn transfer_ms(c: SimConfig) -> Option<u64> {
@@ -178,9 +185,7 @@ fn control_a_holder_taking_a_voided_grant_serves_stale_follower_reads() {
 fn held_after_a_paused_refusal(set: fn(&mut TestingKnobs)) -> Vec<u64> {
     (0..4)
         .map(|seed| {
-            let mut c = config(seed, true);
-            set(&mut c.lease.safeties.testing);
-            let mut sim = holding(c);
+            let mut sim = holding_with(seed, set);
             let l = sim.leader().expect("a leader");
             let slow = (1..=3).filter(|&id| id != l).nth(1).expect("two followers");
             sim.net_mut().delay(DelayRule {
@@ -219,4 +224,55 @@ fn control_asks_after_the_wait_leave_no_follower_holding() {
     let held = held_after_a_paused_refusal(|k| k.asks_after_waits = true);
     eprintln!("control: ms of 3,000 with every follower holding, per seed: {held:?}");
     assert!(held.iter().any(|&ms| ms < 100), "{held:?}");
+}
+
+/// raft gives a transfer up after an election timeout when the transferee cannot catch up (here
+/// it is cut off and lacks a write), before any `MsgTimeoutNow` left. Granting, stopped for the transfer, must
+/// resume: the other follower holds a read lease again, under the same leader in the same term.
+/// Returns, per seed, whether it did within 1 s of the transfer being given up.
+fn holds_after_an_abandoned_transfer(set: fn(&mut TestingKnobs)) -> Vec<bool> {
+    (0..4)
+        .map(|seed| {
+            let mut sim = holding_with(seed, set);
+            let l = sim.leader().expect("a leader");
+            let mut others = (1..=3).filter(|&id| id != l);
+            let (to, other) = (others.next().unwrap(), others.next().unwrap());
+            let term = sim.node(l).expect("up").raw().raft.term;
+            sim.partition(&[to], &[l, other]);
+            sim.put(l, b"k"); // the transferee lacks it: raft sends no MsgTimeoutNow
+            sim.run_for_ms(50);
+            sim.transfer_leader(l, to);
+            let given_up = sim.run_until(3_000, |s| {
+                s.node(l)
+                    .is_some_and(|n| n.raw().raft.lead_transferee.is_none())
+            });
+            assert!(given_up, "seed {seed}: raft never gave the transfer up");
+            let holds = sim.run_until(1_000, |s| {
+                s.node(other).is_some_and(|n| n.holds_read_lease())
+            });
+            let same =
+                sim.leader() == Some(l) && sim.node(l).is_some_and(|n| n.raw().raft.term == term);
+            assert!(
+                same,
+                "seed {seed}: leadership moved: {:?} term {:?}",
+                sim.leader(),
+                sim.leader()
+                    .and_then(|id| sim.node(id))
+                    .map(|n| n.raw().raft.term)
+            );
+            holds
+        })
+        .collect()
+}
+
+#[test]
+fn granting_resumes_after_a_transfer_given_up_before_timeout_now_left() {
+    let holds = holds_after_an_abandoned_transfer(|_| {});
+    assert!(holds.iter().all(|&h| h), "{holds:?}");
+}
+
+#[test]
+fn control_granting_stopped_for_the_rest_of_the_term_leaves_followers_without_leases() {
+    let holds = holds_after_an_abandoned_transfer(|k| k.no_resume_after_abandoned_transfer = true);
+    assert!(holds.iter().all(|&h| !h), "{holds:?}");
 }

@@ -53,7 +53,7 @@ impl LagPolicy {
         }
         let m = self.matched.entry(voter).or_insert(matched);
         *m = (*m).max(matched);
-        self.forget_before(now_ns.saturating_sub(2 * self.max_lag_ns));
+        self.forget_before(now_ns.saturating_sub(self.max_lag_ns.saturating_mul(2)));
     }
 
     /// Drop the commit instants before `cutoff_ns`, all but the newest.

@@ -73,6 +73,12 @@ pub(crate) struct Exposure {
     no_give_ups: bool,
     /// Liveness control (tests only): asks go on once nothing waits, until every grant ends.
     asks_after_waits: bool,
+    /// The last term in which a `MsgTimeoutNow` left this node: granting stays stopped for the
+    /// rest of it (a transferee may campaign on it however late it arrives). A transfer raft
+    /// gave up before one left lets granting resume.
+    timeout_now_left_in: Option<u64>,
+    /// Liveness control (tests only): granting never resumes after a transfer in its term.
+    no_resume: bool,
 }
 
 impl Exposure {
@@ -107,6 +113,8 @@ impl Exposure {
             give_up_report: None,
             no_give_ups: false,
             asks_after_waits: false,
+            timeout_now_left_in: None,
+            no_resume: false,
         }
     }
 
@@ -176,6 +184,7 @@ impl Exposure {
         }
         self.no_give_ups = knobs.no_read_lease_give_ups;
         self.asks_after_waits = knobs.asks_after_waits;
+        self.no_resume = knobs.no_resume_after_abandoned_transfer;
         self.conf_with_grants = knobs.conf_with_grants;
         self
     }
@@ -337,6 +346,7 @@ impl Exposure {
         }
         self.table.stop_granting(term);
         if self.table.all_ended(now_ns) {
+            self.timeout_now_left_in = Some(term); // it leaves now, unheld
             return false;
         }
         let (held, rest): (Vec<Message>, Vec<Message>) = msgs.drain(..).partition(is_timeout_now);
@@ -361,10 +371,29 @@ impl Exposure {
     ) -> Vec<Message> {
         self.held_timeout_now
             .retain(|m| m.term == term && transferee == Some(m.to));
-        match self.table.all_ended(now_ns) {
+        let out = match self.table.all_ended(now_ns) {
             true => std::mem::take(&mut self.held_timeout_now),
             false => Vec::new(),
+        };
+        if !out.is_empty() {
+            self.timeout_now_left_in = Some(term);
         }
+        out
+    }
+
+    /// As the leader of `term` with no transfer under way: if none of this term's
+    /// `MsgTimeoutNow`s left (raft gave the transfer up while they were held, or before it
+    /// sent one), granting resumes; else it stays stopped for the rest of the term.
+    pub(crate) fn transfer_abandoned(&mut self, term: u64) {
+        let none_left = self.timeout_now_left_in != Some(term) && self.held_timeout_now.is_empty();
+        if none_left && !self.no_resume {
+            self.table.resume_granting();
+        }
+    }
+
+    /// A `MsgTimeoutNow` of `term` left unheld (the negative control that sends it at once).
+    pub(crate) fn timeout_now_left(&mut self, term: u64) {
+        self.timeout_now_left_in = Some(term);
     }
 
     /// A transfer is under way in `term`: no more grants in it.

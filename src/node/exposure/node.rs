@@ -185,8 +185,9 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             .lease
             .usable_until_ns()
             .filter(|_| self.lease.term() == Some(r.term));
-        if r.lead_transferee.is_some() {
-            x.stop_granting(r.term);
+        match r.lead_transferee.is_some() {
+            true => x.stop_granting(r.term),
+            false => x.transfer_abandoned(r.term),
         }
         let commit = r.raft_log.committed;
         let in_term = r.raft_log.term(commit).is_ok_and(|t| t == r.term);
@@ -204,9 +205,18 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         let r = &self.raw.raft;
         let (term, leading, now_ns) = (r.term, r.state == StateRole::Leader, self.clock.now_ns());
         let send_at_once = self.safeties.testing.no_transfer_wait;
-        let Some(x) = self.exposure.as_mut().filter(|_| !send_at_once) else {
+        let Some(x) = self.exposure.as_mut() else {
             return;
         };
+        if send_at_once {
+            if msgs
+                .iter()
+                .any(|m| m.get_msg_type() == MessageType::MsgTimeoutNow)
+            {
+                x.timeout_now_left(term);
+            }
+            return;
+        }
         let asked = match leading {
             true => x.hold_timeout_now(msgs, term, now_ns),
             false => {

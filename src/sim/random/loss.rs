@@ -27,6 +27,10 @@ pub(super) fn lose_leader_after_change(
         return None;
     }
     let leader = sim.leader()?;
+    let raft = &sim.node(leader)?.raw().raft;
+    if raft.pending_conf_index > raft.raft_log.applied {
+        return None; // a change still pending: the no-op could be dropped and a voter lost
+    }
     let conf = sim.conf_state(leader)?;
     let others: Vec<u64> = conf
         .voters

@@ -160,6 +160,7 @@ pub fn follower_knob(k: &TestingKnobs) -> bool {
         || k.accept_voided_grants
         || k.no_read_lease_give_ups
         || k.asks_after_waits
+        || k.no_resume_after_abandoned_transfer
 }
 
 /// `(tick_ms, heartbeat_tick, election_tick)`. One seed in ten has 1 ms heartbeats and a 300 ms
