@@ -21,8 +21,12 @@ pub struct LagPolicy {
     hold_ns: u64,
     /// Until when each voter found lagging is left out (absent: it is not).
     excluded_until_ns: BTreeMap<u64, u64>,
-    /// The last matched index observed of each voter.
+    /// The highest matched index observed of each current voter in `term` (raft's matched
+    /// index only grows within a term; a later leader may have truncated what an earlier one
+    /// saw matched).
     matched: BTreeMap<u64, u64>,
+    /// The term the matched indexes were observed in.
+    term: u64,
     /// Each commit index observed, with the instant it was first observed; entries older than
     /// twice the bound are dropped (never the newest).
     committed_at_ns: BTreeMap<u64, u64>,
@@ -40,9 +44,28 @@ impl LagPolicy {
             hold_ns,
             excluded_until_ns: BTreeMap::new(),
             matched: BTreeMap::new(),
+            term: 0,
             committed_at_ns: BTreeMap::new(),
             dropped_through: 0,
         }
+    }
+
+    /// As the leader of `term`, whose voters are `voters`: matched indexes of an earlier term,
+    /// and of nodes no longer voters, are forgotten.
+    pub fn enter(&mut self, term: u64, voters: &[u64]) {
+        if term != self.term {
+            self.matched.clear();
+            self.excluded_until_ns.clear();
+            self.term = term;
+        }
+        self.matched.retain(|v, _| voters.contains(v));
+        self.excluded_until_ns.retain(|v, _| voters.contains(v));
+        debug_assert!(self.matched.keys().all(|v| voters.contains(v)));
+    }
+
+    /// The term the matched indexes are of.
+    pub fn term(&self) -> u64 {
+        self.term
     }
 
     /// At `now_ns`, `voter` has matched up to `matched` and the commit index is `commit`.
@@ -141,6 +164,25 @@ mod tests {
         assert!(!one_batch, "a follower one batch behind was left out");
         assert!(slow, "a follower 5 ms behind kept its grant");
         assert!(p.lag_ns(3, 50_300_000) < 1_000_000);
+    }
+
+    /// A later leader may have truncated what this one saw matched in an earlier term, and a
+    /// voter removed and added back may come with a wiped log: neither keeps an old matched.
+    #[test]
+    fn matched_indexes_of_an_earlier_term_or_a_removed_voter_are_forgotten() {
+        let mut p = LagPolicy::new(1_000, 1_000);
+        p.enter(1, &[2, 3]);
+        p.observe(2, 20, 20, 0);
+        p.observe(3, 20, 20, 0);
+        p.enter(1, &[2]);
+        assert!(!p.matched.contains_key(&3), "removed");
+        p.enter(2, &[2, 3]);
+        assert!(p.matched.is_empty(), "a new term");
+        p.observe(2, 10, 25, 10_000); // truncated back to 10 in term 2
+        assert!(
+            p.lag_ns(2, 20_000) > 1_000,
+            "it lacks 11..=25, committed at 10,000 or before"
+        );
     }
 
     #[test]

@@ -318,6 +318,9 @@ impl Exposure {
         self.table.expose(commit, in_term, req.received_ns);
         self.table.on_matched(req.holder, req.matched);
         let lagging = self.lag.as_mut().is_some_and(|lag| {
+            if lag.term() != term {
+                lag.enter(term, &[]); // a new term: its voters come with the next exposure
+            }
             lag.observe(req.holder, req.matched, commit, req.received_ns);
             lag.lagging(req.holder, req.received_ns)
         });
@@ -472,11 +475,13 @@ impl Exposure {
     /// As the leader at `now_ns`: how far behind `commit` each voter's `matched` is.
     pub(crate) fn observe_lag(
         &mut self,
-        matched: impl Iterator<Item = (u64, u64)>,
+        (term, matched): (u64, Vec<(u64, u64)>),
         commit: u64,
         now_ns: u64,
     ) {
         if let Some(lag) = self.lag.as_mut() {
+            let voters: Vec<u64> = matched.iter().map(|&(v, _)| v).collect();
+            lag.enter(term, &voters);
             for (voter, m) in matched {
                 lag.observe(voter, m, commit, now_ns);
             }

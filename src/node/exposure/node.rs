@@ -39,7 +39,8 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         x.expose(commit, in_term, now_ns);
         let voters = r.prs().conf().voters();
         let matched = r.prs().iter().filter(|(id, _)| voters.contains(**id));
-        x.observe_lag(matched.map(|(&id, p)| (id, p.matched)), commit, now_ns);
+        let matched = matched.map(|(&id, p)| (id, p.matched)).collect();
+        x.observe_lag((r.term, matched), commit, now_ns);
     }
 
     /// The committed `entries` the application may apply now (all of them with follower leases
