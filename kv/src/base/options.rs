@@ -69,8 +69,8 @@ pub struct NodeOptions {
     /// The engine for a new data dir's raft log; `None`: the dir's own (the default for a new
     /// one). A dir on another engine is refused.
     pub log_engine: Option<crate::base::log_engine::LogEngine>,
-    /// Join a running cluster through this member's HTTP address.
-    pub join: Option<String>,
+    /// Join a running cluster through this member.
+    pub join: Option<JoinTarget>,
     /// Keys and values held at most (507 beyond).
     pub max_state_bytes: u64,
     /// Bytes of writes in flight at most (503 beyond).
@@ -85,6 +85,15 @@ pub struct NodeOptions {
     pub liveness: raft_lease::multi::LivenessMode,
     /// Hand leaderships above this node's share to the node that leads the fewest groups.
     pub balance_leaders: bool,
+}
+
+/// The member `--join` asks first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinTarget {
+    /// Its HTTP address, `host:port`.
+    pub addr: String,
+    /// Over HTTPS: the CA (PEM) its certificate chains to; `None`: plain HTTP.
+    pub https_ca: Option<PathBuf>,
 }
 
 impl NodeOptions {

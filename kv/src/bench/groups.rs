@@ -120,6 +120,8 @@ impl Nodes {
             data_dir: dir.to_path_buf(),
             temp: false,
             base_port: Some(base_port),
+            http_base_port: None,
+            etcd_base_port: None,
             groups: Some(groups),
             peer_delay_ms: 0,
             fault_injection: false,
@@ -133,10 +135,7 @@ impl Nodes {
                 ELECTION_MS.to_string(),
             ],
         };
-        let layout = Layout {
-            nodes: 3,
-            base_port,
-        };
+        let layout = Layout::new(3, base_port);
         let plan = layout
             .check()
             .and_then(|_| Plan::new(&cluster, dir, layout))?;

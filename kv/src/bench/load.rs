@@ -208,6 +208,8 @@ fn on_cluster(
         data_dir: dir.to_path_buf(),
         temp: false,
         base_port: Some(args.base_port),
+        http_base_port: None,
+        etcd_base_port: None,
         groups: None,
         peer_delay_ms: args.peer_delay_ms,
         fault_injection: false,
@@ -221,10 +223,7 @@ fn on_cluster(
             engine.name().into(),
         ],
     };
-    let layout = Layout {
-        nodes: 3,
-        base_port: args.base_port,
-    };
+    let layout = Layout::new(3, args.base_port);
     let plan = layout
         .check()
         .and_then(|_| Plan::new(&cluster, dir, layout))

@@ -9,7 +9,7 @@ use clap::Args;
 use crate::base::admin_token::AdminToken;
 use crate::base::limits::HttpLimits;
 use crate::base::log_engine::LogEngine;
-use crate::base::options::{NodeOptions, MAX_ELECTION_MS, MAX_GROUPS};
+use crate::base::options::{JoinTarget, NodeOptions, MAX_ELECTION_MS, MAX_GROUPS};
 use crate::peer::members::check_addr;
 
 /// One node's options.
@@ -45,11 +45,16 @@ pub struct NodeArgs {
     /// reach it at; default: --etcd-listen).
     #[arg(long, default_value = "")]
     pub peer_etcd: String,
-    /// Join a running cluster: the HTTP address of any member (`host:port`). The node asks to be
-    /// added as a learner, catches up (by snapshot), then asks to be promoted to voter. Needs
-    /// --admin-token-file with the cluster's admin token.
+    /// Join a running cluster: the HTTP address of any member (`host:port`, `http://host:port`
+    /// or `https://host:port`; with no scheme, HTTPS if this node serves HTTPS with --http-cert,
+    /// else HTTP). The node asks to be added as a learner, catches up (by snapshot), then asks to
+    /// be promoted to voter. Needs --admin-token-file with the cluster's admin token.
     #[arg(long, requires = "admin_token_file")]
     pub join: Option<String>,
+    /// With --join over HTTPS: the CA certificate (PEM) that the members' HTTPS certificates chain
+    /// to (default: --peer-ca, which signs them when `kv certs --http-san` made them).
+    #[arg(long, requires = "join")]
+    pub join_ca: Option<PathBuf>,
     /// The cluster CA certificate (PEM) that signs every node's certificate (`kv certs`).
     #[arg(long)]
     pub peer_ca: Option<PathBuf>,
@@ -255,10 +260,8 @@ impl NodeArgs {
         let join = self
             .join
             .as_deref()
-            .map(|j| j.trim_start_matches("http://").trim_end_matches('/'));
-        if join.is_some_and(|j| !check_addr(j)) {
-            return Err("--join: expected the host:port of a member's HTTP address".into());
-        }
+            .map(|j| self.join_target(j))
+            .transpose()?;
         if self.groups == 0 || self.groups > MAX_GROUPS {
             return Err(format!("--groups must be 1 to {MAX_GROUPS}"));
         }
@@ -312,7 +315,7 @@ impl NodeArgs {
             unsafe_watch_off_by_one: self.unsafe_watch_off_by_one,
             snapshot_every: self.snapshot_every,
             log_engine: self.log_engine,
-            join: join.map(str::to_string),
+            join,
             max_state_bytes: self.max_state_bytes,
             max_inflight_bytes: self.max_inflight_bytes,
             no_transport_reports: self.no_transport_reports,
@@ -320,6 +323,32 @@ impl NodeArgs {
             groups: self.groups,
             liveness,
             balance_leaders: self.balance_leaders,
+        })
+    }
+
+    /// `--join`'s member: its address, and over HTTPS the CA its certificate chains to.
+    fn join_target(&self, join: &str) -> Result<JoinTarget, String> {
+        let (https, addr) = match join.split_once("://") {
+            Some(("https", rest)) => (true, rest),
+            Some(("http", rest)) => (false, rest),
+            Some((scheme, _)) => {
+                return Err(format!("--join: scheme {scheme:?}: use http or https"))
+            }
+            None => (self.http_cert.is_some(), join),
+        };
+        let addr = addr.trim_end_matches('/');
+        if !check_addr(addr) {
+            return Err("--join: expected the host:port of a member's HTTP address".into());
+        }
+        let ca = match https {
+            false => None,
+            true => Some(self.join_ca.clone().or_else(|| self.peer_ca.clone()).ok_or(
+                "--join over HTTPS needs the CA of the members' HTTPS certificates: give --join-ca",
+            )?),
+        };
+        Ok(JoinTarget {
+            addr: addr.to_string(),
+            https_ca: ca,
         })
     }
 
@@ -345,6 +374,89 @@ impl NodeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        args: NodeArgs,
+    }
+
+    /// `kv node`'s options for these flags beside a minimal set.
+    fn options(flags: &[&str]) -> Result<NodeOptions, String> {
+        let token = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(token.path(), "0123456789abcdef0123").unwrap();
+        let base = [
+            "kv",
+            "--id",
+            "1",
+            "--peers",
+            "1=127.0.0.1:7001",
+            "--http",
+            "127.0.0.1:8001",
+        ];
+        let more = [
+            "--data-dir",
+            "/nonexistent",
+            "--cluster-id",
+            "c",
+            "--admin-token-file",
+        ];
+        let argv = base
+            .iter()
+            .chain(&more)
+            .copied()
+            .chain([token.path().to_str().unwrap()]);
+        <Cmd as clap::Parser>::try_parse_from(argv.chain(flags.iter().copied()))
+            .map_err(|e| e.to_string())?
+            .args
+            .options()
+    }
+
+    #[test]
+    fn join_speaks_https_when_asked_or_when_the_node_serves_it_and_trusts_a_named_ca() {
+        let join = |flags: &[&str]| options(flags).map(|o| o.join.unwrap());
+        let plain = join(&["--join", "10.0.0.1:8001"]).unwrap();
+        assert_eq!(
+            (plain.addr.as_str(), plain.https_ca),
+            ("10.0.0.1:8001", None)
+        );
+        let ca = [
+            "--peer-ca",
+            "ca.pem",
+            "--peer-cert",
+            "n.pem",
+            "--peer-key",
+            "n.key",
+        ];
+        let https = join(&[&ca[..], &["--join", "https://10.0.0.1:8001/"]].concat()).unwrap();
+        assert_eq!(
+            (https.addr.as_str(), https.https_ca),
+            ("10.0.0.1:8001", Some("ca.pem".into()))
+        );
+        let serves = [
+            "--http-cert",
+            "h.pem",
+            "--http-key",
+            "h.key",
+            "--join",
+            "10.0.0.1:8001",
+        ];
+        let own = join(&[&ca[..], &serves[..], &["--join-ca", "web.pem"]].concat()).unwrap();
+        assert_eq!(
+            own.https_ca,
+            Some("web.pem".into()),
+            "HTTPS, trusting --join-ca"
+        );
+        let forced = join(&[&serves[..4], &["--join", "http://10.0.0.1:8001"]].concat()).unwrap();
+        assert_eq!(
+            forced.https_ca, None,
+            "http:// is plain whatever the node serves"
+        );
+        let no_ca = join(&["--insecure-peers", "--join", "https://10.0.0.1:8001"]).unwrap_err();
+        assert!(no_ca.contains("--join-ca"), "{no_ca}");
+        let scheme = join(&["--join", "ftp://10.0.0.1:8001"]).unwrap_err();
+        assert!(scheme.contains("use http or https"), "{scheme}");
+    }
 
     #[test]
     fn peer_lists_take_host_names_and_refuse_duplicates_and_bad_entries() {

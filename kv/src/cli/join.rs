@@ -26,8 +26,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use slog::{info, warn, Logger};
 
+use crate::base::options::JoinTarget;
 use crate::http::app::App;
-use crate::http::client::request;
+use crate::http::client::Dialer;
 use crate::peer::members::{is_member, Addrs};
 
 /// Where the joiner is.
@@ -58,7 +59,22 @@ fn step(app: &App) -> Step {
 /// its own addition (or once its configuration listed it): an operator removed it while it was
 /// joining, and it does not add itself back (a restart with `--join` asks again). Between its
 /// addition and the snapshot that brings it, it waits rather than asking again.
-pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
+pub fn run(app: Arc<App>, target: JoinTarget, stop: Arc<AtomicBool>, log: Logger) {
+    let dialer = match &target.https_ca {
+        None => Dialer::default(),
+        Some(ca) => match Dialer::https(ca) {
+            Ok(d) => d,
+            Err(e) => {
+                slog::error!(log, "cannot join: the HTTPS CA"; "error" => %e);
+                return;
+            }
+        },
+    };
+    let join = Join {
+        app: &app,
+        dialer,
+        addr: target.addr,
+    };
     let mut added_at = 0;
     let mut last_error = String::new();
     // Whether this node's own configuration has listed it (as a learner or a voter).
@@ -78,11 +94,11 @@ pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
             Step::Add if added_at > 0 => Err(format!(
                 "added at index {added_at}: waiting for the leader's snapshot"
             )),
-            Step::Add => add(&app, &join, &log).map(|index| {
+            Step::Add => join.add(&log).map(|index| {
                 added_at = index;
                 false
             }),
-            Step::Promote => promote(&app, &join, added_at).map(|()| true),
+            Step::Promote => join.promote(added_at).map(|()| true),
         };
         was_member |= now == Step::Promote;
         match result {
@@ -92,7 +108,7 @@ pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
             }
             Ok(false) => {}
             Err(e) if e != last_error => {
-                warn!(log, "joining: not yet"; "why" => &e);
+                warn!(log, "joining: not yet"; "why" => join.explain(&e));
                 last_error = e;
             }
             Err(_) => {}
@@ -101,106 +117,136 @@ pub fn run(app: Arc<App>, join: String, stop: Arc<AtomicBool>, log: Logger) {
     }
 }
 
-fn admin(app: &App, join: &str, body: Value) -> Result<Value, String> {
-    let token = app.opts.admin_token.as_ref().ok_or("no admin token")?;
-    let auth = format!("Bearer {}", token.expose());
-    let headers = [("Authorization", auth.as_str())];
-    let body = body.to_string();
-    let a = request(join, "POST", "/admin/members", body.as_bytes(), &headers)
-        .map_err(|e| format!("{join}: {e}"))?;
-    if a.status != 200 {
-        return Err(format!("{}: {}", a.status, a.body));
-    }
-    serde_json::from_str(&a.body).map_err(|e| e.to_string())
+/// The member asked first, and how to reach it.
+struct Join<'a> {
+    app: &'a App,
+    dialer: Dialer,
+    /// The member's HTTP address, `host:port`.
+    addr: String,
 }
 
-/// Learn the members' addresses from `join`'s `GET /members` (see `Members::learn`); TLS still
-/// authenticates every peer connection, so an address only says where to dial.
-fn learn_members(app: &App, join: &str, log: &Logger) -> Result<(), String> {
-    let a = request(join, "GET", "/members", b"", &[]).map_err(|e| format!("{join}: {e}"))?;
-    let v: Value = serde_json::from_str(&a.body).map_err(|e| format!("{join}: {e}"))?;
-    let listed = v["members"].as_array().ok_or("no members listed")?;
-    let mut book = app.first().members.write();
-    for m in listed {
-        let (Some(id), Some(peer)) = (m["id"].as_u64(), m["peer"].as_str()) else {
-            continue;
+impl Join<'_> {
+    /// `why` with a hint where a plain client met an HTTPS member, or the other way round.
+    fn explain(&self, why: &str) -> String {
+        let hint = match self.dialer.scheme() {
+            "http" if why.contains("not an HTTP answer") => {
+                " (the member may serve HTTPS: give --join https://HOST:PORT, with --join-ca if \
+                 its certificate is not signed by --peer-ca)"
+            }
+            "https" if why.contains("InvalidContentType") || why.contains("corrupt message") => {
+                " (the member may serve plain HTTP: give --join http://HOST:PORT)"
+            }
+            _ => "",
         };
-        let http = m["http"].as_str().map(str::to_string);
-        let etcd = m["etcd"].as_str().map(str::to_string);
-        let addrs = Addrs {
-            peer: peer.to_string(),
-            http,
-            etcd,
-        };
-        if id != app.opts.id && book.learn(id, addrs) {
-            info!(log, "learned a member's addresses"; "id" => id, "peer" => peer);
+        format!("{why}{hint}")
+    }
+
+    fn get(&self, addr: &str, path: &str) -> Result<Value, String> {
+        let a = self
+            .dialer
+            .request(addr, "GET", path, b"", &[])
+            .map_err(|e| format!("{addr}: {e}"))?;
+        serde_json::from_str(&a.body).map_err(|e| format!("{addr}: {e}"))
+    }
+
+    fn admin(&self, body: Value) -> Result<Value, String> {
+        let token = self.app.opts.admin_token.as_ref().ok_or("no admin token")?;
+        let auth = format!("Bearer {}", token.expose());
+        let headers = [("Authorization", auth.as_str())];
+        let body = body.to_string();
+        let join = &self.addr;
+        let a = self
+            .dialer
+            .request(join, "POST", "/admin/members", body.as_bytes(), &headers)
+            .map_err(|e| format!("{join}: {e}"))?;
+        if a.status != 200 {
+            return Err(format!("{}: {}", a.status, a.body));
         }
-    }
-    Ok(())
-}
-
-/// Ask to be added as a learner (after learning the members); the index of the change.
-fn add(app: &App, join: &str, log: &Logger) -> Result<u64, String> {
-    learn_members(app, join, log)?;
-    let o = &app.opts;
-    let mut change = json!({"op": "add_learner", "id": o.id, "peer": o.peers[&o.id], "http": o.advertised_http()});
-    if let Some(etcd) = o.etcd_of(o.id) {
-        change["etcd"] = etcd.into();
-    }
-    let v = admin(app, join, json!({"changes": [change]}))?;
-    Ok(v["index"].as_u64().unwrap_or(0))
-}
-
-/// Ask to be promoted once the leader sees this learner caught up with its own addition, and
-/// (with many groups) every group here has it in its configuration, as a learner caught up to
-/// its own addition in that group: a group then never makes it a voter before it has the
-/// group's snapshot.
-fn promote(app: &App, join: &str, added_at: u64) -> Result<(), String> {
-    let me = app.opts.id;
-    let missing = app.groups.all.iter();
-    let missing = missing.filter(|g| !is_member(&g.status.read().conf, me));
-    let missing = missing.count();
-    if missing > 0 {
-        return Err(format!("{missing} groups have not added this node yet"));
-    }
-    let (progress, matched) = leader_view(join, app.opts.id)?;
-    let applied = app.status().applied;
-    // Probe is as good as replicate once the leader knows it matched its addition: a quiescent
-    // group (shared liveness) sends nothing that would move the learner's progress on.
-    if progress == "snapshot" || matched < added_at.max(1) || applied < added_at {
-        return Err(format!(
-            "catching up: {progress}, matched {matched}, applied {applied}, added at {added_at}"
-        ));
-    }
-    admin(
-        app,
-        join,
-        json!({"changes": [{"op": "add_voter", "id": app.opts.id}]}),
-    )
-    .map(|_| ())
-}
-
-/// This node's progress as the leader sees it: (state, matched).
-fn leader_view(join: &str, me: u64) -> Result<(String, u64), String> {
-    let get = |addr: &str| -> Result<Value, String> {
-        let a = request(addr, "GET", "/members", b"", &[]).map_err(|e| e.to_string())?;
         serde_json::from_str(&a.body).map_err(|e| e.to_string())
-    };
-    let mut v = get(join)?;
-    if v["leader_id"] != v["id"] {
-        let leader = v["leader_id"].clone();
-        let addr = v["members"]
-            .as_array()
-            .and_then(|ms| ms.iter().find(|m| m["id"] == leader))
-            .and_then(|m| m["http"].as_str())
-            .ok_or("no leader known")?
-            .to_string();
-        v = get(&addr)?;
     }
-    let mine = v["members"]
-        .as_array()
-        .and_then(|ms| ms.iter().find(|m| m["id"] == me))
-        .ok_or("not in the leader's membership yet")?;
-    let progress = mine["progress"].as_str().unwrap_or("unknown").to_string();
-    Ok((progress, mine["matched"].as_u64().unwrap_or(0)))
+
+    /// Learn the members' addresses from the member's `GET /members` (see `Members::learn`);
+    /// TLS still authenticates every peer connection, so an address only says where to dial.
+    fn learn_members(&self, log: &Logger) -> Result<(), String> {
+        let v = self.get(&self.addr, "/members")?;
+        let listed = v["members"].as_array().ok_or("no members listed")?;
+        let mut book = self.app.first().members.write();
+        for m in listed {
+            let (Some(id), Some(peer)) = (m["id"].as_u64(), m["peer"].as_str()) else {
+                continue;
+            };
+            let http = m["http"].as_str().map(str::to_string);
+            let etcd = m["etcd"].as_str().map(str::to_string);
+            let addrs = Addrs {
+                peer: peer.to_string(),
+                http,
+                etcd,
+            };
+            if id != self.app.opts.id && book.learn(id, addrs) {
+                info!(log, "learned a member's addresses"; "id" => id, "peer" => peer);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ask to be added as a learner (after learning the members); the index of the change.
+    fn add(&self, log: &Logger) -> Result<u64, String> {
+        self.learn_members(log)?;
+        let o = &self.app.opts;
+        let mut change = json!({"op": "add_learner", "id": o.id, "peer": o.peers[&o.id], "http": o.advertised_http()});
+        if let Some(etcd) = o.etcd_of(o.id) {
+            change["etcd"] = etcd.into();
+        }
+        let v = self.admin(json!({"changes": [change]}))?;
+        Ok(v["index"].as_u64().unwrap_or(0))
+    }
+
+    /// Ask to be promoted once the leader sees this learner caught up with its own addition,
+    /// and (with many groups) every group here has it in its configuration, as a learner caught
+    /// up to its own addition in that group: a group then never makes it a voter before it has
+    /// the group's snapshot.
+    fn promote(&self, added_at: u64) -> Result<(), String> {
+        let app = self.app;
+        let me = app.opts.id;
+        let missing = app.groups.all.iter();
+        let missing = missing.filter(|g| !is_member(&g.status.read().conf, me));
+        let missing = missing.count();
+        if missing > 0 {
+            return Err(format!("{missing} groups have not added this node yet"));
+        }
+        let (progress, matched) = self.leader_view()?;
+        let applied = app.status().applied;
+        // Probe is as good as replicate once the leader knows it matched its addition: a
+        // quiescent group (shared liveness) sends nothing that would move the learner's
+        // progress on.
+        if progress == "snapshot" || matched < added_at.max(1) || applied < added_at {
+            return Err(format!(
+                "catching up: {progress}, matched {matched}, applied {applied}, added at {added_at}"
+            ));
+        }
+        self.admin(json!({"changes": [{"op": "add_voter", "id": me}]}))
+            .map(|_| ())
+    }
+
+    /// This node's progress as the leader sees it: (state, matched).
+    fn leader_view(&self) -> Result<(String, u64), String> {
+        let me = self.app.opts.id;
+        let mut v = self.get(&self.addr, "/members")?;
+        if v["leader_id"] != v["id"] {
+            let leader = v["leader_id"].clone();
+            let addr = v["members"]
+                .as_array()
+                .and_then(|ms| ms.iter().find(|m| m["id"] == leader))
+                .and_then(|m| m["http"].as_str())
+                .ok_or("no leader known")?
+                .to_string();
+            v = self.get(&addr, "/members")?;
+        }
+        let mine = v["members"]
+            .as_array()
+            .and_then(|ms| ms.iter().find(|m| m["id"] == me))
+            .ok_or("not in the leader's membership yet")?;
+        let progress = mine["progress"].as_str().unwrap_or("unknown").to_string();
+        Ok((progress, mine["matched"].as_u64().unwrap_or(0)))
+    }
 }

@@ -209,6 +209,19 @@ fn check_configs(o: &NodeOptions) -> Result<(), Exit> {
     })
 }
 
+/// What `kv node` would refuse at start with these arguments, checked without opening or
+/// binding anything: the options, the raft and lease configs, the TLS files, and a data dir made
+/// with another number of groups. `kv cluster` runs it for every node before it starts one.
+pub fn preflight(args: &NodeArgs) -> Result<(), Exit> {
+    let opts = args.options().map_err(config)?;
+    check_configs(&opts)?;
+    if let Some(f) = args.peer_tls_files().map_err(config)? {
+        PeerTls::load(&f.ca, &f.cert, &f.key, args.id).map_err(config)?;
+    }
+    crate::disk::marker::check_groups(&opts.data_dir, opts.groups)?;
+    Ok(())
+}
+
 /// The sockets a node listens on.
 struct Listeners {
     peer: TcpListener,
@@ -385,6 +398,7 @@ fn start(
         peer_delay_in_ms: tcfg.peer_delay_in_ms.clone(),
         heard: tcfg.heard.clone(),
         scheme: if http_tls.is_some() { "https" } else { "http" },
+        peer_tls: tcfg.tls.clone(),
         promise: boot.promise.clone(),
         opts,
     });

@@ -185,6 +185,19 @@ pub(crate) fn write_durably(dir: &Path, name: &str, text: &str) -> Result<(), Di
         .map_err(|e| io(dir, e))
 }
 
+/// Refuse a dir that holds another number of groups than `groups`, before anything is opened
+/// (a dir with no marker, or none at all, is new: it takes any number).
+pub fn check_groups(dir: &Path, groups: u32) -> Result<(), DirError> {
+    match read_marker(dir)? {
+        Some(m) if m.groups != groups => Err(DirError::OtherGroups {
+            dir: dir.display().to_string(),
+            found: m.groups,
+            asked: groups,
+        }),
+        _ => Ok(()),
+    }
+}
+
 fn read_marker(dir: &Path) -> Result<Option<Marker>, DirError> {
     let path = dir.join(MARKER_FILE);
     let text = match std::fs::read_to_string(&path) {

@@ -14,7 +14,8 @@ use crate::http::ask::ask;
 use crate::http::body::json_body;
 use crate::http::ctx::{check_query, leader_only, method_not_allowed, not_leader, Ctx};
 use crate::http::reply::{error, reply, Reply};
-use crate::peer::members::Change;
+use crate::peer::dial::{dial, DialError};
+use crate::peer::members::{is_member, Change, Op};
 use crate::raft::requests::{MembersReply, Request};
 use crate::raft::status::Status;
 
@@ -79,11 +80,7 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
                 .get("to")
                 .and_then(Value::as_u64)
                 .ok_or_else(|| error(400, "bad_json", "expected {\"to\": N}"))?;
-            c.app
-                .first()
-                .send(Request::Transfer { to })
-                .map_err(|_| error(503, "overloaded", "the raft thread's queue is full"))?;
-            Ok(reply(202, json!({"transfer_to": to})))
+            transfer(c, to)
         }
         "partition" | "heal" | "clock" | "delay" | "stall-disk" => {
             authorize(c, true)?;
@@ -98,6 +95,29 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
     }
 }
 
+/// `POST /admin/transfer {"to": N}`: 202 once asked of raft, if `N` is a voter of group 0's
+/// configuration other than this node; 200 if this node is `N` (it leads already); 409
+/// `transfer_refused` for a node that is not a voter (raft-rs ignores a transfer to a learner
+/// or a stranger, so a 202 would promise what never happens).
+fn transfer(c: &Ctx<'_>, to: u64) -> Result<Reply, Reply> {
+    let voters = c.app.status().conf.voters;
+    if to == c.app.opts.id {
+        return Ok(reply(
+            200,
+            json!({"transfer_to": to, "already_leader": true}),
+        ));
+    }
+    if !voters.contains(&to) {
+        let detail = format!("node {to} is not a voter of this cluster (voters: {voters:?})");
+        return Err(error(409, "transfer_refused", detail));
+    }
+    c.app
+        .first()
+        .send(Request::Transfer { to })
+        .map_err(|_| error(503, "overloaded", "the raft thread's queue is full"))?;
+    Ok(reply(202, json!({"transfer_to": to})))
+}
+
 /// `POST /admin/members {"changes": [{"op": "add_voter" | "add_learner" | "remove", "id": N,
 /// "peer": "host:port", "http": "host:port", "etcd": "host:port"}, ...]}` (`etcd`: the node's
 /// etcd API address, if it serves one).
@@ -109,6 +129,7 @@ async fn members(c: &Ctx<'_>, body: Value) -> Result<Reply, Reply> {
         .and_then(|v| {
             serde_json::from_value(v).map_err(|e| error(400, "bad_change", e.to_string()))
         })?;
+    check_new_nodes(c, &changes).await?;
     let (tx, rx) = oneshot::channel();
     let req = Request::Members { changes, reply: tx };
     Ok(match ask(c.app.first(), req, rx).await? {
@@ -128,6 +149,26 @@ async fn members(c: &Ctx<'_>, body: Value) -> Result<Reply, Reply> {
         MembersReply::NotLeader { leader } => not_leader(c, leader),
         MembersReply::Unknown(why) => error(503, "outcome_unknown", why),
     })
+}
+
+/// Dial every node the changes add that is not a member yet, at the peer address given: one
+/// that answers with a certificate this node does not trust (another CA, another id) is refused
+/// with 409 `peer_untrusted`, before raft hears of it. One that does not answer is added all
+/// the same (a node may be added before it starts), as is every node with `--insecure-peers`.
+async fn check_new_nodes(c: &Ctx<'_>, changes: &[Change]) -> Result<(), Reply> {
+    let Some(tls) = c.app.peer_tls.as_ref() else {
+        return Ok(());
+    };
+    let conf = c.app.status().conf;
+    let adds = changes.iter().filter(|ch| ch.op != Op::Remove);
+    for ch in adds.filter(|ch| !is_member(&conf, ch.id)) {
+        let Some(addr) = &ch.peer else { continue };
+        if let Err(e @ DialError::Untrusted(_)) = dial(ch.id, addr, Some(tls)).await {
+            let detail = format!("node {} at {addr}: {}", ch.id, e.explain());
+            return Err(error(409, "peer_untrusted", detail));
+        }
+    }
+    Ok(())
 }
 
 fn faults(c: &Ctx<'_>, what: &str, body: Value) -> Result<Reply, Reply> {

@@ -41,6 +41,9 @@ pub struct App {
     pub conns: Arc<ConnTable>,
     /// `http` or `https`, for redirects.
     pub scheme: &'static str,
+    /// The peers' mutual TLS (`None` with `--insecure-peers`): `/admin/members` dials a node
+    /// with it before adding it.
+    pub peer_tls: Option<crate::tls::config::PeerTls>,
     /// This run's lease promise and the data dir's record of earlier ones.
     pub promise: Arc<PromiseRecord>,
 }

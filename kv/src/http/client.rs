@@ -6,9 +6,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::mem::MaybeUninit;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
 use socket2::SockRef;
 
 use crate::tls::config::https_client;
@@ -63,14 +65,7 @@ impl Client {
         body: &[u8],
         headers: &[(&str, &str)],
     ) -> std::io::Result<Answer> {
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: kv\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        head.push_str("\r\n");
+        let head = request_head(method, path, body.len(), headers);
         self.w.write_all(head.as_bytes())?;
         self.w.write_all(body)?;
         self.await_answer();
@@ -104,6 +99,17 @@ impl Client {
     fn read_answer(&mut self) -> std::io::Result<Answer> {
         parse_answer(&mut self.r)
     }
+}
+
+/// A request's line and headers, with its `Content-Length`.
+fn request_head(method: &str, path: &str, body_len: usize, headers: &[(&str, &str)]) -> String {
+    let mut head =
+        format!("{method} {path} HTTP/1.1\r\nHost: kv\r\nContent-Length: {body_len}\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
 }
 
 /// An answer with a `Content-Length` (or none), read from `r`.
@@ -156,24 +162,92 @@ fn connect_tcp(addr: &str, timeout: Duration) -> std::io::Result<TcpStream> {
 /// trusting the CA certificates in the PEM file `ca`; redirects are not followed.
 pub fn get_tls(addr: &str, path: &str, ca: &Path, timeout: Duration) -> std::io::Result<Answer> {
     let config = https_client(ca).map_err(std::io::Error::other)?;
+    once_tls(&config, addr, "GET", path, b"", &[], timeout)
+}
+
+/// One request over HTTPS on a connection of its own.
+fn once_tls(
+    config: &Arc<ClientConfig>,
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> std::io::Result<Answer> {
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     let name = ServerName::try_from(host.trim_matches(['[', ']']).to_string())
         .map_err(std::io::Error::other)?;
-    let conn = rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
+    let conn =
+        rustls::ClientConnection::new(config.clone(), name).map_err(std::io::Error::other)?;
     let mut s = rustls::StreamOwned::new(conn, connect_tcp(addr, timeout)?);
-    let head = format!("GET {path} HTTP/1.1\r\nHost: kv\r\nConnection: close\r\n\r\n");
+    let close = [("Connection", "close")];
+    let head = request_head(method, path, body.len(), &[&close[..], headers].concat());
     s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
     parse_answer(&mut BufReader::new(s))
 }
 
-/// `http://host:port/path` → (`host:port`, `/path`).
+/// `http://host:port/path` or `https://host:port/path` → (`host:port`, `/path`).
 pub fn split_url(url: &str) -> Option<(String, String)> {
-    let rest = url.strip_prefix("http://")?;
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))?;
     let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
     Some((host.to_string(), format!("/{path}")))
 }
 
-/// One request to `addr`, following up to 5 redirects (307 keeps the method and the body).
+/// How the node's own tools reach the nodes' HTTP front ends: plain HTTP (the default), or
+/// HTTPS trusting one CA. A cluster's nodes all serve one or the other, so a redirect is
+/// followed with the same.
+#[derive(Clone, Default)]
+pub struct Dialer {
+    https: Option<Arc<ClientConfig>>,
+}
+
+impl Dialer {
+    /// HTTPS, trusting the CA certificates in the PEM file `ca`.
+    pub fn https(ca: &Path) -> Result<Dialer, crate::tls::config::TlsError> {
+        Ok(Dialer {
+            https: Some(https_client(ca)?),
+        })
+    }
+
+    /// `https` or `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.https.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// One request to `addr`, following up to 5 redirects (307 keeps the method and the body).
+    pub fn request(
+        &self,
+        addr: &str,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        headers: &[(&str, &str)],
+    ) -> std::io::Result<Answer> {
+        let timeout = Duration::from_secs(5);
+        let (mut addr, mut path) = (addr.to_string(), path.to_string());
+        for _ in 0..5 {
+            let a = match &self.https {
+                Some(config) => once_tls(config, &addr, method, &path, body, headers, timeout)?,
+                None => Client::connect(&addr, timeout)?.request(method, &path, body, headers)?,
+            };
+            match (a.status, a.location.as_deref().and_then(split_url)) {
+                (307 | 308, Some((next_addr, next_path))) => (addr, path) = (next_addr, next_path),
+                _ => return Ok(a),
+            }
+        }
+        Err(std::io::Error::other("too many redirects"))
+    }
+}
+
+/// One plain HTTP request to `addr`, following up to 5 redirects (see [`Dialer::request`]).
 pub fn request(
     addr: &str,
     method: &str,
@@ -181,16 +255,7 @@ pub fn request(
     body: &[u8],
     headers: &[(&str, &str)],
 ) -> std::io::Result<Answer> {
-    let (mut addr, mut path) = (addr.to_string(), path.to_string());
-    for _ in 0..5 {
-        let mut c = Client::connect(&addr, Duration::from_secs(5))?;
-        let a = c.request(method, &path, body, headers)?;
-        match (a.status, a.location.as_deref().and_then(split_url)) {
-            (307 | 308, Some((next_addr, next_path))) => (addr, path) = (next_addr, next_path),
-            _ => return Ok(a),
-        }
-    }
-    Err(std::io::Error::other("too many redirects"))
+    Dialer::default().request(addr, method, path, body, headers)
 }
 
 #[cfg(test)]
@@ -204,7 +269,11 @@ mod tests {
             Some(("127.0.0.1:8001".into(), "/kv/a?read=lease".into()))
         );
         assert_eq!(split_url("http://h:1"), Some(("h:1".into(), "/".into())));
-        assert_eq!(split_url("https://h:1/x"), None);
+        assert_eq!(
+            split_url("https://h:1/x"),
+            Some(("h:1".into(), "/x".into()))
+        );
+        assert_eq!(split_url("ftp://h:1/x"), None);
     }
 
     #[test]

@@ -80,15 +80,14 @@ impl Procs {
     /// Set up `dir` and start founders `1..=nodes`; `flags` go to every node.
     pub fn start(dir: &Path, nodes: u64, seed: u64, flags: ClusterFlags) -> Result<Procs, String> {
         let (base_port, ports) = reserve_base(seed)?;
-        let layout = Layout {
-            nodes: MAX_IDS,
-            base_port,
-        };
+        let layout = Layout::new(MAX_IDS, base_port);
         let args = ClusterArgs {
             nodes: Some(MAX_IDS),
             data_dir: dir.to_path_buf(),
             temp: false,
             base_port: Some(base_port),
+            http_base_port: None,
+            etcd_base_port: None,
             groups: None,
             peer_delay_ms: 0,
             fault_injection: true,

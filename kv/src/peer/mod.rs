@@ -3,6 +3,7 @@
 
 #[cfg(test)]
 pub mod ack_contexts;
+pub mod dial;
 pub mod express;
 pub mod follow;
 pub mod frame;

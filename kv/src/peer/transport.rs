@@ -20,19 +20,19 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use raft::eraftpb::MessageType;
 use raft_lease::multi::{wire, GroupId, NodeBatch};
-use slog::{debug, info, warn, Logger};
-use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use slog::{debug, error, info, warn, Logger};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::time::{timeout, Instant};
 
 use crate::base::budget::Budget;
 use crate::base::metrics::Metrics;
+use crate::peer::dial::{dial, DialError, PeerStream};
 use crate::peer::express::{writer_over, Express, PeerConn, PeerWriter};
 use crate::peer::frame::{write_message, FrameError};
 use crate::peer::heard::Heard;
 use crate::peer::members::Members;
-use crate::tls::config::{peer_node_id, PeerTls};
+use crate::tls::config::PeerTls;
 
 /// Batches queued per peer before new ones are dropped.
 const QUEUE_LEN: usize = 4096;
@@ -285,6 +285,8 @@ async fn send_loop(
 ) {
     let log = cfg.logger.new(slog::o!("peer" => peer));
     let mut backoff = Duration::from_millis(20);
+    // The last dial failure logged: a new one is logged once, a repeat only at debug level.
+    let mut failing: Option<DialError> = None;
     while let Some(out) = rx.recv().await {
         let delay = Duration::from_millis(cfg.peer_delay_ms.load(Ordering::Relaxed));
         if !delay.is_zero() {
@@ -297,9 +299,10 @@ async fn send_loop(
                     info!(log, "connected to peer"; "tls" => cfg.tls.is_some());
                     *conn = Some(writer_over(w));
                     backoff = Duration::from_millis(20);
+                    failing = None;
                 }
                 Err(e) => {
-                    debug!(log, "peer unreachable; dropping batch"; "error" => %e, "backoff_ms" => backoff.as_millis());
+                    log_dial_failure(&log, &e, &mut failing, backoff);
                     report_lost(&reports, &cfg.metrics, &out);
                     shared.unwritten.fetch_sub(1, Ordering::AcqRel);
                     drop(conn);
@@ -383,33 +386,35 @@ async fn flush(w: &mut PeerWriter) -> Result<(), FrameError> {
     }
 }
 
-async fn connect(
-    peer: u64,
-    cfg: &TransportConfig,
-) -> Result<Box<dyn AsyncWrite + Send + Unpin>, String> {
-    let addr = cfg.addr_of(peer).ok_or("no address")?;
-    let tcp = timeout(Duration::from_millis(500), TcpStream::connect(&addr))
-        .await
-        .map_err(|_| "connect timed out".to_string())?
-        .map_err(|e| format!("{addr}: {e}"))?;
-    let _ = tcp.set_nodelay(true);
-    let Some(tls) = &cfg.tls else {
-        return Ok(Box::new(tcp));
-    };
-    let stream = timeout(
-        HANDSHAKE_TIMEOUT,
-        tls.connector.connect(PeerTls::server_name(peer), tcp),
-    )
-    .await
-    .map_err(|_| "TLS handshake timed out".to_string())?
-    .map_err(|e| format!("TLS handshake: {e}"))?;
-    // rustls checked the chain and the name; check the id once more, strictly.
-    match peer_node_id(stream.get_ref().1) {
-        Some(id) if id == peer => Ok(Box::new(stream)),
-        other => Err(format!(
-            "peer at {addr} presented node {other:?}, expected {peer}"
-        )),
+/// Log a dial failure: once at warning level when it is new (an untrusted certificate at error
+/// level, with what to check), then at debug level while it repeats.
+fn log_dial_failure(
+    log: &Logger,
+    e: &DialError,
+    failing: &mut Option<DialError>,
+    backoff: Duration,
+) {
+    let backoff_ms = backoff.as_millis();
+    if failing.as_ref() == Some(e) {
+        debug!(log, "peer unreachable; dropping batch"; "error" => %e, "backoff_ms" => backoff_ms);
+        return;
     }
+    match e {
+        DialError::Unreachable(_) => {
+            warn!(log, "peer unreachable; dropping its messages until it answers"; "error" => %e)
+        }
+        DialError::Untrusted(_) => {
+            error!(log, "peer refused: certificates do not match"; "error" => e.explain())
+        }
+    }
+    *failing = Some(e.clone());
+}
+
+async fn connect(peer: u64, cfg: &TransportConfig) -> Result<PeerStream, DialError> {
+    let addr = cfg
+        .addr_of(peer)
+        .ok_or_else(|| DialError::Unreachable("no address".into()))?;
+    dial(peer, &addr, cfg.tls.as_ref()).await
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! cluster started by hand; `kv cluster` writes a throwaway set into its data dir.
 //!
 //! Files in the certificate dir: `ca.pem`, `ca.key`, `node-<id>.pem`, `node-<id>.key`, and
-//! `http.pem`, `http.key` with `--http-san`. Keys are written with mode 0600. An existing CA is
+//! `http.pem`, `http.key` with `--http-san` (another name with `--http-name`). Keys are written with mode 0600. An existing CA is
 //! reused (to add nodes); existing node files are kept.
 
 use std::io::Write as _;
@@ -121,8 +121,9 @@ pub fn node_files(dir: &Path, id: u64) -> (PathBuf, PathBuf) {
     )
 }
 
-/// Make (or reuse) the CA in `dir` and certificates for `ids` (and HTTPS for `http_sans`).
-pub fn make(dir: &Path, ids: &[u64], http_sans: &[String]) -> Result<(), String> {
+/// Make (or reuse) the CA in `dir` and certificates for `ids`, and for `http_sans` an HTTPS
+/// certificate in `<http_name>.pem` and `<http_name>.key`.
+pub fn make(dir: &Path, ids: &[u64], http_sans: &[String], http_name: &str) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let ca = if dir.join("ca.key").exists() {
         Ca::load(dir)?
@@ -143,8 +144,8 @@ pub fn make(dir: &Path, ids: &[u64], http_sans: &[String]) -> Result<(), String>
     }
     if !http_sans.is_empty() {
         let pem = ca.server_cert(http_sans).map_err(|e| e.to_string())?;
-        write_file(&dir.join("http.key"), &pem.key_pem, true)?;
-        write_file(&dir.join("http.pem"), &pem.cert_pem, false)?;
+        write_file(&dir.join(format!("{http_name}.key")), &pem.key_pem, true)?;
+        write_file(&dir.join(format!("{http_name}.pem")), &pem.cert_pem, false)?;
     }
     Ok(())
 }

@@ -200,6 +200,15 @@ impl Cluster {
         self.nodes[id as usize - 1] = Some(child);
     }
 
+    /// Every node started from now on serves HTTPS with the cluster CA's certificate.
+    pub fn serve_https(&mut self) {
+        let tls = self.tls();
+        for (flag, file) in [("--http-cert", "http.pem"), ("--http-key", "http.key")] {
+            self.args.push(flag.into());
+            self.args.push(tls.join(file).display().to_string());
+        }
+    }
+
     pub fn tls(&self) -> PathBuf {
         self.data.join("tls")
     }

@@ -5,7 +5,8 @@
 //! it while the others keep serving, and `restart N` brings it back; `stop N` stops that node only
 //! and says which still run; `status` shows each node's pid, role, leader and term; a second
 //! console on the same dir is refused before its banner, and one on the same ports shows the real
-//! error with a hint (and `--temp` removes its dir); ports that would overflow are refused.
+//! error with a hint (and `--temp` removes its dir); ports that would overflow are refused, and so,
+//! before the banner, is what a node would refuse at start.
 
 use std::io::Write;
 use std::path::Path;
@@ -403,6 +404,32 @@ fn kv_cluster_keeps_its_data_reports_a_dead_node_restarts_it_and_explains_a_port
         out.status.code() == Some(2) && err.contains("holds a cluster of 3 nodes"),
         "{err}"
     );
+    // What a node would refuse at start is refused before the banner, and no node starts: a
+    // number of groups the dirs were not made with, a `G` out of bounds.
+    for (flags, says) in [
+        (&["--groups", "4"][..], "holds 1 raft groups, not 4"),
+        (&["--follower-leases-ms", "5"][..], "--follower-leases-ms 5"),
+    ] {
+        let out = Command::new(exe())
+            .args(["cluster", "--data-dir", &dir_s])
+            .args(flags)
+            .output()
+            .unwrap();
+        let (text, err) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {text}{err}");
+        assert!(
+            err.contains(says) && err.contains("node 1"),
+            "{flags:?}: {err}"
+        );
+        assert!(
+            !text.contains("curl"),
+            "{flags:?}: a banner was printed: {text}"
+        );
+        assert!(status(node1).is_none(), "{flags:?}: a node started");
+    }
 }
 
 /// Type `status`; the lines it prints (one per node).

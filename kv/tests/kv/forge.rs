@@ -173,3 +173,30 @@ pub fn ack_contexts() -> Vec<Vec<u8>> {
         vec![0xff; 64 << 10],
     ]
 }
+
+/// One HTTPS request to 127.0.0.1:`port` with the admin token, trusting the cluster CA;
+/// (status, body as text).
+pub fn https_admin(
+    c: &Cluster,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Option<(u16, String)> {
+    let config = client_config(&c.tls().join("ca.pem"), None);
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).ok()?;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut s = rustls::StreamOwned::new(conn, tcp);
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        body.len(),
+        crate::cluster::TOKEN
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    s.write_all(body).ok()?;
+    crate::cluster::read_response(&mut s)
+        .map(|(code, b)| (code, String::from_utf8_lossy(&b).into_owned()))
+}

@@ -303,3 +303,73 @@ fn a_joiner_removed_as_soon_as_it_is_a_voter_does_not_add_itself_back() {
     );
     wait_conf(&c, 1, &[1, 2, 3], &[]);
 }
+
+/// Wait until node `via` (over HTTPS) lists exactly these voters, not joint.
+fn wait_voters_https(c: &Cluster, via: u64, voters: &[u64]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let m = crate::forge::https_admin(c, c.port(via), "GET", "/members", b"")
+            .filter(|(code, _)| *code == 200)
+            .map(|(_, b)| json(&b));
+        if m.as_ref()
+            .is_some_and(|m| m["voters"] == json!(voters) && m["joint"] == false)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "voters never became {voters:?}: {m:?}\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A cluster that serves HTTPS: a node joins with `--join` (no scheme: it serves HTTPS itself,
+/// so it asks over HTTPS, trusting --peer-ca); a node whose peer certificate another CA signed
+/// is refused (409 `peer_untrusted`, said in its log at warning level) and never added.
+#[test]
+fn a_node_joins_a_cluster_that_serves_https_and_one_of_another_ca_is_refused() {
+    let mut c = Cluster::prepare(1, &[]);
+    c.serve_https();
+    c.spawn(1);
+    wait_voters_https(&c, 1, &[1]);
+    c.add_slot(2);
+    c.add_slot(3);
+    let tls = c.tls();
+    // Node 3's peer certificate comes from a CA of its own; it trusts the cluster CA.
+    let other = c.data.join("other-ca");
+    crate::cluster::make_certs(&other, &[3]);
+    for f in ["node-3.pem", "node-3.key"] {
+        std::fs::copy(other.join(f), tls.join(f)).unwrap();
+    }
+    c.spawn_join(3, 1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        let log = std::fs::read_to_string(c.log_path(3)).unwrap_or_default();
+        if let Some(line) = log.lines().find(|l| l.contains("peer_untrusted")) {
+            break line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 3 was never refused\n{}",
+            c.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        refused.contains("WARN") && refused.contains("cluster CA"),
+        "{refused}"
+    );
+    // Node 2, with a certificate of the cluster CA, joins over HTTPS and becomes a voter.
+    c.spawn_join(2, 1);
+    wait_voters_https(&c, 1, &[1, 2]);
+    let members = crate::forge::https_admin(&c, c.port(1), "GET", "/members", b"")
+        .unwrap()
+        .1;
+    assert_eq!(
+        json(&members)["learners"],
+        json!([]),
+        "node 3 was added: {members}"
+    );
+}

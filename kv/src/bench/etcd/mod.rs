@@ -116,6 +116,8 @@ fn store_plan(args: &VsEtcd, dir: &Path) -> Result<(Plan, Layout), (i32, String)
         data_dir: dir.to_path_buf(),
         temp: false,
         base_port: Some(args.base_port),
+        http_base_port: None,
+        etcd_base_port: None,
         groups: None,
         peer_delay_ms: 0,
         fault_injection: false,
@@ -124,10 +126,7 @@ fn store_plan(args: &VsEtcd, dir: &Path) -> Result<(Plan, Layout), (i32, String)
         insecure_peers: false,
         node_args: args.node_args.clone(),
     };
-    let layout = Layout {
-        nodes: 3,
-        base_port: args.base_port,
-    };
+    let layout = Layout::new(3, args.base_port);
     let plan = layout
         .check()
         .and_then(|_| Plan::new(&cluster, dir, layout))

@@ -16,10 +16,16 @@ pub struct ClusterArgs {
     /// A throwaway data directory instead, removed on exit.
     #[arg(long, conflicts_with = "data_dir")]
     pub temp: bool,
-    /// Peer ports are BASE+1..BASE+N; HTTP ports are BASE+1001..BASE+1000+N (default 7000, or
-    /// what the data dir holds).
+    /// Peer ports are BASE+1..BASE+N; HTTP ports are BASE+1001..BASE+1000+N and etcd API ports
+    /// BASE+2001..BASE+2000+N unless set apart below (default 7000, or what the data dir holds).
     #[arg(long)]
     pub base_port: Option<u16>,
+    /// HTTP ports are HTTP_BASE+1..HTTP_BASE+N (default: --base-port + 1000).
+    #[arg(long)]
+    pub http_base_port: Option<u16>,
+    /// etcd API ports are ETCD_BASE+1..ETCD_BASE+N (default: --base-port + 2000).
+    #[arg(long)]
+    pub etcd_base_port: Option<u16>,
     /// Passed to every node: raft groups per node, keys spread over them (default 1; a data
     /// dir keeps the number it was made with).
     #[arg(long)]

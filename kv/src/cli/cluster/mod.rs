@@ -53,7 +53,13 @@ pub fn run(args: ClusterArgs) -> i32 {
             return 3;
         }
     };
-    let prepared = layout(&args, &dir).and_then(|l| Plan::new(&args, &dir, l));
+    let prepared = layout(&args, &dir)
+        .and_then(|l| Plan::new(&args, &dir, l))
+        .and_then(|p| {
+            (1..=p.layout.nodes)
+                .try_for_each(|id| p.preflight(id))
+                .map(|()| p)
+        });
     let plan = match prepared {
         Ok(p) => p,
         Err(e) => {

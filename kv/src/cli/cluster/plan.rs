@@ -12,7 +12,7 @@ use crate::cli::cluster::args::ClusterArgs;
 use crate::cli::cluster::layout::Layout;
 
 /// The cluster id in `dir/cluster-id`, made up the first time.
-fn cluster_id(dir: &Path) -> Result<String, String> {
+pub fn cluster_id(dir: &Path) -> Result<String, String> {
     let path = dir.join("cluster-id");
     if let Ok(id) = std::fs::read_to_string(&path) {
         return Ok(id.trim().to_string());
@@ -105,7 +105,7 @@ impl Plan {
         let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
         if !args.insecure_peers {
             let ids: Vec<u64> = (1..=layout.nodes).collect();
-            crate::tls::certs::make(&dir.join("tls"), &ids, &[])?;
+            crate::tls::certs::make(&dir.join("tls"), &ids, &[], "http")?;
         }
         let mut common = vec!["--cluster-id".to_string(), cluster_id(dir)?];
         common.push("--admin-token-file".into());
@@ -187,6 +187,22 @@ impl Plan {
         }
         a.extend(self.common.iter().cloned());
         a
+    }
+
+    /// Refuse, before any node starts, what node `id` would refuse at start: its flags, its
+    /// settings (a `--follower-leases-ms` out of bounds), its TLS files, a data dir of another
+    /// number of groups.
+    pub fn preflight(&self, id: u64) -> Result<(), String> {
+        #[derive(clap::Parser)]
+        struct NodeCommand {
+            #[command(flatten)]
+            args: crate::cli::args::NodeArgs,
+        }
+        let argv =
+            std::iter::once("kv node".to_string()).chain(self.node_args(id).into_iter().skip(1));
+        let parsed = <NodeCommand as clap::Parser>::try_parse_from(argv)
+            .map_err(|e| format!("node {id}: {}", e.render().to_string().trim_end()))?;
+        crate::cli::node::preflight(&parsed.args).map_err(|e| format!("node {id}: {e}"))
     }
 
     /// The command line that starts node `id`, to paste in a shell.
