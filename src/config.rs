@@ -43,6 +43,11 @@ pub struct TestingKnobs {
     pub lift_fence_after_timeout_now: bool,
     /// A ReadIndex context whose round is gone gets a new round with a later `t0`.
     pub remap_retired_ctx: bool,
+    /// A ReadIndex round retried because it went unanswered keeps the first attempt's context,
+    /// with the reads started since (etcd-io/etcd#21399). raft-rs ignores a context that is
+    /// already pending, so acknowledgements of the first attempt's heartbeats answer reads that
+    /// started later, with the read index of the first attempt.
+    pub reuse_read_ctx_on_retry: bool,
     /// A leader renews from its own clock whenever the configuration has one voter, itself or not.
     pub renew_any_singleton: bool,
     /// raft-rs 0.7's own handling of a leader's removal: the leader may propose it, and keeps
@@ -138,6 +143,7 @@ impl TestingKnobs {
                 "lift_fence_after_timeout_now",
             ),
             (self.remap_retired_ctx, "remap_retired_ctx"),
+            (self.reuse_read_ctx_on_retry, "reuse_read_ctx_on_retry"),
             (self.renew_any_singleton, "renew_any_singleton"),
             (self.keep_removed_leader, "keep_removed_leader"),
             (self.no_campaign_jitter, "no_campaign_jitter"),

@@ -136,9 +136,22 @@ pub(crate) struct ReadQueue {
     ready: VecDeque<(ReadId, u64)>,
     /// Reads that failed, to hand back.
     failed: Vec<(ReadId, ReadError)>,
+    /// Negative control (tests only): a retried round keeps its first attempt's context.
+    reuse_ctx_on_retry: bool,
+    /// Under that control, the context the next round re-issues.
+    retry_ctx: Option<Vec<u8>>,
 }
 
 impl ReadQueue {
+    /// A queue. `reuse_ctx_on_retry` reinstates the same-context retry bug, for negative
+    /// controls only.
+    pub fn new(reuse_ctx_on_retry: bool) -> Self {
+        ReadQueue {
+            reuse_ctx_on_retry,
+            ..ReadQueue::default()
+        }
+    }
+
     fn next_id(&mut self) -> ReadId {
         self.next_id += 1;
         ReadId(self.next_id)
@@ -170,8 +183,10 @@ impl ReadQueue {
         if self.inflight.len() >= MAX_ROUNDS_IN_FLIGHT || self.waiting.is_empty() {
             return None;
         }
-        self.next_ctx += 1;
-        let ctx = LayerCtx::Read(self.next_ctx).encode();
+        let ctx = self.retry_ctx.take().unwrap_or_else(|| {
+            self.next_ctx += 1;
+            LayerCtx::Read(self.next_ctx).encode()
+        });
         let ids = std::mem::take(&mut self.waiting);
         self.inflight.push_back(IndexBatch {
             ctx: ctx.clone(),
@@ -195,12 +210,17 @@ impl ReadQueue {
     }
 
     /// One tick passed. When a round has waited `retry_after_ticks`, every round in flight
-    /// goes back to wait for a new one (raft-rs may have dropped it). Returns whether it did.
+    /// goes back to wait for a new one, with a new context (raft-rs may have dropped it, and
+    /// it ignores a context still pending). Returns whether it did.
     pub fn tick(&mut self, retry_after_ticks: u64) -> bool {
         let mut overdue = false;
         for batch in self.inflight.iter_mut() {
             batch.ticks_waited += 1;
             overdue |= batch.ticks_waited >= retry_after_ticks;
+        }
+        if overdue && self.reuse_ctx_on_retry {
+            // The negative control: the oldest round's context goes out again.
+            self.retry_ctx = self.inflight.front().map(|b| b.ctx.clone());
         }
         if overdue {
             self.requeue_inflight();
@@ -257,6 +277,7 @@ impl ReadQueue {
     /// Fail every pending read with `err` (the node stopped leading).
     pub fn fail_all(&mut self, err: &ReadError) {
         self.requeue_inflight();
+        self.retry_ctx = None;
         let ids = self
             .lease
             .drain(..)
@@ -351,6 +372,22 @@ mod tests {
         assert!(q.round_answered(&second, 4));
         let served = q.serve(4, ReadKind::Index, || true, |_| ());
         assert_eq!(served.reads[0].id, a);
+    }
+
+    #[test]
+    fn control_a_retried_round_keeps_its_context_and_takes_later_reads() {
+        let mut q = ReadQueue::new(true);
+        let a = q.start_index();
+        let first = q.next_round().unwrap();
+        let later = q.start_index();
+        let second = q.next_round().unwrap();
+        assert_ne!(first, second, "a new round, not a retry, has a context of its own");
+        assert!(q.tick(1));
+        assert_eq!(q.next_round(), Some(first.clone()), "the retry reuses it");
+        assert!(q.round_answered(&first, 3), "the first attempt's answer");
+        let served = q.serve(3, ReadKind::Index, || true, |_| ());
+        let ids: Vec<ReadId> = served.reads.iter().map(|r| r.id).collect();
+        assert_eq!(ids, vec![a, later], "a read started after it is answered too");
     }
 
     #[test]

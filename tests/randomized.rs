@@ -278,6 +278,14 @@ fn control_resent_context_credited_later_is_caught() {
 }
 
 #[test]
+fn control_read_ctx_reused_on_retry_is_caught() {
+    assert_caught(
+        "a retried read round under its first context",
+        Control::Safeties(knob(|k| k.reuse_read_ctx_on_retry = true)),
+    );
+}
+
+#[test]
 fn control_removed_leader_self_renewal_is_caught() {
     let control = knob(|k| {
         k.keep_removed_leader = true;

@@ -89,7 +89,7 @@ fn assert_caught(runs: &[(u64, CheckReport)]) -> usize {
 #[test]
 fn every_scenario_has_a_negative_control() {
     let all = scenarios::all();
-    assert_eq!(all.len(), 13);
+    assert_eq!(all.len(), 14);
     for s in &all {
         assert!(
             !matches!(s.control, scenarios::Control::Safeties(c) if c.all_on()),
@@ -236,6 +236,21 @@ fn control_a_retired_context_remapped_to_a_new_round_outlives_the_promise() {
         "re-sent read context after a ticker stall",
         false,
     ));
+}
+
+#[test]
+fn a_retried_read_round_is_never_answered_by_its_first_attempt() {
+    assert_safe_with_lease_reads(&run_seeds("read round retried under its first context", true));
+}
+
+#[test]
+fn control_a_read_round_retried_under_its_first_context_serves_stale_reads() {
+    let runs = run_seeds("read round retried under its first context", false);
+    assert_caught(&runs);
+    assert!(
+        runs.iter().any(|(_, r)| r.stale_reads() > 0),
+        "the first attempt's acknowledgement answered no read started later"
+    );
 }
 
 #[test]

@@ -319,7 +319,7 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             election_ticks: (rc.min_election_tick(), rc.max_election_tick()),
             promise,
             rounds: RoundTracker::new(safeties.testing.remap_retired_ctx),
-            reads: ReadQueue::default(),
+            reads: ReadQueue::new(safeties.testing.reuse_read_ctx_on_retry),
             shared: Arc::new(Shared::new(slot)),
             logger,
             seen,

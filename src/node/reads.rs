@@ -125,7 +125,10 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
-    /// A round that got no answer within two heartbeat intervals is re-sent with a new context.
+    /// A round that got no answer within two heartbeat intervals is re-sent with a new context:
+    /// raft-rs ignores a context still pending, so under the old one the first attempt's
+    /// acknowledgements would answer the reads started since (the `reuse_read_ctx_on_retry`
+    /// control).
     pub(super) fn retry_dropped_round(&mut self) {
         if self.reads.tick(2 * self.heartbeat_tick.max(1)) {
             debug!(self.logger, "read_index round unanswered; retrying"; "reads" => self.reads.len());

@@ -183,6 +183,12 @@ pub fn all() -> Vec<Scenario> {
         )
         .configured(long_check_quorum),
         Scenario::new(
+            "read round retried under its first context",
+            "a held ack of the first attempt answers reads started later (etcd-io/etcd#21399)",
+            Control::Safeties(knob(|k| k.reuse_read_ctx_on_retry = true)),
+            held_ack_answers_a_retried_read_round,
+        ),
+        Scenario::new(
             "followers with a shorter promise",
             "a leader counts its own P on followers that promised less (a rolling change)",
             Control::Safeties(knob(|k| k.count_own_promise = true)),
@@ -425,6 +431,39 @@ pub fn stalled_leader_resends_a_retired_read_context(sim: &mut SimCluster) {
     sim.run_with_load(290, &Load::default());
     sim.stall_ticks(leader, false); // the burst re-sends the pending context
     sim.run_with_load(400, &Load::default());
+    sim.heal();
+    sim.net_mut().clear_delays();
+    sim.run_with_load(300, &Load::default());
+}
+
+/// The leader's ReadIndex round goes out while one follower's heartbeat responses are held up
+/// (350 ms) and the other follower is cut off; then the leader's messages stop reaching anyone.
+/// The followers elect a new leader, which writes. The old leader still leads (the held
+/// responses keep its check-quorum content) and keeps retrying its unanswered round, and reads
+/// started there after the write join the retry. Under a new context nothing answers them until
+/// the old leader steps down. Under the first attempt's context (raft-rs ignores a context still
+/// pending), the held response to its first copy answers them at the old read index: stale.
+pub fn held_ack_answers_a_retried_read_round(sim: &mut SimCluster) {
+    let leader = elect(sim);
+    sim.run_with_load(300, &Load::default());
+    let rest = others(sim, leader);
+    let (f1, f2) = (rest[0], rest[1]);
+    sim.partition(&[leader], &[f2]);
+    sim.net_mut().delay(DelayRule {
+        from: Some(f1),
+        to: Some(leader),
+        msg_type: Some(MessageType::MsgHeartbeatResponse),
+        extra_ns: 350_000_000,
+    });
+    sim.run_with_load(100, &Load::default()); // no lease now: its acknowledgements come late
+    sim.get(leader, b"k0", ReadMode::ReadIndex);
+    sim.run_for_ms(3); // the round's first copy reaches f1, which answers (late)
+    sim.block(leader, f1);
+    let index_reads = Load {
+        read_mode: ReadMode::ReadIndex,
+        ..Load::default()
+    };
+    sim.run_with_load(450, &index_reads);
     sim.heal();
     sim.net_mut().clear_delays();
     sim.run_with_load(300, &Load::default());

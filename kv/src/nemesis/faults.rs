@@ -10,6 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::netns::{Block, Hosts, NetnsError};
 use super::procs::{call, Procs, MAX_IDS};
 use super::schedule::{Fault, Who};
 
@@ -126,8 +127,23 @@ impl Nemesis {
         self.http(id, "POST", path, &body)
     }
 
-    /// Cut `a` from `b` both ways, or with `dir` on `a` only (`out`: a's messages to b).
+    /// Cut `a` from `b` both ways, or with `dir` on `a` only (`out`: a's messages to b): in the
+    /// transport (`/admin/partition`), or with `--netns` by the kernel (packets dropped).
     fn cut(&self, a: &[u64], b: &[u64], dir: Option<&str>) {
+        if self.kernel(|h| {
+            for &x in a {
+                for &y in b {
+                    match dir {
+                        None => h.block(x, y, Block::Drop, false)?,
+                        Some("out") => h.block(x, y, Block::Drop, true)?,
+                        Some(_) => h.block(y, x, Block::Drop, true)?,
+                    }
+                }
+            }
+            Ok(())
+        }) {
+            return;
+        }
         for &x in a {
             let d = dir.unwrap_or("both");
             self.admin(x, "/admin/partition", json!({"peers": b, "direction": d}));
@@ -140,9 +156,25 @@ impl Nemesis {
     }
 
     fn heal(&self, ids: &[u64]) {
+        if self.kernel(|h| ids.iter().try_for_each(|&id| h.heal(id))) {
+            return;
+        }
         for &id in ids {
             self.admin(id, "/admin/heal", Value::Null);
         }
+    }
+
+    /// With `--netns`, change the kernel's rules with `f` and say so (`true`); a rule that
+    /// cannot be set is printed (the fault is then weaker than drawn, never unsafe).
+    fn kernel(&self, f: impl FnOnce(&mut Hosts) -> Result<(), NetnsError>) -> bool {
+        let mut procs = self.procs.lock();
+        let Some(h) = procs.hosts.as_mut() else {
+            return false;
+        };
+        if let Err(e) = f(h) {
+            eprintln!("nemesis: a packet-filter rule failed: {e}");
+        }
+        true
     }
 
     fn signal(&self, id: u64, sig: libc::c_int) {
@@ -287,6 +319,30 @@ impl Nemesis {
                     self.admin(id, "/admin/delay", json!({"ms": 0, "direction": "in"}));
                     sleep_ms(200);
                 }
+                (vec![id], done)
+            }
+            Fault::RejectLeader { ms } => {
+                self.kernel(|h| {
+                    others
+                        .iter()
+                        .try_for_each(|&o| h.block(l, o, Block::Reject, false))
+                });
+                sleep_ms(ms);
+                self.heal(&self.members());
+                (vec![l], done)
+            }
+            Fault::PairCut { who, ms } => {
+                let f = self.resolve(who, l);
+                self.cut(&[l], &[f], None);
+                sleep_ms(ms);
+                self.heal(&[l, f]);
+                (vec![l, f], done)
+            }
+            Fault::Loss { who, ms, percent } => {
+                let id = self.resolve(who, l);
+                self.kernel(|h| h.loss(id, percent));
+                sleep_ms(ms);
+                self.heal(&[id]);
                 (vec![id], done)
             }
             Fault::RemoveAddBack { who } => self.remove_add_back(self.resolve(who, l), l),
@@ -511,6 +567,7 @@ impl Nemesis {
                 let _ = p.spawn(id, None);
             }
         }
+        self.kernel(|h| (1..=MAX_IDS).try_for_each(|id| h.heal(id)));
         for id in self.members() {
             self.admin(id, "/admin/heal", Value::Null);
             self.admin(id, "/admin/clock", json!({"rate": 1.0}));

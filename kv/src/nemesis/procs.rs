@@ -14,6 +14,7 @@ use crate::cli::cluster::args::ClusterArgs;
 use crate::cli::cluster::layout::Layout;
 use crate::cli::cluster::plan::Plan;
 use crate::http::client::{split_url, Answer, Client};
+use crate::nemesis::netns::Hosts;
 
 /// Ids a run may use: founders first, then ids that join.
 pub const MAX_IDS: u64 = 9;
@@ -42,6 +43,8 @@ pub struct ClusterFlags {
 
 /// The running nodes.
 pub struct Procs {
+    /// With `--netns`: each node on a test host of its own (dropped after the nodes stop).
+    pub hosts: Option<Hosts>,
     plan: Plan,
     founders: Vec<u64>,
     children: BTreeMap<u64, Child>,
@@ -77,8 +80,15 @@ fn reserve_base(seed: u64) -> Result<(u16, Vec<File>), String> {
 }
 
 impl Procs {
-    /// Set up `dir` and start founders `1..=nodes`; `flags` go to every node.
-    pub fn start(dir: &Path, nodes: u64, seed: u64, flags: ClusterFlags) -> Result<Procs, String> {
+    /// Set up `dir` and start founders `1..=nodes`, on `hosts` if given; `flags` go to every
+    /// node.
+    pub fn start(
+        dir: &Path,
+        nodes: u64,
+        seed: u64,
+        flags: ClusterFlags,
+        hosts: Option<Hosts>,
+    ) -> Result<Procs, String> {
         let (base_port, ports) = reserve_base(seed)?;
         let layout = Layout::new(MAX_IDS, base_port);
         let args = ClusterArgs {
@@ -96,9 +106,13 @@ impl Procs {
             insecure_peers: false,
             node_args: flags.node_args,
         };
-        let plan = Plan::new(&args, dir, layout)?;
+        let mut plan = Plan::new(&args, dir, layout)?;
+        if let Some(h) = &hosts {
+            plan.hosts = (1..=MAX_IDS).map(|id| (id, h.addr(id))).collect();
+        }
         let token = std::fs::read_to_string(dir.join("admin.token")).map_err(|e| e.to_string())?;
         let mut p = Procs {
+            hosts,
             plan,
             founders: (1..=nodes).collect(),
             children: BTreeMap::new(),
@@ -113,17 +127,17 @@ impl Procs {
 
     /// Node `id`'s HTTP address.
     pub fn http(&self, id: u64) -> String {
-        format!("127.0.0.1:{}", self.plan.layout.http_port(id))
+        format!("{}:{}", self.plan.host(id), self.plan.layout.http_port(id))
     }
 
     /// Node `id`'s etcd API address.
     pub fn etcd(&self, id: u64) -> String {
-        format!("127.0.0.1:{}", self.plan.layout.etcd_port(id))
+        format!("{}:{}", self.plan.host(id), self.plan.layout.etcd_port(id))
     }
 
     /// Node `id`'s peer address.
     pub fn peer(&self, id: u64) -> String {
-        format!("127.0.0.1:{}", self.plan.layout.peer_port(id))
+        format!("{}:{}", self.plan.host(id), self.plan.layout.peer_port(id))
     }
 
     /// Start node `id` from its data dir, or, with `join`, as a new member through that node.
@@ -141,7 +155,7 @@ impl Procs {
             ids.sort_unstable();
             ids.dedup();
             ids.iter()
-                .map(|&i| format!("{i}=127.0.0.1:{}", port(i)))
+                .map(|&i| format!("{i}={}:{}", self.plan.host(i), port(i)))
                 .collect::<Vec<_>>()
                 .join(",")
         };
@@ -167,7 +181,11 @@ impl Procs {
             .append(true)
             .open(self.plan.log_path(id))
             .map_err(|e| e.to_string())?;
-        let child = std::process::Command::new(&self.plan.exe)
+        let mut cmd = match &self.hosts {
+            Some(h) => h.command(id, &self.plan.exe),
+            None => std::process::Command::new(&self.plan.exe),
+        };
+        let child = cmd
             .args(args)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -218,6 +236,7 @@ impl Procs {
         crate::cli::cluster::plan::shutdown(
             std::mem::take(&mut self.children).into_values().collect(),
         );
+        drop(self.hosts.take()); // the namespaces go once no node runs in them
     }
 
     /// The admin bearer token's header value.

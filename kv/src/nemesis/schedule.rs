@@ -56,6 +56,15 @@ pub enum Fault {
     /// holds it while the leader's next writes reach it late. Drawn only with follower read
     /// leases.
     SlowFollower { ms: u64, delay_ms: u64 },
+    /// The leader rejected by every other node for `ms`: its TCP packets to and from them are
+    /// answered with a reset (a firewall that rejects). Drawn only with `--netns`.
+    RejectLeader { ms: u64 },
+    /// The leader and one follower cut from each other only (dropped both ways), every other
+    /// link up, for `ms`. Drawn only with `--netns`.
+    PairCut { who: Who, ms: u64 },
+    /// `percent` of the packets between one node and its peers dropped at random, for `ms`.
+    /// Drawn only with `--netns`.
+    Loss { who: Who, ms: u64, percent: u32 },
 }
 
 impl Fault {
@@ -75,6 +84,9 @@ impl Fault {
             Fault::Lagging { .. } => "lagging_snapshot",
             Fault::StallDisk { .. } => "stall_disk",
             Fault::SlowFollower { .. } => "slow_follower",
+            Fault::RejectLeader { .. } => "reject_leader",
+            Fault::PairCut { .. } => "pair_cut",
+            Fault::Loss { .. } => "loss",
         }
     }
 
@@ -118,6 +130,8 @@ pub struct Params {
     pub membership: bool,
     /// Whether slow followers are drawn (with follower read leases).
     pub slow_follower: bool,
+    /// Whether the faults only the kernel's packet filter makes are drawn (with `--netns`).
+    pub kernel_faults: bool,
 }
 
 fn draw(kind: usize, rng: &mut ChaCha8Rng, p: &Params) -> Fault {
@@ -178,15 +192,29 @@ fn draw(kind: usize, rng: &mut ChaCha8Rng, p: &Params) -> Fault {
             behind_ms: rng.gen_range(e * 2..=e * 4),
             restarts: rng.gen_range(1..=3),
         },
-        _ => Fault::SlowFollower {
+        12 => Fault::SlowFollower {
             ms: hold(rng) * 2,
             delay_ms: rng.gen_range(e / 20..=e / 10),
+        },
+        13 => Fault::RejectLeader { ms: hold(rng) },
+        14 => Fault::PairCut {
+            who: Who::Follower(rng.gen_range(0..8)),
+            ms: hold(rng),
+        },
+        _ => Fault::Loss {
+            who: who(rng),
+            ms: hold(rng) * 2,
+            percent: rng.gen_range(2..=10),
         },
     }
 }
 
 /// How many kinds there are.
-pub const KINDS: usize = 13;
+pub const KINDS: usize = 16;
+
+/// The kinds only the kernel's packet filter makes (drawn only with `Params::kernel_faults`, so
+/// that other runs keep their schedules).
+const KERNEL: [usize; 3] = [13, 14, 15];
 
 /// The slow follower's kind (drawn only with `Params::slow_follower`, so that other runs keep
 /// their schedules).
@@ -217,6 +245,7 @@ pub fn schedule(seed: u64, count: usize, p: &Params) -> Vec<Step> {
     let allowed: Vec<usize> = (0..KINDS)
         .filter(|k| p.membership || !MEMBERSHIP.contains(k))
         .filter(|&k| p.slow_follower || k != SLOW_FOLLOWER)
+        .filter(|k| p.kernel_faults || !KERNEL.contains(k))
         .collect();
     let mut kinds = allowed.clone();
     kinds.shuffle(&mut rng);
@@ -253,25 +282,39 @@ mod tests {
             control_rate: None,
             membership: true,
             slow_follower: false,
+            kernel_faults: false,
         };
+        // Every kind but the slow follower and the kernel's.
+        let plain = KINDS - 1 - KERNEL.len();
         let a = schedule(7, 30, &p);
         assert_eq!(a, schedule(7, 30, &p));
         assert_ne!(a, schedule(8, 30, &p));
-        let mut kinds: Vec<&str> = a[..KINDS - 1].iter().map(|s| s.fault.kind()).collect();
+        let mut kinds: Vec<&str> = a[..plain].iter().map(|s| s.fault.kind()).collect();
         kinds.sort_unstable();
         kinds.dedup();
         assert_eq!(
             kinds.len(),
-            KINDS - 1,
-            "the first faults are one of each kind but the slow follower"
+            plain,
+            "the first faults are one of each kind but the slow follower and the kernel's"
         );
+        let kernel = ["reject_leader", "pair_cut", "loss"];
+        assert!(a.iter().all(|s| !kernel.contains(&s.fault.kind())));
+        let netns = Params {
+            kernel_faults: true,
+            ..p
+        };
+        let first: Vec<&str> = schedule(7, 30, &netns)[..plain + KERNEL.len()]
+            .iter()
+            .map(|s| s.fault.kind())
+            .collect();
+        assert!(kernel.iter().all(|k| first.contains(k)), "{first:?}");
         assert!(a.iter().all(|s| s.fault.kind() != "slow_follower"));
         let slow = Params {
             slow_follower: true,
             membership: false,
             ..p
         };
-        let first: Vec<&str> = schedule(7, 30, &slow)[..KINDS - 2]
+        let first: Vec<&str> = schedule(7, 30, &slow)[..plain - 1]
             .iter()
             .map(|s| s.fault.kind())
             .collect();

@@ -94,14 +94,6 @@ impl Layout {
         }
         Ok(())
     }
-
-    /// `1=127.0.0.1:PORT,...`, the port of each node from `port`.
-    pub fn list(&self, port: impl Fn(u64) -> u16) -> String {
-        (1..=self.nodes)
-            .map(|i| format!("{i}=127.0.0.1:{}", port(i)))
-            .collect::<Vec<_>>()
-            .join(",")
-    }
 }
 
 /// The layout recorded in `dir`, or the one the options ask for (recorded now).

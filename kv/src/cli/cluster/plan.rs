@@ -1,6 +1,7 @@
 //! How to start each node of a cluster in a dir ([`Plan`]): the dir's certificates, cluster id
 //! and admin token, each node's command line, and starting and stopping the node processes.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,8 @@ pub struct Plan {
     pub https_ca: Option<PathBuf>,
     /// Whether the nodes serve etcd's API (one group only: it needs one revision space).
     pub etcd: bool,
+    /// Each node's address where it is not 127.0.0.1 (a test host of its own).
+    pub hosts: BTreeMap<u64, String>,
 }
 
 /// The groups the nodes are asked to host: `--groups`, or the same flag among the node flags
@@ -137,6 +140,7 @@ impl Plan {
             insecure: args.insecure_peers,
             https_ca: https_ca(&args.node_args, dir),
             etcd: groups_asked(args) == 1,
+            hosts: BTreeMap::new(),
         })
     }
 
@@ -148,6 +152,19 @@ impl Plan {
         }
     }
 
+    /// Node `id`'s address (127.0.0.1 unless it has a host of its own).
+    pub fn host(&self, id: u64) -> &str {
+        self.hosts.get(&id).map_or("127.0.0.1", String::as_str)
+    }
+
+    /// `1=HOST:PORT,...` for every node of the layout, the port of each from `port`.
+    pub fn list(&self, port: impl Fn(u64) -> u16) -> String {
+        (1..=self.layout.nodes)
+            .map(|i| format!("{i}={}:{}", self.host(i), port(i)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// Node `id`'s arguments.
     pub fn node_args(&self, id: u64) -> Vec<String> {
         let l = self.layout;
@@ -157,20 +174,20 @@ impl Plan {
             "--id".into(),
             id.to_string(),
             "--peers".into(),
-            l.list(|i| l.peer_port(i)),
+            self.list(|i| l.peer_port(i)),
             "--peer-http".into(),
-            l.list(|i| l.http_port(i)),
+            self.list(|i| l.http_port(i)),
             "--http".into(),
-            format!("127.0.0.1:{}", l.http_port(id)),
+            format!("{}:{}", self.host(id), l.http_port(id)),
             "--data-dir".into(),
             node_dir.display().to_string(),
         ];
         if self.etcd {
             a.extend([
                 "--etcd-listen".into(),
-                format!("127.0.0.1:{}", l.etcd_port(id)),
+                format!("{}:{}", self.host(id), l.etcd_port(id)),
                 "--peer-etcd".into(),
-                l.list(|i| l.etcd_port(i)),
+                self.list(|i| l.etcd_port(i)),
             ]);
         }
         if !self.insecure {
