@@ -381,13 +381,20 @@ mod tests {
         let first = q.next_round().unwrap();
         let later = q.start_index();
         let second = q.next_round().unwrap();
-        assert_ne!(first, second, "a new round, not a retry, has a context of its own");
+        assert_ne!(
+            first, second,
+            "a new round, not a retry, has a context of its own"
+        );
         assert!(q.tick(1));
         assert_eq!(q.next_round(), Some(first.clone()), "the retry reuses it");
         assert!(q.round_answered(&first, 3), "the first attempt's answer");
         let served = q.serve(3, ReadKind::Index, || true, |_| ());
         let ids: Vec<ReadId> = served.reads.iter().map(|r| r.id).collect();
-        assert_eq!(ids, vec![a, later], "a read started after it is answered too");
+        assert_eq!(
+            ids,
+            vec![a, later],
+            "a read started after it is answered too"
+        );
     }
 
     #[test]

@@ -240,7 +240,10 @@ fn control_a_retired_context_remapped_to_a_new_round_outlives_the_promise() {
 
 #[test]
 fn a_retried_read_round_is_never_answered_by_its_first_attempt() {
-    assert_safe_with_lease_reads(&run_seeds("read round retried under its first context", true));
+    assert_safe_with_lease_reads(&run_seeds(
+        "read round retried under its first context",
+        true,
+    ));
 }
 
 #[test]

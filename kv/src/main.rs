@@ -58,6 +58,9 @@ enum Cmd {
     Cluster(cli::cluster::args::ClusterArgs),
     /// Make a cluster CA and node certificates for a cluster started by hand.
     Certs(cli::certs::CertsArgs),
+    /// Test hosts on this machine (network namespaces with addresses of their own), to rehearse
+    /// a deployment: `kv hosts up`, `kv hosts down` (root; see docs/deploy.md).
+    Hosts(cli::hosts::HostsArgs),
     /// Start a local 3-node cluster and measure HTTP writes, lease reads and index reads.
     Bench(bench::load::BenchArgs),
     /// Randomized faults against a local cluster, every client operation checked (see
@@ -71,6 +74,7 @@ fn main() {
         Cmd::Node(args) => run_node(*args),
         Cmd::Cluster(args) => cli::cluster::run(args),
         Cmd::Certs(args) => cli::certs::run(args),
+        Cmd::Hosts(args) => cli::hosts::run(args),
         Cmd::Bench(args) => bench::load::run(args),
         Cmd::Nemesis(args) => nemesis::run(args),
     };

@@ -16,6 +16,8 @@ mod cluster;
 mod console;
 #[path = "kv/crash.rs"]
 mod crash;
+#[path = "kv/deploy.rs"]
+mod deploy;
 #[path = "kv/follower.rs"]
 mod follower;
 #[path = "kv/forge.rs"]

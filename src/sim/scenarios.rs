@@ -437,11 +437,12 @@ pub fn stalled_leader_resends_a_retired_read_context(sim: &mut SimCluster) {
 }
 
 /// The leader's ReadIndex round goes out while one follower's heartbeat responses are held up
-/// (350 ms) and the other follower is cut off; then the leader's messages stop reaching anyone.
-/// The followers elect a new leader, which writes. The old leader still leads (the held
-/// responses keep its check-quorum content) and keeps retrying its unanswered round, and reads
-/// started there after the write join the retry. Under a new context nothing answers them until
-/// the old leader steps down. Under the first attempt's context (raft-rs ignores a context still
+/// (350 ms) and the other follower is cut off; then the leader's messages stop reaching anyone,
+/// and everything that follower sends it is held up as long. The followers elect a new leader,
+/// which writes. The old leader hears of it only late, so it still leads (the held responses
+/// keep its check-quorum content) and keeps retrying its unanswered round, and reads started
+/// there after the write join the retry. Under a new context nothing answers them until the old
+/// leader steps down. Under the first attempt's context (raft-rs ignores a context still
 /// pending), the held response to its first copy answers them at the old read index: stale.
 pub fn held_ack_answers_a_retried_read_round(sim: &mut SimCluster) {
     let leader = elect(sim);
@@ -449,16 +450,20 @@ pub fn held_ack_answers_a_retried_read_round(sim: &mut SimCluster) {
     let rest = others(sim, leader);
     let (f1, f2) = (rest[0], rest[1]);
     sim.partition(&[leader], &[f2]);
-    sim.net_mut().delay(DelayRule {
+    let mut held = DelayRule {
         from: Some(f1),
         to: Some(leader),
         msg_type: Some(MessageType::MsgHeartbeatResponse),
         extra_ns: 350_000_000,
-    });
-    sim.run_with_load(100, &Load::default()); // no lease now: its acknowledgements come late
+    };
+    sim.net_mut().delay(held);
+    // Held responses now arrive steadily, each 350 ms late: no lease, but check-quorum content.
+    sim.run_with_load(400, &Load::default());
     sim.get(leader, b"k0", ReadMode::ReadIndex);
     sim.run_for_ms(3); // the round's first copy reaches f1, which answers (late)
     sim.block(leader, f1);
+    held.msg_type = None; // the new leader's messages too
+    sim.net_mut().delay(held);
     let index_reads = Load {
         read_mode: ReadMode::ReadIndex,
         ..Load::default()

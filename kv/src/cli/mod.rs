@@ -1,8 +1,10 @@
 //! The commands: `kv node` (its command line, the wiring of a node, joining a cluster), `kv
-//! cluster` (a local cluster and its console) and `kv certs`.
+//! cluster` (a local cluster and its console), `kv certs`, and `kv hosts` (test hosts in network
+//! namespaces).
 
 pub mod args;
 pub mod certs;
 pub mod cluster;
+pub mod hosts;
 pub mod join;
 pub mod node;

@@ -52,6 +52,8 @@ pub struct Hosts {
     prefix: String,
     ids: Vec<u64>,
     rules: BTreeMap<u64, Rules>,
+    /// Whether dropping this removes the hosts (the nemesis's own; `kv hosts` keeps them).
+    remove_on_drop: bool,
 }
 
 fn run(cmd: &mut Command) -> Result<(), NetnsError> {
@@ -73,6 +75,19 @@ impl Hosts {
     /// Namespaces for `ids` on a bridge, with the root namespace at `.254`; `Unavailable` if
     /// this machine cannot make them (the caller says so and exits with its own code).
     pub fn create(ids: &[u64]) -> Result<Hosts, NetnsError> {
+        let pid = std::process::id();
+        let tag = format!("{}", pid % 100_000);
+        let mut hosts = Hosts::named(&tag, &format!("10.77.{}", 1 + pid % 250), ids);
+        hosts.remove_on_drop = true;
+        if let Err(e) = hosts.build() {
+            hosts.remove();
+            return Err(e);
+        }
+        Ok(hosts)
+    }
+
+    /// Root, `ip` and `nft`, or why not.
+    fn check_available() -> Result<(), NetnsError> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             return Err(NetnsError::Unavailable("run as root".into()));
@@ -85,20 +100,34 @@ impl Hosts {
                 )));
             }
         }
-        let pid = std::process::id();
-        let hosts = Hosts {
-            tag: format!("{}", pid % 100_000),
-            prefix: format!("10.77.{}", 1 + pid % 250),
+        Ok(())
+    }
+
+    /// The hosts `ids` of the name `tag` on the /24 `prefix` (`10.77.0`), as [`Hosts::create`]
+    /// or `kv hosts up` makes them: nothing is made, checked, or removed on drop.
+    pub fn named(tag: &str, prefix: &str, ids: &[u64]) -> Hosts {
+        Hosts {
+            tag: tag.to_string(),
+            prefix: prefix.to_string(),
             ids: ids.to_vec(),
             rules: ids.iter().map(|&i| (i, Rules::default())).collect(),
-        };
-        match hosts.build() {
-            Ok(()) => Ok(hosts),
-            Err(NetnsError::Command(e)) if e.contains("netns add") => {
-                Err(NetnsError::Unavailable(e))
-            }
-            Err(e) => Err(e),
+            remove_on_drop: false,
         }
+    }
+
+    /// Make these hosts, kept after this process ends (`kv hosts up`; `kv hosts down` removes
+    /// them).
+    pub fn build_and_keep(&self) -> Result<(), NetnsError> {
+        self.build()
+    }
+
+    /// Remove whatever of these hosts exists: the namespaces (and so their links), the bridge.
+    pub fn remove(&self) {
+        for &id in &self.ids {
+            let _ = ip(&["netns", "del", &self.ns(id)]);
+            let _ = ip(&["link", "del", &format!("rlkv{}n{id}", self.tag)]);
+        }
+        let _ = ip(&["link", "del", &self.bridge()]);
     }
 
     fn bridge(&self) -> String {
@@ -115,7 +144,19 @@ impl Hosts {
         format!("{}.{id}", self.prefix)
     }
 
+    /// Make the bridge, the namespaces and their (empty) packet filters; `Unavailable` where
+    /// this machine cannot.
     fn build(&self) -> Result<(), NetnsError> {
+        Hosts::check_available()?;
+        match self.build_all() {
+            Err(NetnsError::Command(e)) if e.starts_with(r#""ip" "netns" "add""#) => {
+                Err(NetnsError::Unavailable(e))
+            }
+            built => built,
+        }
+    }
+
+    fn build_all(&self) -> Result<(), NetnsError> {
         let br = self.bridge();
         ip(&["link", "add", &br, "type", "bridge"])?;
         ip(&[
@@ -280,10 +321,9 @@ impl Hosts {
 
 impl Drop for Hosts {
     fn drop(&mut self) {
-        for &id in &self.ids {
-            let _ = ip(&["netns", "del", &self.ns(id)]);
+        if self.remove_on_drop {
+            self.remove();
         }
-        let _ = ip(&["link", "del", &self.bridge()]);
     }
 }
 
@@ -292,15 +332,7 @@ mod tests {
     use super::*;
 
     fn hosts() -> Hosts {
-        Hosts {
-            tag: "1".into(),
-            prefix: "10.77.9".into(),
-            ids: vec![1, 2, 3],
-            rules: [1, 2, 3]
-                .into_iter()
-                .map(|i| (i, Rules::default()))
-                .collect(),
-        }
+        Hosts::named("1", "10.77.9", &[1, 2, 3])
     }
 
     #[test]
