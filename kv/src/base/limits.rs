@@ -112,6 +112,30 @@ pub mod peer {
     pub const MAX_CONNECTIONS_PER_PEER: usize = 4;
     /// A connection that delivers no frame for this long is closed (heartbeats come far more often).
     pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// Data sent on a peer connection and not acknowledged by the other end for this long fails
+    /// the connection (`TCP_USER_TIMEOUT`): a peer behind a network that drops everything sends
+    /// no reset, and without it a connection whose writes still fit in the kernel's buffer
+    /// would look alive for minutes, then deliver stale messages after TCP's backed-off
+    /// retransmissions once the network heals.
+    pub const USER_TIMEOUT: Duration = Duration::from_secs(2);
+    /// An idle peer connection is probed after this long, then every this long, and fails after
+    /// [`KEEPALIVE_PROBES`] unanswered probes: a dead inbound connection ends within seconds.
+    pub const KEEPALIVE: Duration = Duration::from_secs(1);
+    /// Unanswered keep-alive probes before an idle peer connection fails.
+    pub const KEEPALIVE_PROBES: u32 = 2;
+
+    /// Set the peer connection options on `tcp`: no Nagle delay, the user timeout and
+    /// keep-alives above.
+    pub fn tune(tcp: &tokio::net::TcpStream) -> std::io::Result<()> {
+        let sock = socket2::SockRef::from(tcp);
+        sock.set_tcp_nodelay(true)?;
+        sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+        let probes = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE)
+            .with_interval(KEEPALIVE)
+            .with_retries(KEEPALIVE_PROBES);
+        sock.set_tcp_keepalive(&probes)
+    }
 }
 
 /// Raise this process's soft open-file limit to its hard limit and check that `needed`

@@ -45,6 +45,17 @@ impl Gauge {
     pub fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
+
+    /// Raise it by `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Lower it by `n` (raised by as much before).
+    pub fn sub(&self, n: u64) {
+        let before = self.0.fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(before >= n, "a gauge lowered past zero: {before} - {n}");
+    }
 }
 
 /// Latency buckets, in seconds: 25 µs to 10 s.
@@ -126,6 +137,13 @@ pub struct Metrics {
     pub bad_frames: Counter,
     /// Messages dropped on a full queue.
     pub dropped_full: Counter,
+    /// Inbound peer connections closed because a newer one of the same member took their place.
+    pub peer_superseded: Counter,
+    /// Bytes of batches queued for peers and not yet written.
+    pub peer_queued_bytes: Gauge,
+    /// Peer connections the transport gave up on (a failed write, flush or connect), each with
+    /// everything queued behind it reported lost.
+    pub peer_queue_drained: Counter,
     /// Peer batches the raft thread wrote into their connection itself (`peer::express`).
     pub express_sent: Counter,
     /// HTTP connections open now.
@@ -195,6 +213,9 @@ impl Default for Metrics {
             http_errors: Counter::default(),
             bad_frames: Counter::default(),
             dropped_full: Counter::default(),
+            peer_superseded: Counter::default(),
+            peer_queued_bytes: Gauge::default(),
+            peer_queue_drained: Counter::default(),
             express_sent: Counter::default(),
             http_open: Gauge::default(),
             http_evicted: Counter::default(),
@@ -272,6 +293,11 @@ impl Metrics {
                 "kv_http_connections",
                 "HTTP connections open.",
                 self.http_open.get() as f64,
+            ),
+            (
+                "kv_peer_queued_bytes",
+                "Bytes of batches queued for peers and not yet written (bounded per peer).",
+                self.peer_queued_bytes.get() as f64,
             ),
             (
                 "kv_inflight_bytes",
@@ -431,6 +457,16 @@ impl Metrics {
                 "kv_peer_dropped_total",
                 "Messages dropped on a full queue.",
                 self.dropped_full.get(),
+            ),
+            (
+                "kv_peer_superseded_total",
+                "Inbound peer connections closed for a newer one of the same member.",
+                self.peer_superseded.get(),
+            ),
+            (
+                "kv_peer_queue_drained_total",
+                "Peer connections given up on, with everything queued behind them reported lost.",
+                self.peer_queue_drained.get(),
             ),
             (
                 "kv_peer_express_total",

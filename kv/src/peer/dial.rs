@@ -51,7 +51,7 @@ pub async fn dial(peer: u64, addr: &str, tls: Option<&PeerTls>) -> Result<PeerSt
         .await
         .map_err(|_| DialError::Unreachable(format!("{addr}: connect timed out")))?
         .map_err(|e| DialError::Unreachable(format!("{addr}: {e}")))?;
-    let _ = tcp.set_nodelay(true);
+    let _ = crate::base::limits::peer::tune(&tcp);
     let Some(tls) = tls else {
         return Ok(Box::new(tcp));
     };

@@ -44,6 +44,9 @@ pub struct PeerConn {
     pub writer: tokio::sync::Mutex<Option<PeerWriter>>,
     /// Batches queued for the sender task and not yet written by it (flush requests included).
     pub unwritten: AtomicUsize,
+    /// Bytes of the batches queued for the sender task and not yet taken by it: bounded (see
+    /// `transport`), so a peer that accepts nothing holds a bounded amount of memory.
+    pub queued_bytes: AtomicUsize,
 }
 
 /// What an express write did.

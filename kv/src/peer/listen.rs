@@ -7,7 +7,8 @@
 //! `HANDSHAKE_TIMEOUT`. A newcomer over a limit closes the pending connection that matters least
 //! (one that has sent nothing, oldest first; see `base::conns`), never itself: idle sockets opened by
 //! anyone who reaches the port cannot keep members from connecting. An authenticated connection
-//! takes one of [`peer::MAX_CONNECTIONS_PER_PEER`] places of its member instead.
+//! takes one of [`peer::MAX_CONNECTIONS_PER_PEER`] places of its member instead; a member that
+//! connects again with every place taken closes its own oldest connection (see `slots`).
 //!
 //! A batch is dropped (and counted) unless it is addressed to this node, comes from a member in
 //! the address book (or one this node was started with) that was not removed, and names the same
@@ -16,11 +17,9 @@
 //! proposal or a node-local message). Frames are bounded in size, and the bytes of
 //! messages being received or waiting for the raft thread in the peer byte budget.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
 use raft::eraftpb::{Message, MessageType};
 use raft_lease::multi::NodeBatch;
 use slog::{info, warn, Logger};
@@ -33,34 +32,9 @@ use crate::base::budget::Ticket;
 use crate::base::conns::{Admission, ConnTable, Guard, Phase};
 use crate::base::limits::peer;
 use crate::peer::frame::read_message;
+use crate::peer::slots::{PeerSlot, PerPeer};
 use crate::peer::transport::{TransportConfig, HANDSHAKE_TIMEOUT};
 use crate::tls::config::peer_node_id;
-
-/// Open inbound connections per authenticated peer id.
-type PerPeer = Arc<Mutex<HashMap<u64, usize>>>;
-
-/// A place in the per-peer count, freed on drop.
-struct PeerSlot(PerPeer, u64);
-
-impl PeerSlot {
-    fn take(per_peer: &PerPeer, id: u64) -> Option<PeerSlot> {
-        let mut m = per_peer.lock();
-        let n = m.entry(id).or_default();
-        if *n >= peer::MAX_CONNECTIONS_PER_PEER {
-            return None;
-        }
-        *n += 1;
-        Some(PeerSlot(per_peer.clone(), id))
-    }
-}
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        if let Some(n) = self.0.lock().get_mut(&self.1) {
-            *n -= 1;
-        }
-    }
-}
 
 /// Why a decoded message was dropped.
 #[derive(Debug, PartialEq, Eq)]
@@ -212,6 +186,7 @@ pub async fn listen(
 
 /// Authenticate the connection within the handshake timeout, then receive from it.
 async fn connection(tcp: TcpStream, pending: Guard, ctx: &Ctx) {
+    let _ = peer::tune(&tcp); // a dead inbound connection ends within seconds
     let remote = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let log = ctx.cfg.logger.new(slog::o!("remote" => remote));
     // A connection that sent a byte has started: it is closed after those that sent nothing.
@@ -246,13 +221,10 @@ async fn connection(tcp: TcpStream, pending: Guard, ctx: &Ctx) {
         return;
     };
     drop(pending); // authenticated: it no longer counts as a pending handshake
-    let Some(_slot) = PeerSlot::take(&ctx.per_peer, id) else {
-        ctx.cfg.metrics.peer_refused.inc();
-        warn!(log, "too many connections from this peer; closed"; "peer" => id);
-        return;
-    };
+    let slot = PeerSlot::take(&ctx.per_peer, id);
     info!(log, "peer connected"; "peer" => id);
-    recv_loop(BufReader::new(stream), Some(id), ctx, &log).await
+    let conn = recv_loop(BufReader::new(stream), Some(id), ctx, &log);
+    slot.serve(conn, &ctx.cfg.metrics).await
 }
 
 /// `--insecure-peers`: the first message names the peer (nothing proves it).
@@ -274,12 +246,10 @@ async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
         _ => return,
     };
     drop(pending);
-    let Some(_slot) = PeerSlot::take(&ctx.per_peer, batch.from) else {
-        ctx.cfg.metrics.peer_refused.inc();
-        return;
-    };
+    let slot = PeerSlot::take(&ctx.per_peer, batch.from);
     deliver(batch, ticket, None, ctx, log, &mut false);
-    recv_loop(r, None, ctx, log).await
+    slot.serve(recv_loop(r, None, ctx, log), &ctx.cfg.metrics)
+        .await
 }
 
 /// A batch read off a connection and held back by the incoming delay (fault injection).

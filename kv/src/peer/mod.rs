@@ -10,4 +10,5 @@ pub mod frame;
 pub mod heard;
 pub mod listen;
 pub mod members;
+pub mod slots;
 pub mod transport;

@@ -143,7 +143,9 @@ impl TransportConfig {
     }
 }
 
-/// A peer's queue to its sender task, and its connection (see `express`).
+/// A peer's queue to its sender task, and its connection (see `express`). Each peer has two:
+/// one for snapshots, one for everything else, so that heartbeats, the support session and
+/// appends never wait behind a snapshot on a slow or stuck connection.
 struct Peer {
     queue: mpsc::Sender<Outgoing>,
     conn: Arc<PeerConn>,
@@ -151,7 +153,8 @@ struct Peer {
 
 /// The sending side, owned by the raft thread.
 pub struct Transport {
-    queues: HashMap<u64, Peer>,
+    /// By peer and lane (`true`: snapshots).
+    queues: HashMap<(u64, bool), Peer>,
     cfg: TransportConfig,
     rt: tokio::runtime::Handle,
     reports: Reports,
@@ -194,14 +197,15 @@ impl Transport {
         let delayed = self.cfg.peer_delay_ms.load(Ordering::Relaxed) > 0;
         let metrics = self.cfg.metrics.clone();
         let rt = self.rt.clone();
-        let Some(peer) = self.queue(to) else {
+        let snapshot = out.raft.iter().any(|(_, t)| *t == MessageType::MsgSnapshot);
+        let max_queued = self.max_queued_bytes();
+        let Some(peer) = self.queue(to, snapshot) else {
             return report_lost(&self.reports, &metrics, &out);
         };
         let out = Outgoing {
             bytes: wire::encode(&batch),
             ..out
         };
-        let snapshot = out.raft.iter().any(|(_, t)| *t == MessageType::MsgSnapshot);
         let flush_only = match delayed || snapshot {
             true => None,
             false => {
@@ -223,32 +227,55 @@ impl Transport {
             metrics.express_sent.inc();
         }
         let queued = flush_only.unwrap_or(out);
+        let len = queued.bytes.len();
+        if peer.conn.queued_bytes.load(Ordering::Acquire) + len > max_queued {
+            metrics.dropped_full.inc();
+            return report_lost(&self.reports, &metrics, &queued);
+        }
         peer.conn.unwritten.fetch_add(1, Ordering::AcqRel);
+        peer.conn.queued_bytes.fetch_add(len, Ordering::AcqRel);
+        metrics.peer_queued_bytes.add(len as u64);
         if let Err(TrySendError::Full(out) | TrySendError::Closed(out)) =
             peer.queue.try_send(queued)
         {
-            peer.conn.unwritten.fetch_sub(1, Ordering::AcqRel);
-            self.cfg.metrics.dropped_full.inc();
-            report_lost(&self.reports, &self.cfg.metrics, &out);
+            untake(&peer.conn, &metrics, &out);
+            metrics.dropped_full.inc();
+            report_lost(&self.reports, &metrics, &out);
         }
     }
 
-    /// The queue of peer `to`, its sender task started on first use.
-    fn queue(&mut self, to: u64) -> Option<&Peer> {
+    /// The most bytes queued for one lane of one peer: the largest message and 64 MiB more. A
+    /// batch beyond is dropped and reported lost (raft sends again).
+    fn max_queued_bytes(&self) -> usize {
+        self.cfg.max_message_bytes + (64 << 20)
+    }
+
+    /// The queue of peer `to`'s lane (`snapshots`, or the other), its sender task started on
+    /// first use.
+    fn queue(&mut self, to: u64, snapshots: bool) -> Option<&Peer> {
         if to == self.cfg.my_id {
             return None;
         }
-        if !self.queues.contains_key(&to) {
+        let lane = (to, snapshots);
+        if !self.queues.contains_key(&lane) {
             self.cfg.addr_of(to)?;
             let (tx, rx) = mpsc::channel(QUEUE_LEN);
             let reports = self.reports.clone();
             let conn = Arc::new(PeerConn::default());
             let task = send_loop(to, rx, conn.clone(), self.cfg.clone(), reports);
             self.rt.spawn(task);
-            self.queues.insert(to, Peer { queue: tx, conn });
+            self.queues.insert(lane, Peer { queue: tx, conn });
         }
-        self.queues.get(&to)
+        self.queues.get(&lane)
     }
+}
+
+/// `out` has left its lane's queue: its bytes no longer count.
+fn untake(conn: &PeerConn, metrics: &Metrics, out: &Outgoing) {
+    conn.unwritten.fetch_sub(1, Ordering::AcqRel);
+    conn.queued_bytes
+        .fetch_sub(out.bytes.len(), Ordering::AcqRel);
+    metrics.peer_queued_bytes.sub(out.bytes.len() as u64);
 }
 
 /// Tell the raft thread that the raft messages of `out` were lost.
@@ -303,8 +330,15 @@ async fn send_loop(
                 }
                 Err(e) => {
                     log_dial_failure(&log, &e, &mut failing, backoff);
-                    report_lost(&reports, &cfg.metrics, &out);
-                    shared.unwritten.fetch_sub(1, Ordering::AcqRel);
+                    // Everything queued now is stale by the time a connection is made: it
+                    // is reported lost (raft sends again), so that fresh heartbeats and
+                    // support messages never wait behind it once the peer answers.
+                    cfg.metrics.peer_queue_drained.inc();
+                    let mut lost = Some(out);
+                    while let Some(o) = lost.take().or_else(|| rx.try_recv().ok()) {
+                        report_lost(&reports, &cfg.metrics, &o);
+                        untake(&shared, &cfg.metrics, &o);
+                    }
                     drop(conn);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -326,7 +360,7 @@ async fn send_loop(
             *conn = None;
         }
         // Written (or reported lost) with the lock held: the raft thread may write after them.
-        shared.unwritten.fetch_sub(batch.len(), Ordering::AcqRel);
+        batch.iter().for_each(|o| untake(&shared, &cfg.metrics, o));
     }
 }
 
@@ -416,6 +450,10 @@ async fn connect(peer: u64, cfg: &TransportConfig) -> Result<PeerStream, DialErr
         .ok_or_else(|| DialError::Unreachable("no address".into()))?;
     dial(peer, &addr, cfg.tls.as_ref()).await
 }
+
+#[cfg(test)]
+#[path = "transport_tests.rs"]
+mod transport_tests;
 
 #[cfg(test)]
 mod tests {
