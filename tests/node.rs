@@ -460,3 +460,47 @@ fn a_dropped_node_takes_its_lease_from_its_read_handles() {
     assert_eq!(handle.try_read(|| 2), Err(ReadError::LeaseNotHeld));
     assert!(!handle.lease_held());
 }
+
+/// What follower 2 of {1, 2, 3} says it promised in its answer to a heartbeat of leader 1.
+fn promised_in_ack(safeties: raft_lease::Safeties) -> raft_lease::ctx::Promised {
+    use raft_lease::ctx::LayerCtx;
+    let clock = SimClock::new(0, 0);
+    let storage = MemStorage::new_with_conf_state((vec![1, 2, 3], vec![]));
+    let cfg = raft::Config {
+        id: 2,
+        ..raft_config()
+    };
+    let lease = LeaseConfig {
+        safeties,
+        ..lease_config()
+    };
+    let mut node = LeaseNode::new(&cfg, storage, lease, 10, clock.clone(), &logger()).unwrap();
+    let mut hb = Message::default();
+    hb.set_msg_type(MessageType::MsgHeartbeat);
+    (hb.from, hb.to, hb.term) = (1, 2, 1);
+    hb.context = LayerCtx::Round(1).encode().into();
+    node.step(hb).unwrap();
+    let mut io = Collect::default();
+    node.handle_ready(&mut io).unwrap();
+    let ack = io
+        .messages
+        .iter()
+        .find(|m| m.get_msg_type() == MessageType::MsgHeartbeatResponse)
+        .expect("the heartbeat is answered");
+    let (_, promised) = LayerCtx::parse_ack(ack.get_context()).expect("an acknowledgement tag");
+    promised.expect("every acknowledgement says what its node promised")
+}
+
+/// A leader counts the promise each acknowledgement carries; a node that keeps none (raft-rs
+/// `LeaseBased` reads, set on one node only) must carry none, or the leader would count a promise
+/// that node never made (it votes for anyone at once).
+#[test]
+fn a_node_that_keeps_no_promise_says_it_promised_nothing() {
+    let kept = promised_in_ack(raft_lease::Safeties::default());
+    assert_eq!(kept.promise_ns, 100 * MS, "P as configured");
+    let none = promised_in_ack(raft_lease::Safeties::raft_lease_based());
+    assert_eq!(
+        none.promise_ns, 0,
+        "LeaseBased keeps no promise, so it claims none"
+    );
+}

@@ -96,9 +96,14 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
 
     /// Each heartbeat acknowledgement says what this node promised on receipt: its own `P`,
     /// and the drift bound it assumes. The leader counts that, not its own settings.
+    ///
+    /// A node on raft-rs `LeaseBased` reads keeps no promise, and says it promised nothing, so
+    /// that no leader counts on a promise it never made (a cluster with the setting on one node
+    /// only). The negative control `no_promise` keeps claiming `P`: it is the bug it re-injects.
     pub(super) fn stamp_acks(&self, msgs: &mut [Message]) {
+        let keeps = !self.safeties.raft_lease_based;
         let promised = Promised {
-            promise_ns: self.derived.promise_ns,
+            promise_ns: if keeps { self.derived.promise_ns } else { 0 },
             drift_ppm: u32::try_from(self.derived.drift_ppm).expect("ρ validated ≤ 10%"),
         };
         for m in msgs
