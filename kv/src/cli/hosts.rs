@@ -7,7 +7,7 @@
 
 use clap::{Args, ValueEnum};
 
-use crate::nemesis::netns::{Hosts, NetnsError};
+use crate::cli::netns::{Hosts, NetnsError, UNAVAILABLE_EXIT};
 
 /// What to do.
 #[derive(Clone, Copy, ValueEnum)]
@@ -63,7 +63,7 @@ pub fn run(args: HostsArgs) -> i32 {
             }
             Err(e @ NetnsError::Unavailable(_)) => {
                 eprintln!("error: {e}");
-                crate::nemesis::NETNS_UNAVAILABLE
+                UNAVAILABLE_EXIT
             }
             Err(e) => {
                 eprintln!("error: {e} (`kv hosts down` removes what was made)");

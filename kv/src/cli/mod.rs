@@ -7,4 +7,5 @@ pub mod certs;
 pub mod cluster;
 pub mod hosts;
 pub mod join;
+pub mod netns;
 pub mod node;

@@ -10,9 +10,9 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::netns::{Block, Hosts, NetnsError};
 use super::procs::{call, Procs, MAX_IDS};
 use super::schedule::{Fault, Who};
+use crate::cli::netns::{Block, Hosts, NetnsError};
 
 /// One fault as it happened.
 #[derive(Debug, Clone, Serialize)]

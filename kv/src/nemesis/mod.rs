@@ -11,7 +11,6 @@ mod checker;
 mod clients;
 mod etcd_clients;
 mod faults;
-pub mod netns;
 mod ops;
 mod procs;
 mod report;
@@ -26,6 +25,7 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use parking_lot::{Mutex, RwLock};
 
+use crate::cli::netns;
 use clients::Shared;
 use faults::Nemesis;
 use ops::{Call, Recorder, Ret};
@@ -91,6 +91,10 @@ pub struct NemesisArgs {
     /// random loss). Needs root, iproute2 and nftables; without them the run exits with code 5.
     #[arg(long)]
     pub netns: bool,
+    /// Only these fault kinds (by the names the report uses, `isolate_leader,split`, say):
+    /// to measure one fault's effect over many runs of it.
+    #[arg(long, value_delimiter = ',')]
+    pub kinds: Vec<String>,
     /// Keep the cluster's data and logs in this dir (default: a temporary dir, removed).
     #[arg(long)]
     pub keep_dir: Option<PathBuf>,
@@ -103,9 +107,6 @@ fn parse_nodes(s: &str) -> Result<u64, String> {
         _ => Err("--nodes must be 3 or 5".into()),
     }
 }
-
-/// The exit code of `--netns` where namespaces or nftables cannot be had.
-pub const NETNS_UNAVAILABLE: i32 = 5;
 
 /// The raft election timeout the nodes run with (their default).
 const ELECTION_MS: u64 = 1000;
@@ -121,6 +122,14 @@ pub fn run(a: NemesisArgs) -> i32 {
     });
     let duration = Duration::from_secs(a.duration_s.unwrap_or(if a.quick { 75 } else { 600 }));
     let nodes = if a.quick { 3 } else { a.nodes };
+    let known = schedule::kind_names();
+    if let Some(k) = a.kinds.iter().find(|k| !known.contains(&k.as_str())) {
+        eprintln!(
+            "error: --kinds {k}: no such fault kind; the kinds: {}",
+            known.join(", ")
+        );
+        return 2;
+    }
     println!(
         "nemesis: seed {seed}, {nodes} nodes, {} groups, {} s of faults",
         a.groups,
@@ -157,7 +166,7 @@ pub fn run(a: NemesisArgs) -> i32 {
         Some(Ok(h)) => Some(h),
         Some(Err(e @ netns::NetnsError::Unavailable(_))) => {
             eprintln!("error: --netns: {e}");
-            return NETNS_UNAVAILABLE;
+            return netns::UNAVAILABLE_EXIT;
         }
         Some(Err(e)) => {
             eprintln!("error: --netns: {e}");
@@ -383,7 +392,10 @@ fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>
         slow_follower: a.follower_leases_ms.is_some(),
         kernel_faults: a.netns,
     };
-    let steps = schedule::schedule(seed, 100_000, &params);
+    let mut steps = schedule::schedule(seed, 100_000, &params);
+    if !a.kinds.is_empty() {
+        steps.retain(|s| a.kinds.iter().any(|k| k == s.fault.kind()));
+    }
     let t0 = Instant::now();
     let mut background: Vec<std::thread::JoinHandle<()>> = Vec::new();
     for step in steps {

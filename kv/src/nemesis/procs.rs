@@ -13,8 +13,8 @@ use std::time::Duration;
 use crate::cli::cluster::args::ClusterArgs;
 use crate::cli::cluster::layout::Layout;
 use crate::cli::cluster::plan::Plan;
+use crate::cli::netns::Hosts;
 use crate::http::client::{split_url, Answer, Client};
-use crate::nemesis::netns::Hosts;
 
 /// Ids a run may use: founders first, then ids that join.
 pub const MAX_IDS: u64 = 9;

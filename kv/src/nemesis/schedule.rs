@@ -212,6 +212,20 @@ fn draw(kind: usize, rng: &mut ChaCha8Rng, p: &Params) -> Fault {
 /// How many kinds there are.
 pub const KINDS: usize = 16;
 
+/// The name of every kind, as reports name them.
+pub fn kind_names() -> Vec<&'static str> {
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let p = Params {
+        election_ms: 1000,
+        rho: 0.1,
+        control_rate: None,
+        membership: true,
+        slow_follower: true,
+        kernel_faults: true,
+    };
+    (0..KINDS).map(|k| draw(k, &mut rng, &p).kind()).collect()
+}
+
 /// The kinds only the kernel's packet filter makes (drawn only with `Params::kernel_faults`, so
 /// that other runs keep their schedules).
 const KERNEL: [usize; 3] = [13, 14, 15];

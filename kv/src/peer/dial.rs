@@ -10,8 +10,10 @@ use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 
-use crate::peer::transport::HANDSHAKE_TIMEOUT;
 use crate::tls::config::{peer_node_id, PeerTls};
+
+/// TLS handshakes between peers must finish within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long a TCP connect to a peer may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);

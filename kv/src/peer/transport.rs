@@ -40,8 +40,7 @@ const QUEUE_LEN: usize = 4096;
 const BATCH: usize = 256;
 /// A frame (at most 1 MiB) or a flush that makes no progress for this long fails the connection.
 pub const FRAME_TIMEOUT: Duration = Duration::from_secs(2);
-/// TLS handshakes between peers must finish within this.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+pub use crate::peer::dial::HANDSHAKE_TIMEOUT;
 
 /// Peers cut off by fault injection: an id alone cuts both directions; `id | ONLY_OUT` drops
 /// only what this node sends to it, `id | ONLY_IN` only what it receives from it.

@@ -1,4 +1,4 @@
-//! Test hosts of the nemesis's own, for `kv nemesis --netns`: each node in a Linux network
+//! Test hosts in network namespaces, for `kv nemesis --netns` and `kv hosts`: each node in a Linux network
 //! namespace of its own, with its own address on a bridge in the root namespace (where the
 //! clients run), and network faults made by the kernel's packet filter (nftables) inside the
 //! namespaces: packets dropped (no reset), connections rejected (a TCP reset), one way only,
@@ -12,6 +12,10 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 
 use thiserror::Error;
+
+/// The exit code of `kv hosts up` and `kv nemesis --netns` where namespaces or nftables cannot
+/// be had.
+pub const UNAVAILABLE_EXIT: i32 = 5;
 
 /// Why the test hosts could not be made or changed.
 #[derive(Debug, Error)]
