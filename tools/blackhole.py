@@ -9,8 +9,9 @@ or with `/admin/partition` (the transport drops the messages itself), and measur
 - a follower cut off: how long the leader's transport takes to give up its connection (the log
   line), the most bytes the leader queues for it (`kv_peer_queued_bytes`) and the leader's
   resident memory, and how long the follower takes to catch up once healed;
-- the leader cut off: when its lease ends (its `/status`), when another node leads with a lease
-  and takes a write (failover), and when the old leader follows again once healed.
+- the leader cut off: when its lease ends (its `/status`), when another node leads with a lease,
+  and when a write is answered (failover), each from the cut; and how long the old leader takes
+  to follow again once healed.
 
 Run as root from the repository, after `cargo build --release --bin kv`:
 `python3 tools/blackhole.py [--trials 5] [--hold-s 6] [--json FILE]`. It prints a table of
@@ -55,8 +56,10 @@ def nft(i, rules):
     """Replace node i's packet filter with `rules` (lines for an inet input/output filter)."""
     inp = [r for r in rules if r.startswith("ip saddr")]
     out = [r for r in rules if r.startswith("ip daddr")]
-    chain = lambda n, rs: f"chain {n} {{ type filter hook {n} priority 0; policy accept; {' '.join(r + ';' for r in rs)} }}"
-    script = f"table inet bh\ndelete table inet bh\ntable inet bh {{ {chain('input', inp)} {chain('output', out)} }}\n"
+    def chain(n, rs):
+        body = "".join(f"    {r}\n" for r in rs)
+        return f"  chain {n} {{\n    type filter hook {n} priority 0; policy accept;\n{body}  }}\n"
+    script = f"table inet bh\ndelete table inet bh\ntable inet bh {{\n{chain('input', inp)}{chain('output', out)}}}\n"
     subprocess.run(["ip", "netns", "exec", f"rlkhost-{i}", "nft", "-f", "-"], input=script.encode(), check=True)
 
 
@@ -88,12 +91,14 @@ def leader(exclude=()):
     return None
 
 
-def wait(cond, secs=30, step=0.01):
+def wait(cond, secs=30, step=0.01, since=None):
+    """Poll `cond` until it holds: (seconds since `since`, default now, and its value)."""
     t0 = time.monotonic()
+    since = t0 if since is None else since
     while time.monotonic() - t0 < secs:
         v = cond()
         if v:
-            return time.monotonic() - t0, v
+            return time.monotonic() - since, v
         time.sleep(step)
     return None, None
 
@@ -165,17 +170,18 @@ def leader_trial(kernel, hold):
     l = wait(leader)[1]
     t0 = time.monotonic()
     cut(l, kernel)
-    lease_end, _ = wait(lambda: (status(l) or {"lease": {"state": "expired"}})["lease"]["state"] == "expired")
-    failover, new = wait(lambda: leader(exclude=(l,)))
-    wrote, _ = wait(lambda: http(new, "PUT", "/kv/after", b"1", timeout=0.5)[0] == 200) if new else (None, None)
+    expired = lambda: (status(l) or {"lease": {"state": "expired"}})["lease"]["state"] == "expired"
+    lease_end, _ = wait(expired, since=t0)
+    failover, new = wait(lambda: leader(exclude=(l,)), since=t0)
+    put = lambda: http(new, "PUT", "/kv/after", b"1", timeout=0.5)[0] == 200
+    wrote, _ = wait(put, since=t0) if new else (None, None)
     time.sleep(max(0.0, hold - (time.monotonic() - t0)))
-    t1 = time.monotonic()
     heal(l, kernel)
     back, _ = wait(lambda: (status(l) or {}).get("role") == "follower")
     return {
         "lease_ended_s": lease_end,
         "new_leader_s": failover,
-        "write_served_s": None if wrote is None else failover + wrote,
+        "write_served_s": wrote,
         "old_leader_follows_after_heal_s": back,
     }
 
