@@ -15,6 +15,8 @@ enum Later {
     Stall(u64),
     Unstall(u64),
     Block(u64, u64),
+    /// Every message from the first node to the second is held up this many ms more.
+    Hold(u64, u64, u64),
     Isolate(u64),
     /// A membership change refused while follower read leases lived, proposed again (a new
     /// random one): the holders were asked to give theirs up, so it usually goes.
@@ -30,6 +32,9 @@ pub(super) struct Nemesis {
     /// The draws of the faults that exercise give-ups, from a generator of their own, so that
     /// every other draw of the seed stays as it was before them.
     give_up_rng: ChaCha8Rng,
+    /// Whether a flaky leader's slow followers are slow in everything they send it after the
+    /// cut, from a generator of its own for the same reason.
+    hold_rng: ChaCha8Rng,
     /// Faults to undo, with the simulated millisecond at which to undo them.
     later: Vec<(u64, Later)>,
     /// The promise `P` and election timeout, in ms, to scale pauses and delays.
@@ -58,6 +63,7 @@ impl Nemesis {
         Nemesis {
             rng,
             give_up_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x61_7e_0f),
+            hold_rng: ChaCha8Rng::seed_from_u64(seed ^ 0x401d),
             later: Vec::new(),
             promise_ms: config.lease.promise_ms,
             election_ms: config.election_tick as u64 * config.tick_ms,
@@ -103,6 +109,12 @@ impl Nemesis {
                 Later::Stall(n) => sim.stall_ticks(n, true),
                 Later::Unstall(n) => sim.stall_ticks(n, false),
                 Later::Block(from, to) => sim.block(from, to),
+                Later::Hold(from, to, extra_ms) => sim.net_mut().delay(DelayRule {
+                    from: Some(from),
+                    to: Some(to),
+                    msg_type: None,
+                    extra_ns: extra_ms * 1_000_000,
+                }),
                 Later::Isolate(n) => {
                     let rest = crate::sim::scenarios::others(sim, n);
                     sim.partition(&[n], &rest);
@@ -421,7 +433,8 @@ impl Nemesis {
 
     /// A flaky leader, as an undisturbed episode: the heartbeat responses of just enough
     /// followers for a quorum are slow (sometimes duplicated), the leader is cut off from every
-    /// other node, its ticker may stall, and a moment later those followers may stop hearing it.
+    /// other node, its ticker may stall, and a moment later those followers may stop hearing it
+    /// (and may then be heard late: [`Nemesis::hold_after_cut`]).
     fn flaky_leader(&mut self, sim: &mut SimCluster) -> String {
         let Some(leader) = sim.leader() else {
             return String::new();
@@ -473,10 +486,24 @@ impl Nemesis {
         for &f in &slow {
             self.later.push((cut_at, Later::Block(leader, f)));
         }
+        desc += &self.hold_after_cut(&slow, leader, extra_ms, cut_at);
         self.episode_until_ms = cut_at + extra_ms + 3 * p;
         self.episode_without_writes = false;
         self.episode_writes_at = None;
         desc + &format!(", cut from them at {cut_at}ms")
+    }
+
+    /// Half the time, from the cut on, everything the slow followers send the leader is as slow
+    /// as their acknowledgements were: a leader they elect is heard only after their held
+    /// acknowledgements of the old leader's last rounds have arrived.
+    fn hold_after_cut(&mut self, slow: &[u64], leader: u64, extra_ms: u64, cut_at: u64) -> String {
+        if !self.hold_rng.gen_bool(0.5) {
+            return String::new();
+        }
+        for &f in slow {
+            self.later.push((cut_at, Later::Hold(f, leader, extra_ms)));
+        }
+        format!(", all they send it +{extra_ms}ms from the cut")
     }
 
     /// A membership change proposed at the leader: add or promote, remove (the leader too),
