@@ -100,3 +100,82 @@ fn a_peer_that_reads_nothing_holds_a_bounded_queue_and_every_batch_beyond_is_rep
     );
     rt.shutdown_timeout(Duration::from_millis(100));
 }
+
+/// A heartbeat from node 1 to node 2 of group 0.
+fn heartbeat() -> NodeBatch {
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgHeartbeat);
+    (m.from, m.to) = (1, 2);
+    NodeBatch {
+        from: 1,
+        to: 2,
+        raft: vec![(0, m)],
+        ..NodeBatch::default()
+    }
+}
+
+/// A snapshot from node 1 to node 2 of group 0, of `bytes`.
+fn snapshot(bytes: usize) -> NodeBatch {
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgSnapshot);
+    (m.from, m.to) = (1, 2);
+    m.mut_snapshot().data = vec![9u8; bytes].into();
+    NodeBatch {
+        from: 1,
+        to: 2,
+        raft: vec![(0, m)],
+        ..NodeBatch::default()
+    }
+}
+
+#[test]
+fn heartbeats_never_wait_behind_a_snapshot_on_a_slow_connection() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The peer reads the first connection (the snapshot's) slowly, about 1 MiB/s: it makes
+    // progress, so the sender never gives it up. It reads the next connection at once, and says
+    // how much of the snapshot had arrived when the first frame came there.
+    let sink = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let cfg = config(sink.local_addr().unwrap().to_string(), 64 << 20);
+    let snapshot_bytes = 32 << 20;
+    let read_slowly = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (got_tx, got) = std::sync::mpsc::channel();
+    let (first_tx, first_accepted) = std::sync::mpsc::channel();
+    let counted = read_slowly.clone();
+    std::thread::spawn(move || {
+        let (mut slow, _) = sink.accept().unwrap();
+        let _ = first_tx.send(());
+        let reader = counted.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut slow, &mut buf) {
+                reader.fetch_add(n, Ordering::AcqRel);
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        });
+        let (mut next, _) = sink.accept().unwrap();
+        let mut first = [0u8; 5];
+        let read = std::io::Read::read_exact(&mut next, &mut first);
+        let _ = got_tx.send(read.map(|()| counted.load(Ordering::Acquire)));
+    });
+    let mut t = Transport::new(&cfg, rt.handle(), None);
+    t.send(snapshot(snapshot_bytes));
+    first_accepted
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the snapshot's connection");
+    t.send(heartbeat());
+    // An event awaited, not a time asserted: the deadline only bounds a hang.
+    let arrived = got.recv_timeout(Duration::from_secs(60));
+    let Ok(Ok(snapshot_read)) = arrived else {
+        panic!("the heartbeat never came on a connection of its own: {arrived:?}");
+    };
+    assert!(
+        snapshot_read < snapshot_bytes,
+        "the heartbeat came only after the whole snapshot ({snapshot_read} bytes read)"
+    );
+    drop(t);
+    rt.shutdown_timeout(Duration::from_millis(100));
+}
