@@ -261,10 +261,14 @@ fn run_with(
         (a.unsafe_lease_based, " --unsafe-lease-based"),
         (a.unsafe_apply_to_commit, " --unsafe-apply-to-commit"),
         (a.unsafe_watch_off_by_one, " --unsafe-watch-off-by-one"),
+        (a.netns, " --netns"),
     ] {
         if on {
             rerun.push_str(flag);
         }
+    }
+    if !a.kinds.is_empty() {
+        rerun.push_str(&format!(" --kinds {}", a.kinds.join(",")));
     }
     if let Some(g) = a.follower_leases_ms {
         rerun.push_str(&format!(" --follower-leases-ms {g}"));
