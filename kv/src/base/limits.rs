@@ -110,8 +110,6 @@ pub mod peer {
     pub const MAX_PENDING_PER_IP: usize = 16;
     /// Inbound connections per authenticated peer id (a reconnect may briefly overlap the old one).
     pub const MAX_CONNECTIONS_PER_PEER: usize = 4;
-    /// A connection that delivers no frame for this long is closed (heartbeats come far more often).
-    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
     /// Data sent on a peer connection and not acknowledged by the other end for this long fails
     /// the connection (`TCP_USER_TIMEOUT`): a peer behind a network that drops everything sends
     /// no reset, and without it a connection whose writes still fit in the kernel's buffer

@@ -75,13 +75,27 @@ fn ip(args: &[&str]) -> Result<(), NetnsError> {
     run(Command::new("ip").args(args))
 }
 
+/// Whether this machine already routes `prefix.0/24` (or a network inside it): test hosts there
+/// would shadow it.
+fn routed(prefix: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["-4", "route", "show", "root", &format!("{prefix}.0/24")])
+        .output();
+    out.map_or(true, |o| !o.stdout.is_empty())
+}
+
 impl Hosts {
     /// Namespaces for `ids` on a bridge, with the root namespace at `.254`; `Unavailable` if
     /// this machine cannot make them (the caller says so and exits with its own code).
     pub fn create(ids: &[u64]) -> Result<Hosts, NetnsError> {
+        Hosts::check_available()?;
         let pid = std::process::id();
         let tag = format!("{}", pid % 100_000);
-        let mut hosts = Hosts::named(&tag, &format!("10.77.{}", 1 + pid % 250), ids);
+        let free = (0..250).map(|k| format!("10.77.{}", 1 + (pid + k) % 250));
+        let prefix = free.into_iter().find(|p| !routed(p)).ok_or_else(|| {
+            NetnsError::Unavailable("every 10.77.N.0/24 is routed here already".into())
+        })?;
+        let mut hosts = Hosts::named(&tag, &prefix, ids);
         hosts.remove_on_drop = true;
         if let Err(e) = hosts.build() {
             hosts.remove();
@@ -152,6 +166,13 @@ impl Hosts {
     /// this machine cannot.
     fn build(&self) -> Result<(), NetnsError> {
         Hosts::check_available()?;
+        if routed(&self.prefix) {
+            return Err(NetnsError::Command(format!(
+                "{}.0/24 is routed here already (another network, or hosts not removed): \
+                 choose another subnet",
+                self.prefix
+            )));
+        }
         match self.build_all() {
             Err(NetnsError::Command(e)) if e.starts_with(r#""ip" "netns" "add""#) => {
                 Err(NetnsError::Unavailable(e))

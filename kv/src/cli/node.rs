@@ -210,13 +210,20 @@ fn check_configs(o: &NodeOptions) -> Result<(), Exit> {
 }
 
 /// What `kv node` would refuse at start with these arguments, checked without opening or
-/// binding anything: the options, the raft and lease configs, the TLS files, and a data dir made
-/// with another number of groups. `kv cluster` runs it for every node before it starts one.
+/// binding anything: the options, the raft and lease configs, the TLS files (peer, HTTPS, and
+/// `--join`'s CA), and a data dir made with another number of groups. `kv node` runs it first,
+/// and `kv cluster` for every node before it starts one.
 pub fn preflight(args: &NodeArgs) -> Result<(), Exit> {
     let opts = args.options().map_err(config)?;
     check_configs(&opts)?;
     if let Some(f) = args.peer_tls_files().map_err(config)? {
         PeerTls::load(&f.ca, &f.cert, &f.key, args.id).map_err(config)?;
+    }
+    if let (Some(cert), Some(key)) = (&args.http_cert, &args.http_key) {
+        crate::tls::config::http_acceptor(cert, key).map_err(config)?;
+    }
+    if let Some(ca) = opts.join.as_ref().and_then(|j| j.https_ca.as_ref()) {
+        crate::tls::config::https_client(ca).map_err(config)?;
     }
     crate::disk::marker::check_groups(&opts.data_dir, opts.groups)?;
     Ok(())
@@ -458,7 +465,7 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
                         serve STALE reads. Negative control for tests only. !!!");
         }
     }
-    check_configs(&opts)?;
+    preflight(args)?; // what `kv cluster` checks before its banner, checked the same way here
     if opts.unsafe_apply_to_commit {
         for _ in 0..3 {
             warn!(log, "!!! --unsafe-apply-to-commit: replicas apply up to raft's commit, not the exposed index: \

@@ -112,19 +112,39 @@ fn request_head(method: &str, path: &str, body_len: usize, headers: &[(&str, &st
     head
 }
 
+/// The longest answer body read: what the node's tools ask for is far smaller, and a
+/// `Content-Length` is a claim, not a budget.
+const MAX_ANSWER_BYTES: usize = 16 << 20;
+/// The longest line of an answer's head.
+const MAX_HEAD_LINE_BYTES: u64 = 64 << 10;
+
+/// One line of an answer's head into `line`, refused past [`MAX_HEAD_LINE_BYTES`].
+fn read_head_line<R: BufRead>(r: &mut R, line: &mut String) -> std::io::Result<()> {
+    let n = std::io::Read::take(&mut *r, MAX_HEAD_LINE_BYTES).read_line(line)?;
+    if n as u64 == MAX_HEAD_LINE_BYTES && !line.ends_with('\n') {
+        return Err(std::io::Error::other("an answer header line past 64 KiB"));
+    }
+    Ok(())
+}
+
 /// An answer with a `Content-Length` (or none), read from `r`.
 fn parse_answer(r: &mut impl BufRead) -> std::io::Result<Answer> {
     let mut line = String::new();
-    r.read_line(&mut line)?;
+    read_head_line(r, &mut line)?;
     let status = line
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {line:?}")))?;
     let (mut len, mut location) = (0usize, None);
-    loop {
+    for n in 0.. {
+        if n == 256 {
+            return Err(std::io::Error::other(
+                "an answer with over 256 header lines",
+            ));
+        }
         line.clear();
-        r.read_line(&mut line)?;
+        read_head_line(r, &mut line)?;
         if line == "\r\n" || line.is_empty() {
             break;
         }
@@ -135,6 +155,10 @@ fn parse_answer(r: &mut impl BufRead) -> std::io::Result<Answer> {
         if lower.starts_with("location:") {
             location = Some(line[9..].trim().to_string());
         }
+    }
+    if len > MAX_ANSWER_BYTES {
+        let why = format!("an answer of {len} bytes, past {MAX_ANSWER_BYTES}");
+        return Err(std::io::Error::other(why));
     }
     let mut body = vec![0; len];
     r.read_exact(&mut body)?;
@@ -274,6 +298,29 @@ mod tests {
             Some(("h:1".into(), "/x".into()))
         );
         assert_eq!(split_url("ftp://h:1/x"), None);
+    }
+
+    #[test]
+    fn an_answer_is_read_only_within_its_bounds() {
+        let parse = |text: String| parse_answer(&mut std::io::Cursor::new(text.into_bytes()));
+        let ok = parse("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi".into()).unwrap();
+        assert_eq!((ok.status, ok.body.as_str()), (200, "hi"));
+        let huge = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+            u64::MAX / 2
+        );
+        let e = parse(huge).unwrap_err().to_string();
+        assert!(
+            e.contains("past"),
+            "a Content-Length is a claim, not a budget: {e}"
+        );
+        let long = format!("HTTP/1.1 200 OK\r\nX: {}\r\n\r\n", "a".repeat(100 << 10));
+        assert!(parse(long).unwrap_err().to_string().contains("64 KiB"));
+        let many = format!("HTTP/1.1 200 OK\r\n{}\r\n", "X: y\r\n".repeat(300));
+        assert!(parse(many)
+            .unwrap_err()
+            .to_string()
+            .contains("256 header lines"));
     }
 
     #[test]

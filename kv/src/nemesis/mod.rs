@@ -122,12 +122,8 @@ pub fn run(a: NemesisArgs) -> i32 {
     });
     let duration = Duration::from_secs(a.duration_s.unwrap_or(if a.quick { 75 } else { 600 }));
     let nodes = if a.quick { 3 } else { a.nodes };
-    let known = schedule::kind_names();
-    if let Some(k) = a.kinds.iter().find(|k| !known.contains(&k.as_str())) {
-        eprintln!(
-            "error: --kinds {k}: no such fault kind; the kinds: {}",
-            known.join(", ")
-        );
+    if let Err(e) = check_kinds(&a) {
+        eprintln!("error: {e}");
         return 2;
     }
     println!(
@@ -387,16 +383,40 @@ fn progress(s: &Shared, nem: Arc<Nemesis>) -> std::thread::JoinHandle<()> {
 }
 
 /// Run the schedule until `duration` has passed (with --quick, also until every kind ran once).
-fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>) {
-    let params = schedule::Params {
+/// How this run's faults are drawn.
+fn params(a: &NemesisArgs) -> schedule::Params {
+    schedule::Params {
         election_ms: ELECTION_MS,
         rho: RHO,
         control_rate: a.clock_rate,
         membership: true,
         slow_follower: a.follower_leases_ms.is_some(),
         kernel_faults: a.netns,
-    };
-    let mut steps = schedule::schedule(seed, 100_000, &params);
+    }
+}
+
+/// A `--kinds` entry that names no kind, or one these settings never draw.
+fn check_kinds(a: &NemesisArgs) -> Result<(), String> {
+    let known = schedule::kind_names();
+    let first_pass = schedule::schedule(0, 4 * schedule::KINDS, &params(a));
+    let drawn: Vec<&str> = first_pass.iter().map(|s| s.fault.kind()).collect();
+    for k in &a.kinds {
+        if !known.contains(&k.as_str()) {
+            let all = known.join(", ");
+            return Err(format!("--kinds {k}: no such fault kind; the kinds: {all}"));
+        }
+        if !drawn.contains(&k.as_str()) {
+            return Err(format!(
+                "--kinds {k}: not drawn with these settings (reject_leader, pair_cut and loss \
+                 need --netns; slow_follower needs --follower-leases-ms)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>) {
+    let mut steps = schedule::schedule(seed, 100_000, &params(a));
     if !a.kinds.is_empty() {
         steps.retain(|s| a.kinds.iter().any(|k| k == s.fault.kind()));
     }

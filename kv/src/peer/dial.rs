@@ -63,7 +63,15 @@ pub async fn dial(peer: u64, addr: &str, tls: Option<&PeerTls>) -> Result<PeerSt
     )
     .await
     .map_err(|_| DialError::Unreachable(format!("{addr}: TLS handshake timed out")))?
-    .map_err(|e| DialError::Untrusted(format!("{addr}: TLS handshake: {e}")))?;
+    .map_err(|e| {
+        let why = format!("{addr}: TLS handshake: {e}");
+        // rustls's own refusals (a certificate, an alert) come as invalid data; a reset or an
+        // end of stream from a node going down does not say its certificate is wrong.
+        match e.kind() {
+            std::io::ErrorKind::InvalidData => DialError::Untrusted(why),
+            _ => DialError::Unreachable(why),
+        }
+    })?;
     match peer_node_id(stream.get_ref().1) {
         Some(id) if id == peer => Ok(Box::new(stream)),
         other => Err(DialError::Untrusted(format!(

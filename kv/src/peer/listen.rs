@@ -31,7 +31,7 @@ use tokio::time::timeout;
 use crate::base::budget::Ticket;
 use crate::base::conns::{Admission, ConnTable, Guard, Phase};
 use crate::base::limits::peer;
-use crate::peer::frame::read_message;
+use crate::peer::frame::{read_message, FrameError};
 use crate::peer::slots::{PeerSlot, PerPeer};
 use crate::peer::transport::{TransportConfig, HANDSHAKE_TIMEOUT};
 use crate::tls::config::peer_node_id;
@@ -246,6 +246,12 @@ async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
         _ => return,
     };
     drop(pending);
+    // Only a member takes a member's place (nothing proves the claim here, but a stranger's
+    // claim does not close anyone's connections).
+    if let Err(r) = check_sender(batch.from, batch.to, None, &ctx.cfg) {
+        count(&r, &ctx.cfg);
+        return;
+    }
     let slot = PeerSlot::take(&ctx.per_peer, batch.from);
     deliver(batch, ticket, None, ctx, log, &mut false);
     slot.serve(recv_loop(r, None, ctx, log), &ctx.cfg.metrics)
@@ -270,14 +276,20 @@ async fn recv_loop<R: AsyncRead + Unpin>(
         let mut warned = false;
         loop {
             let read = read_message(&mut r, ctx.cfg.max_message_bytes, &ctx.cfg.peer_budget);
-            let (batch, ticket) = match timeout(peer::IDLE_TIMEOUT, read).await {
-                Err(_) | Ok(Ok(None)) => return, // idle or closed
-                Ok(Err(e)) => {
+            // No idle timeout: a lane may be quiet for long (the log lane of an idle cluster),
+            // and a dead peer's connection fails by keep-alive within seconds (`peer::tune`).
+            let (batch, ticket) = match read.await {
+                Ok(None) => return, // closed
+                Err(FrameError::Io(e)) => {
+                    info!(log, "peer connection ended"; "error" => %e);
+                    return;
+                }
+                Err(e) => {
                     ctx.cfg.metrics.bad_frames.inc();
                     warn!(log, "bad frame on a peer socket; closing it"; "error" => %e);
                     return;
                 }
-                Ok(Ok(Some(m))) => m,
+                Ok(Some(m)) => m,
             };
             let delay_ms = ctx.cfg.peer_delay_in_ms.load(Ordering::Relaxed);
             if delay_ms == 0 && holding.load(Ordering::Acquire) == 0 {

@@ -65,8 +65,12 @@ impl PeerSlot {
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        if let Some(open) = self.per_peer.lock().get_mut(&self.id) {
+        let mut m = self.per_peer.lock();
+        if let Some(open) = m.get_mut(&self.id) {
             open.retain(|(s, _)| *s != self.serial);
+            if open.is_empty() {
+                m.remove(&self.id);
+            }
         }
     }
 }
@@ -102,5 +106,10 @@ mod tests {
         assert_eq!(per_peer.lock()[&7].len(), peer::MAX_CONNECTIONS_PER_PEER);
         drop(slots);
         assert_eq!(per_peer.lock()[&7].len(), 1, "places free on drop");
+        drop((newest, other));
+        assert!(
+            per_peer.lock().is_empty(),
+            "no entry is left for a member with no connection"
+        );
     }
 }

@@ -1,9 +1,12 @@
 //! Peer transport, sending side: one node batch per pass to each peer (the support session, the
-//! fortification messages and every group's raft messages, `raft_lease::multi::wire`), over one
-//! connection per peer (mutual TLS unless `--insecure-peers`), as frames (see `frame`).
+//! fortification messages and every group's raft messages, `raft_lease::multi::wire`), split
+//! over two connections per peer, its lanes (mutual TLS unless `--insecure-peers`), as frames
+//! (see `frame`): the log (appends, their answers and snapshots, in order) on one, everything
+//! else on the other, so that heartbeats and the support session never wait behind a snapshot.
 //!
-//! Each peer has a sender task with a bounded queue: the raft thread never blocks on a slow or
-//! dead peer. A message that is not delivered is **reported** to the raft thread: a snapshot as
+//! Each lane has a sender task with a queue bounded in batches and in bytes: the raft thread
+//! never blocks on a slow or dead peer, and a peer that accepts nothing holds a bounded amount
+//! of memory. A message that is not delivered is **reported** to the raft thread: a snapshot as
 //! failed (raft-rs otherwise waits for it forever, sending that peer nothing but heartbeats), an
 //! append as unreachable (raft then probes instead of streaming). A message counts as lost when
 //! its queue is full, the peer is cut off by fault injection, the connection cannot be made, or a
@@ -142,9 +145,10 @@ impl TransportConfig {
     }
 }
 
-/// A peer's queue to its sender task, and its connection (see `express`). Each peer has two:
-/// one for snapshots, one for everything else, so that heartbeats, the support session and
-/// appends never wait behind a snapshot on a slow or stuck connection.
+/// A peer's queue to its sender task, and its connection (see `express`). Each peer has two
+/// lanes: the log (appends, their answers, snapshots), and everything else (heartbeats, votes,
+/// the support session, fortification), which never waits behind a snapshot on a slow or stuck
+/// connection.
 struct Peer {
     queue: mpsc::Sender<Outgoing>,
     conn: Arc<PeerConn>,
@@ -152,7 +156,7 @@ struct Peer {
 
 /// The sending side, owned by the raft thread.
 pub struct Transport {
-    /// By peer and lane (`true`: snapshots).
+    /// By peer and lane (`true`: the log).
     queues: HashMap<(u64, bool), Peer>,
     cfg: TransportConfig,
     rt: tokio::runtime::Handle,
@@ -174,15 +178,31 @@ impl Transport {
     }
 
     /// Queue `batch` for its peer. Never blocks; a batch that cannot be queued is reported.
+    /// The log (appends, their answers, snapshots) travels on one lane, in order; everything
+    /// else (heartbeats, votes, the support session, fortification) on the other, so it never
+    /// waits behind a snapshot, and an append never overtakes the snapshot it follows.
     pub fn send(&mut self, batch: NodeBatch) {
+        batch
+            .raft
+            .iter()
+            .for_each(|(_, m)| self.cfg.metrics.sent(m.get_msg_type()));
+        self.cfg.metrics.batches_sent.inc();
+        self.cfg.metrics.peer_messages_sent.add(batch.len() as u64);
+        let (log, rest) = split_lanes(batch);
+        for (part, log_lane) in [(rest, false), (log, true)] {
+            if !part.is_empty() {
+                self.send_lane(part, log_lane);
+            }
+        }
+    }
+
+    /// Queue `batch` on one lane of its peer (see [`Transport::send`]).
+    fn send_lane(&mut self, batch: NodeBatch, log_lane: bool) {
         let raft: Vec<(GroupId, MessageType)> = batch
             .raft
             .iter()
             .map(|(g, m)| (*g, m.get_msg_type()))
             .collect();
-        raft.iter().for_each(|(_, t)| self.cfg.metrics.sent(*t));
-        self.cfg.metrics.batches_sent.inc();
-        self.cfg.metrics.peer_messages_sent.add(batch.len() as u64);
         let to = batch.to;
         let out = Outgoing {
             bytes: Vec::new(),
@@ -198,7 +218,7 @@ impl Transport {
         let rt = self.rt.clone();
         let snapshot = out.raft.iter().any(|(_, t)| *t == MessageType::MsgSnapshot);
         let max_queued = self.max_queued_bytes();
-        let Some(peer) = self.queue(to, snapshot) else {
+        let Some(peer) = self.queue(to, log_lane) else {
             return report_lost(&self.reports, &metrics, &out);
         };
         let out = Outgoing {
@@ -249,13 +269,13 @@ impl Transport {
         self.cfg.max_message_bytes + (64 << 20)
     }
 
-    /// The queue of peer `to`'s lane (`snapshots`, or the other), its sender task started on
-    /// first use.
-    fn queue(&mut self, to: u64, snapshots: bool) -> Option<&Peer> {
+    /// The queue of peer `to`'s lane (the log, or the other), its sender task started on first
+    /// use.
+    fn queue(&mut self, to: u64, log_lane: bool) -> Option<&Peer> {
         if to == self.cfg.my_id {
             return None;
         }
-        let lane = (to, snapshots);
+        let lane = (to, log_lane);
         if !self.queues.contains_key(&lane) {
             self.cfg.addr_of(to)?;
             let (tx, rx) = mpsc::channel(QUEUE_LEN);
@@ -267,6 +287,24 @@ impl Transport {
         }
         self.queues.get(&lane)
     }
+}
+
+/// `batch` split in two: the log (appends, their answers and snapshots, in their order), and
+/// the rest (heartbeats, votes, the support session, fortification).
+fn split_lanes(mut batch: NodeBatch) -> (NodeBatch, NodeBatch) {
+    use MessageType::{MsgAppend, MsgAppendResponse, MsgSnapshot};
+    let is_log = |t| matches!(t, MsgAppend | MsgAppendResponse | MsgSnapshot);
+    let (log, rest) = std::mem::take(&mut batch.raft)
+        .into_iter()
+        .partition(|(_, m)| is_log(m.get_msg_type()));
+    batch.raft = rest;
+    let log = NodeBatch {
+        from: batch.from,
+        to: batch.to,
+        raft: log,
+        ..NodeBatch::default()
+    };
+    (log, batch)
 }
 
 /// `out` has left its lane's queue: its bytes no longer count.

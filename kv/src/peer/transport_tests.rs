@@ -89,7 +89,7 @@ fn a_peer_that_reads_nothing_holds_a_bounded_queue_and_every_batch_beyond_is_rep
         lost >= dropped,
         "{dropped} dropped, {lost} reported to raft"
     );
-    let queued = t.queues[&(2, false)]
+    let queued = t.queues[&(2, true)]
         .conn
         .queued_bytes
         .load(Ordering::Acquire) as u64;

@@ -55,13 +55,13 @@ impl Layout {
 
     /// Node `id`'s HTTP port.
     pub fn http_port(&self, id: u64) -> u16 {
-        let base = self.http_base_port.unwrap_or(self.base_port + 1000);
+        let base = self.http_base_port.unwrap_or_else(|| self.base_port + 1000);
         base + id as u16
     }
 
     /// Node `id`'s etcd API port.
     pub fn etcd_port(&self, id: u64) -> u16 {
-        let base = self.etcd_base_port.unwrap_or(self.base_port + 2000);
+        let base = self.etcd_base_port.unwrap_or_else(|| self.base_port + 2000);
         base + id as u16
     }
 
@@ -84,7 +84,8 @@ impl Layout {
         }
         for (i, (a, x)) in bases.iter().enumerate() {
             for (b, y) in &bases[i + 1..] {
-                if x.abs_diff(*y) < self.nodes + 1 {
+                // Ports x+1..=x+n and y+1..=y+n share one exactly when |x − y| < n.
+                if x.abs_diff(*y) < self.nodes {
                     return Err(format!(
                         "{a} and {b}: the ports of {} nodes would overlap",
                         self.nodes
@@ -177,6 +178,15 @@ mod tests {
         assert!(
             e.contains("--base-port 7000 and --http-base-port 7002"),
             "{e}"
+        );
+        let touching = Layout {
+            http_base_port: Some(7003),
+            ..Layout::new(3, 7000)
+        };
+        assert_eq!(
+            touching.check(),
+            Ok(()),
+            "7001-7003 and 7004-7006 share no port"
         );
         let over = Layout {
             http_base_port: Some(65534),
