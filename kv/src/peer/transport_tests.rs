@@ -33,16 +33,12 @@ fn config(addr: String, max: usize) -> TransportConfig {
     }
 }
 
-/// An append to node 2 of group 0 with `bytes` of entry data.
-fn append(bytes: usize) -> NodeBatch {
+/// A batch from node 1 to node 2 with one message of group 0, of type `t`, made by `fill`.
+fn batch_of(t: MessageType, fill: impl FnOnce(&mut Message)) -> NodeBatch {
     let mut m = Message::default();
-    m.set_msg_type(MessageType::MsgAppend);
+    m.set_msg_type(t);
     (m.from, m.to) = (1, 2);
-    let e = Entry {
-        data: vec![7u8; bytes].into(),
-        ..Entry::default()
-    };
-    m.entries = vec![e].into();
+    fill(&mut m);
     NodeBatch {
         from: 1,
         to: 2,
@@ -51,13 +47,30 @@ fn append(bytes: usize) -> NodeBatch {
     }
 }
 
-#[test]
-fn a_peer_that_reads_nothing_holds_a_bounded_queue_and_every_batch_beyond_is_reported_lost() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+/// An append to node 2 of group 0 with `bytes` of entry data.
+fn append(bytes: usize) -> NodeBatch {
+    batch_of(MessageType::MsgAppend, |m| {
+        let data = vec![7u8; bytes].into();
+        m.entries = vec![Entry {
+            data,
+            ..Entry::default()
+        }]
+        .into();
+    })
+}
+
+/// A runtime for the transport's tasks.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_peer_that_reads_nothing_holds_a_bounded_queue_and_every_batch_beyond_is_reported_lost() {
+    let rt = runtime();
     // It accepts, and never reads: its receive buffer, then this node's send buffer, fill up.
     let sink = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = sink.local_addr().unwrap().to_string();
@@ -103,38 +116,19 @@ fn a_peer_that_reads_nothing_holds_a_bounded_queue_and_every_batch_beyond_is_rep
 
 /// A heartbeat from node 1 to node 2 of group 0.
 fn heartbeat() -> NodeBatch {
-    let mut m = Message::default();
-    m.set_msg_type(MessageType::MsgHeartbeat);
-    (m.from, m.to) = (1, 2);
-    NodeBatch {
-        from: 1,
-        to: 2,
-        raft: vec![(0, m)],
-        ..NodeBatch::default()
-    }
+    batch_of(MessageType::MsgHeartbeat, |_| {})
 }
 
 /// A snapshot from node 1 to node 2 of group 0, of `bytes`.
 fn snapshot(bytes: usize) -> NodeBatch {
-    let mut m = Message::default();
-    m.set_msg_type(MessageType::MsgSnapshot);
-    (m.from, m.to) = (1, 2);
-    m.mut_snapshot().data = vec![9u8; bytes].into();
-    NodeBatch {
-        from: 1,
-        to: 2,
-        raft: vec![(0, m)],
-        ..NodeBatch::default()
-    }
+    batch_of(MessageType::MsgSnapshot, |m| {
+        m.mut_snapshot().data = vec![9u8; bytes].into()
+    })
 }
 
 #[test]
 fn heartbeats_never_wait_behind_a_snapshot_on_a_slow_connection() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     // The peer reads the first connection (the snapshot's) slowly, about 1 MiB/s: it makes
     // progress, so the sender never gives it up. It reads the next connection at once, and says
     // how much of the snapshot had arrived when the first frame came there.
