@@ -73,9 +73,21 @@ fn change(c: &Cluster, via: u64, changes: Value) -> (u16, Value) {
 
 /// Wait until node `via` reports exactly these voters and learners, not joint.
 fn wait_conf(c: &Cluster, via: u64, voters: &[u64], learners: &[u64]) {
+    let members = || http_follow(c.port(via), "GET", "/members", b"").map(|(_, b)| json(&b));
+    wait_members(c, members, voters, learners);
+}
+
+/// Wait until `members()` (a `/members` answer) lists exactly these voters and learners, not
+/// joint.
+fn wait_members(
+    c: &Cluster,
+    members: impl Fn() -> Option<Value>,
+    voters: &[u64],
+    learners: &[u64],
+) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let m = http_follow(c.port(via), "GET", "/members", b"").map(|(_, b)| json(&b));
+        let m = members();
         let ids = |v: &Value, k: &str| -> Vec<u64> {
             v[k].as_array()
                 .map(|a| a.iter().filter_map(Value::as_u64).collect())
@@ -304,25 +316,14 @@ fn a_joiner_removed_as_soon_as_it_is_a_voter_does_not_add_itself_back() {
     wait_conf(&c, 1, &[1, 2, 3], &[]);
 }
 
-/// Wait until node `via` (over HTTPS) lists exactly these voters, not joint.
+/// Wait until node `via` (over HTTPS) lists exactly these voters and no learner, not joint.
 fn wait_voters_https(c: &Cluster, via: u64, voters: &[u64]) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let m = crate::forge::https_admin(c, c.port(via), "GET", "/members", b"")
+    let members = || {
+        crate::forge::https_admin(c, c.port(via), "GET", "/members", b"")
             .filter(|(code, _)| *code == 200)
-            .map(|(_, b)| json(&b));
-        if m.as_ref()
-            .is_some_and(|m| m["voters"] == json!(voters) && m["joint"] == false)
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "voters never became {voters:?}: {m:?}\n{}",
-            c.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+            .map(|(_, b)| json(&b))
+    };
+    wait_members(c, members, voters, &[]);
 }
 
 /// A cluster that serves HTTPS: a node joins with `--join` (no scheme: it serves HTTPS itself,
