@@ -1,6 +1,6 @@
 //! Model checking of the publish/read protocol with loom: every interleaving, and the weak-memory
 //! outcomes loom models, of the handle's atomics. `.ci/run` runs it:
-//! `RUSTFLAGS="--cfg raft_lease_loom" CARGO_TARGET_DIR=target/loom cargo test --lib handle::loom_tests`.
+//! `tools/loom.sh` (which gives `--cfg raft_lease_loom` to this crate alone).
 //!
 //! The state a read returns is a relaxed atomic here, so that only the handle's own orderings can
 //! make the raft thread's apply visible to the reader: a read that validates must see the state
