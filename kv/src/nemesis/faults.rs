@@ -206,23 +206,21 @@ impl Nemesis {
         self.timeline.lock().push(e);
     }
 
+    /// Runs `fault` with `l` as the leader; returns the nodes it touched and what happened.
     fn run(&self, fault: &Fault, l: u64) -> (Vec<u64>, String) {
-        let others: Vec<u64> = self.members().into_iter().filter(|&i| i != l).collect();
-        let done = "done".to_string();
+        let done = || "done".to_string();
         match *fault {
             Fault::Pause { who, ms } => {
                 let id = self.resolve(who, l);
-                self.signal(id, libc::SIGSTOP);
-                sleep_ms(ms);
-                self.signal(id, libc::SIGCONT);
-                (vec![id], done)
+                self.stop_for(id, ms);
+                (vec![id], done())
             }
             Fault::StallDisk { who, ms } => {
                 let id = self.resolve(who, l);
                 self.admin(id, "/admin/stall-disk", json!({"stalled": true}));
                 sleep_ms(ms);
                 self.admin(id, "/admin/stall-disk", json!({"stalled": false}));
-                (vec![id], done)
+                (vec![id], done())
             }
             Fault::Kill { who, down_ms } => {
                 let id = self.resolve(who, l);
@@ -230,120 +228,33 @@ impl Nemesis {
                 sleep_ms(down_ms);
                 (vec![id], self.restart(id))
             }
-            Fault::IsolateLeader { ms } | Fault::IsolatePauseLeader { ms } => {
-                self.cut(&[l], &others, None);
-                let pause = matches!(fault, Fault::IsolatePauseLeader { .. });
-                if pause {
-                    self.signal(l, libc::SIGSTOP);
-                    sleep_ms(ms);
-                    self.signal(l, libc::SIGCONT);
-                }
-                sleep_ms(if pause { 1000 } else { ms });
-                self.heal(&self.members());
-                (vec![l], done)
-            }
+            Fault::IsolateLeader { ms } => self.isolate(l, ms, false),
+            Fault::IsolatePauseLeader { ms } => self.isolate(l, ms, true),
             Fault::Split {
                 ms,
                 leader_in_minority,
-            } => {
-                let all = self.members();
-                let minority_n = (all.len() - 1) / 2;
-                let mut minority: Vec<u64> = if leader_in_minority { vec![l] } else { vec![] };
-                minority.extend(
-                    others
-                        .iter()
-                        .rev()
-                        .copied()
-                        .take(minority_n - minority.len()),
-                );
-                let majority: Vec<u64> = all
-                    .iter()
-                    .copied()
-                    .filter(|i| !minority.contains(i))
-                    .collect();
-                self.cut(&minority, &majority, None);
-                sleep_ms(ms);
-                self.heal(&all);
-                (minority, done)
-            }
+            } => self.split(l, ms, leader_in_minority),
             Fault::OneWay { ms, out } => {
+                let others = self.others(l);
                 self.cut(&[l], &others, Some(if out { "out" } else { "in" }));
                 sleep_ms(ms);
                 self.heal(&[l]);
-                (vec![l], done)
+                (vec![l], done())
             }
             Fault::Clock {
                 who,
                 rate,
                 ms,
                 isolate,
-            } => {
-                let id = self.resolve(who, l);
-                let rest: Vec<u64> = self.members().into_iter().filter(|&i| i != id).collect();
-                self.admin(id, "/admin/clock", json!({"rate": rate}));
-                if isolate {
-                    self.cut(&[id], &rest, None);
-                    self.signal(id, libc::SIGSTOP);
-                    sleep_ms(ms / 2);
-                    self.signal(id, libc::SIGCONT);
-                }
-                sleep_ms(if isolate { ms / 2 } else { ms });
-                if isolate {
-                    self.heal(&self.members());
-                }
-                self.admin(id, "/admin/clock", json!({"rate": 1.0}));
-                (vec![id], done)
-            }
-            Fault::Transfer { pause_ms } => {
-                let Some(&to) = others.first() else {
-                    return (vec![l], "skipped: no follower".into());
-                };
-                let r = self.admin(l, "/admin/transfer", json!({"to": to}));
-                if let Some(ms) = pause_ms {
-                    self.signal(l, libc::SIGSTOP);
-                    sleep_ms(ms);
-                    self.signal(l, libc::SIGCONT);
-                }
-                (
-                    vec![l, to],
-                    format!("transfer answered {:?}", r.map(|r| r.0)),
-                )
-            }
+            } => self.clock(self.resolve(who, l), rate, ms, isolate),
+            Fault::Transfer { pause_ms } => self.transfer(l, pause_ms),
             Fault::SlowFollower { ms, delay_ms } => {
                 let id = self.resolve(Who::Follower(delay_ms as usize), l);
-                let t0 = Instant::now();
-                while t0.elapsed() < Duration::from_millis(ms) {
-                    let slow = json!({"ms": delay_ms, "direction": "in"});
-                    self.admin(id, "/admin/delay", slow);
-                    sleep_ms(3 * delay_ms);
-                    self.admin(id, "/admin/delay", json!({"ms": 0, "direction": "in"}));
-                    sleep_ms(200);
-                }
-                (vec![id], done)
+                self.slow(id, ms, delay_ms);
+                (vec![id], done())
             }
-            Fault::RejectLeader { ms } => {
-                self.kernel(|h| {
-                    others
-                        .iter()
-                        .try_for_each(|&o| h.block(l, o, Block::Reject, false))
-                });
-                sleep_ms(ms);
-                self.heal(&self.members());
-                (vec![l], done)
-            }
-            Fault::PairCut { who, ms } => {
-                let f = self.resolve(who, l);
-                self.cut(&[l], &[f], None);
-                sleep_ms(ms);
-                self.heal(&[l, f]);
-                (vec![l, f], done)
-            }
-            Fault::Loss { who, ms, percent } => {
-                let id = self.resolve(who, l);
-                self.kernel(|h| h.loss(id, percent));
-                sleep_ms(ms);
-                self.heal(&[id]);
-                (vec![id], done)
+            Fault::RejectLeader { .. } | Fault::PairCut { .. } | Fault::Loss { .. } => {
+                self.network(fault, l)
             }
             Fault::RemoveAddBack { who } => self.remove_add_back(self.resolve(who, l), l),
             Fault::Replace { who } => self.replace(self.resolve(who, l), l),
@@ -356,6 +267,135 @@ impl Nemesis {
                 restarts,
             ),
         }
+    }
+
+    /// The members other than `l`.
+    fn others(&self, l: u64) -> Vec<u64> {
+        self.members().into_iter().filter(|&i| i != l).collect()
+    }
+
+    /// Stops `id` (SIGSTOP) for `ms`, then lets it go on.
+    fn stop_for(&self, id: u64, ms: u64) {
+        self.signal(id, libc::SIGSTOP);
+        sleep_ms(ms);
+        self.signal(id, libc::SIGCONT);
+    }
+
+    /// Cuts leader `l` from the others for `ms`; with `pause`, it is also stopped for those
+    /// `ms` and then runs, still cut off, for one more second (a deposed leader resuming).
+    fn isolate(&self, l: u64, ms: u64, pause: bool) -> (Vec<u64>, String) {
+        self.cut(&[l], &self.others(l), None);
+        if pause {
+            self.stop_for(l, ms);
+        }
+        sleep_ms(if pause { 1000 } else { ms });
+        self.heal(&self.members());
+        (vec![l], "done".into())
+    }
+
+    /// Splits the members into a minority (with leader `l` in it if `leader_in_minority`) and a
+    /// majority for `ms`.
+    fn split(&self, l: u64, ms: u64, leader_in_minority: bool) -> (Vec<u64>, String) {
+        let all = self.members();
+        let minority_n = (all.len() - 1) / 2;
+        let mut minority: Vec<u64> = if leader_in_minority { vec![l] } else { vec![] };
+        let others = self.others(l);
+        minority.extend(
+            others
+                .iter()
+                .rev()
+                .copied()
+                .take(minority_n - minority.len()),
+        );
+        let majority: Vec<u64> = all
+            .iter()
+            .copied()
+            .filter(|i| !minority.contains(i))
+            .collect();
+        self.cut(&minority, &majority, None);
+        sleep_ms(ms);
+        self.heal(&all);
+        (minority, "done".into())
+    }
+
+    /// Runs `id`'s clock at `rate` for `ms`; with `isolate`, it is also cut off and stopped for
+    /// the first half.
+    fn clock(&self, id: u64, rate: f64, ms: u64, isolate: bool) -> (Vec<u64>, String) {
+        self.admin(id, "/admin/clock", json!({"rate": rate}));
+        if isolate {
+            self.cut(&[id], &self.others(id), None);
+            self.stop_for(id, ms / 2);
+        }
+        sleep_ms(if isolate { ms / 2 } else { ms });
+        if isolate {
+            self.heal(&self.members());
+        }
+        self.admin(id, "/admin/clock", json!({"rate": 1.0}));
+        (vec![id], "done".into())
+    }
+
+    /// Asks leader `l` to hand its leadership to the first other member, then stops it for
+    /// `pause_ms` if given (a leader stalled in the middle of its transfer).
+    fn transfer(&self, l: u64, pause_ms: Option<u64>) -> (Vec<u64>, String) {
+        let Some(&to) = self.others(l).first() else {
+            return (vec![l], "skipped: no follower".into());
+        };
+        let r = self.admin(l, "/admin/transfer", json!({"to": to}));
+        if let Some(ms) = pause_ms {
+            self.stop_for(l, ms);
+        }
+        (
+            vec![l, to],
+            format!("transfer answered {:?}", r.map(|r| r.0)),
+        )
+    }
+
+    /// For `ms`, delays what `id` receives by `delay_ms` in bursts (three delays long, then 200 ms
+    /// without).
+    fn slow(&self, id: u64, ms: u64, delay_ms: u64) {
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(ms) {
+            let slow = json!({"ms": delay_ms, "direction": "in"});
+            self.admin(id, "/admin/delay", slow);
+            sleep_ms(3 * delay_ms);
+            self.admin(id, "/admin/delay", json!({"ms": 0, "direction": "in"}));
+            sleep_ms(200);
+        }
+    }
+
+    /// The faults only the kernel makes (`--netns`): connections to the leader reset, a cut
+    /// between the leader and one follower, random loss at one node.
+    fn network(&self, fault: &Fault, l: u64) -> (Vec<u64>, String) {
+        let (nodes, ms) = match *fault {
+            Fault::RejectLeader { ms } => {
+                let others = self.others(l);
+                self.kernel(|h| {
+                    others
+                        .iter()
+                        .try_for_each(|&o| h.block(l, o, Block::Reject, false))
+                });
+                (vec![l], ms)
+            }
+            Fault::PairCut { who, ms } => {
+                let f = self.resolve(who, l);
+                self.cut(&[l], &[f], None);
+                (vec![l, f], ms)
+            }
+            Fault::Loss { who, ms, percent } => {
+                let id = self.resolve(who, l);
+                self.kernel(|h| h.loss(id, percent));
+                (vec![id], ms)
+            }
+            _ => unreachable!("not a kernel fault: {fault:?}"),
+        };
+        sleep_ms(ms);
+        // A reset is set at the leader only; the others at the nodes they name.
+        let healed = match fault {
+            Fault::RejectLeader { .. } => self.members(),
+            _ => nodes.clone(),
+        };
+        self.heal(&healed);
+        (nodes, "done".into())
     }
 
     /// Restart `id` from its data dir.

@@ -138,36 +138,14 @@ pub fn run(a: NemesisArgs) -> i32 {
             return 2;
         }
     };
-    // Compact often, so that a follower left behind catches up by snapshot.
-    let mut node_args = vec!["--snapshot-every".to_string(), "200".to_string()];
-    if a.groups > 1 {
-        node_args.extend(["--groups".to_string(), a.groups.to_string()]);
-    }
-    if a.unsafe_apply_to_commit {
-        node_args.push("--unsafe-apply-to-commit".to_string());
-    }
-    if a.unsafe_watch_off_by_one {
-        node_args.push("--unsafe-watch-off-by-one".to_string());
-    }
     let cluster = procs::ClusterFlags {
         unsafe_lease_based: a.unsafe_lease_based,
         follower_leases_ms: a.follower_leases_ms,
-        node_args,
+        node_args: node_args(&a),
     };
-    let hosts = match a
-        .netns
-        .then(|| netns::Hosts::create(&(1..=procs::MAX_IDS).collect::<Vec<_>>()))
-    {
-        None => None,
-        Some(Ok(h)) => Some(h),
-        Some(Err(e @ netns::NetnsError::Unavailable(_))) => {
-            eprintln!("error: --netns: {e}");
-            return netns::UNAVAILABLE_EXIT;
-        }
-        Some(Err(e)) => {
-            eprintln!("error: --netns: {e}");
-            return 2;
-        }
+    let hosts = match hosts(&a) {
+        Ok(h) => h,
+        Err(code) => return code,
     };
     let procs = match procs::Procs::start(&dir, nodes, seed, cluster, hosts) {
         Ok(p) => p,
@@ -198,6 +176,74 @@ pub fn run(a: NemesisArgs) -> i32 {
     code
 }
 
+/// The arguments every node of the run gets.
+fn node_args(a: &NemesisArgs) -> Vec<String> {
+    // Compact often, so that a follower left behind catches up by snapshot.
+    let mut node_args = vec!["--snapshot-every".to_string(), "200".to_string()];
+    if a.groups > 1 {
+        node_args.extend(["--groups".to_string(), a.groups.to_string()]);
+    }
+    if a.unsafe_apply_to_commit {
+        node_args.push("--unsafe-apply-to-commit".to_string());
+    }
+    if a.unsafe_watch_off_by_one {
+        node_args.push("--unsafe-watch-off-by-one".to_string());
+    }
+    node_args
+}
+
+/// The network namespaces of a `--netns` run (none without it); `Err` holds the exit code.
+fn hosts(a: &NemesisArgs) -> Result<Option<netns::Hosts>, i32> {
+    if !a.netns {
+        return Ok(None);
+    }
+    match netns::Hosts::create(&(1..=procs::MAX_IDS).collect::<Vec<_>>()) {
+        Ok(h) => Ok(Some(h)),
+        Err(e @ netns::NetnsError::Unavailable(_)) => {
+            eprintln!("error: --netns: {e}");
+            Err(netns::UNAVAILABLE_EXIT)
+        }
+        Err(e) => {
+            eprintln!("error: --netns: {e}");
+            Err(2)
+        }
+    }
+}
+
+/// The command that runs this nemesis again, printed with the verdict.
+fn rerun_line(a: &NemesisArgs, seed: u64, nodes: u64, duration: Duration) -> String {
+    let mut rerun = format!(
+        "cargo run --release --bin kv -- nemesis --seed {seed} --nodes {nodes} --duration-s {}",
+        duration.as_secs()
+    );
+    for (on, flag) in [
+        (a.quick, " --quick"),
+        (a.etcd, " --etcd"),
+        (a.unsafe_lease_based, " --unsafe-lease-based"),
+        (a.unsafe_apply_to_commit, " --unsafe-apply-to-commit"),
+        (a.unsafe_watch_off_by_one, " --unsafe-watch-off-by-one"),
+        (a.netns, " --netns"),
+    ] {
+        if on {
+            rerun.push_str(flag);
+        }
+    }
+    if !a.kinds.is_empty() {
+        rerun.push_str(&format!(" --kinds {}", a.kinds.join(",")));
+    }
+    if let Some(g) = a.follower_leases_ms {
+        rerun.push_str(&format!(" --follower-leases-ms {g}"));
+    }
+    if let Some(r) = a.clock_rate {
+        rerun.push_str(&format!(" --clock-rate {r}"));
+    }
+    if a.groups > 1 {
+        rerun.push_str(&format!(" --groups {}", a.groups));
+    }
+    rerun
+}
+
+/// Runs the clients and the faults against a started cluster, checks the history, and reports.
 fn run_with(
     a: &NemesisArgs,
     seed: u64,
@@ -247,34 +293,7 @@ fn run_with(
         Some(e) => etcd_final(e, nem, leases.unwrap_or((0, 0))),
     };
     let ops = shared.rec.snapshot();
-    let mut rerun = format!(
-        "cargo run --release --bin kv -- nemesis --seed {seed} --nodes {nodes} --duration-s {}",
-        duration.as_secs()
-    );
-    for (on, flag) in [
-        (a.quick, " --quick"),
-        (a.etcd, " --etcd"),
-        (a.unsafe_lease_based, " --unsafe-lease-based"),
-        (a.unsafe_apply_to_commit, " --unsafe-apply-to-commit"),
-        (a.unsafe_watch_off_by_one, " --unsafe-watch-off-by-one"),
-        (a.netns, " --netns"),
-    ] {
-        if on {
-            rerun.push_str(flag);
-        }
-    }
-    if !a.kinds.is_empty() {
-        rerun.push_str(&format!(" --kinds {}", a.kinds.join(",")));
-    }
-    if let Some(g) = a.follower_leases_ms {
-        rerun.push_str(&format!(" --follower-leases-ms {g}"));
-    }
-    if let Some(r) = a.clock_rate {
-        rerun.push_str(&format!(" --clock-rate {r}"));
-    }
-    if a.groups > 1 {
-        rerun.push_str(&format!(" --groups {}", a.groups));
-    }
+    let rerun = rerun_line(a, seed, nodes, duration);
     let info = report::RunInfo {
         seed,
         nodes,
