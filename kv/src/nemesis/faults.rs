@@ -49,21 +49,27 @@ pub struct Nemesis {
     pub auth: String,
 }
 
-fn sleep_ms(ms: u64) {
+pub(super) fn sleep_ms(ms: u64) {
     std::thread::sleep(Duration::from_millis(ms));
 }
 
 impl Nemesis {
-    fn ms(&self) -> u64 {
+    pub(super) fn ms(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
     }
 
-    fn members(&self) -> Vec<u64> {
+    pub(super) fn members(&self) -> Vec<u64> {
         self.targets.read().clone()
     }
 
     /// A JSON call to node `id` with the admin token (no redirect followed), within 2 s.
-    fn http(&self, id: u64, method: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
+    pub(super) fn http(
+        &self,
+        id: u64,
+        method: &str,
+        path: &str,
+        body: &Value,
+    ) -> Option<(u16, Value)> {
         let b = if body.is_null() {
             Vec::new()
         } else {
@@ -110,7 +116,7 @@ impl Nemesis {
         None
     }
 
-    fn resolve(&self, who: Who, leader: u64) -> u64 {
+    pub(super) fn resolve(&self, who: Who, leader: u64) -> u64 {
         let others: Vec<u64> = self
             .members()
             .into_iter()
@@ -123,13 +129,13 @@ impl Nemesis {
         }
     }
 
-    fn admin(&self, id: u64, path: &str, body: Value) -> Option<(u16, Value)> {
+    pub(super) fn admin(&self, id: u64, path: &str, body: Value) -> Option<(u16, Value)> {
         self.http(id, "POST", path, &body)
     }
 
     /// Cut `a` from `b` both ways, or with `dir` on `a` only (`out`: a's messages to b): in the
     /// transport (`/admin/partition`), or with `--netns` by the kernel (packets dropped).
-    fn cut(&self, a: &[u64], b: &[u64], dir: Option<&str>) {
+    pub(super) fn cut(&self, a: &[u64], b: &[u64], dir: Option<&str>) {
         if self.kernel(|h| {
             for &x in a {
                 for &y in b {
@@ -155,7 +161,7 @@ impl Nemesis {
         }
     }
 
-    fn heal(&self, ids: &[u64]) {
+    pub(super) fn heal(&self, ids: &[u64]) {
         if self.kernel(|h| ids.iter().try_for_each(|&id| h.heal(id))) {
             return;
         }
@@ -166,7 +172,7 @@ impl Nemesis {
 
     /// With `--netns`, change the kernel's rules with `f` and say so (`true`); a rule that
     /// cannot be set is printed (the fault is then weaker than drawn, never unsafe).
-    fn kernel(&self, f: impl FnOnce(&mut Hosts) -> Result<(), NetnsError>) -> bool {
+    pub(super) fn kernel(&self, f: impl FnOnce(&mut Hosts) -> Result<(), NetnsError>) -> bool {
         let mut procs = self.procs.lock();
         let Some(h) = procs.hosts.as_mut() else {
             return false;
@@ -177,7 +183,7 @@ impl Nemesis {
         true
     }
 
-    fn signal(&self, id: u64, sig: libc::c_int) {
+    pub(super) fn signal(&self, id: u64, sig: libc::c_int) {
         self.procs.lock().signal(id, sig);
     }
 
@@ -207,7 +213,7 @@ impl Nemesis {
     }
 
     /// Runs `fault` with `l` as the leader; returns the nodes it touched and what happened.
-    fn run(&self, fault: &Fault, l: u64) -> (Vec<u64>, String) {
+    pub(super) fn run(&self, fault: &Fault, l: u64) -> (Vec<u64>, String) {
         let done = || "done".to_string();
         match *fault {
             Fault::Pause { who, ms } => {
@@ -270,12 +276,12 @@ impl Nemesis {
     }
 
     /// The members other than `l`.
-    fn others(&self, l: u64) -> Vec<u64> {
+    pub(super) fn others(&self, l: u64) -> Vec<u64> {
         self.members().into_iter().filter(|&i| i != l).collect()
     }
 
     /// Stops `id` (SIGSTOP) for `ms`, then lets it go on.
-    fn stop_for(&self, id: u64, ms: u64) {
+    pub(super) fn stop_for(&self, id: u64, ms: u64) {
         self.signal(id, libc::SIGSTOP);
         sleep_ms(ms);
         self.signal(id, libc::SIGCONT);
@@ -283,7 +289,7 @@ impl Nemesis {
 
     /// Cuts leader `l` from the others for `ms`; with `pause`, it is also stopped for those
     /// `ms` and then runs, still cut off, for one more second (a deposed leader resuming).
-    fn isolate(&self, l: u64, ms: u64, pause: bool) -> (Vec<u64>, String) {
+    pub(super) fn isolate(&self, l: u64, ms: u64, pause: bool) -> (Vec<u64>, String) {
         self.cut(&[l], &self.others(l), None);
         if pause {
             self.stop_for(l, ms);
@@ -295,7 +301,7 @@ impl Nemesis {
 
     /// Splits the members into a minority (with leader `l` in it if `leader_in_minority`) and a
     /// majority for `ms`.
-    fn split(&self, l: u64, ms: u64, leader_in_minority: bool) -> (Vec<u64>, String) {
+    pub(super) fn split(&self, l: u64, ms: u64, leader_in_minority: bool) -> (Vec<u64>, String) {
         let all = self.members();
         let minority_n = (all.len() - 1) / 2;
         let mut minority: Vec<u64> = if leader_in_minority { vec![l] } else { vec![] };
@@ -320,7 +326,7 @@ impl Nemesis {
 
     /// Runs `id`'s clock at `rate` for `ms`; with `isolate`, it is also cut off and stopped for
     /// the first half.
-    fn clock(&self, id: u64, rate: f64, ms: u64, isolate: bool) -> (Vec<u64>, String) {
+    pub(super) fn clock(&self, id: u64, rate: f64, ms: u64, isolate: bool) -> (Vec<u64>, String) {
         self.admin(id, "/admin/clock", json!({"rate": rate}));
         if isolate {
             self.cut(&[id], &self.others(id), None);
@@ -336,7 +342,7 @@ impl Nemesis {
 
     /// Asks leader `l` to hand its leadership to the first other member, then stops it for
     /// `pause_ms` if given (a leader stalled in the middle of its transfer).
-    fn transfer(&self, l: u64, pause_ms: Option<u64>) -> (Vec<u64>, String) {
+    pub(super) fn transfer(&self, l: u64, pause_ms: Option<u64>) -> (Vec<u64>, String) {
         let Some(&to) = self.others(l).first() else {
             return (vec![l], "skipped: no follower".into());
         };
@@ -352,7 +358,7 @@ impl Nemesis {
 
     /// For `ms`, delays what `id` receives by `delay_ms` in bursts (three delays long, then 200 ms
     /// without).
-    fn slow(&self, id: u64, ms: u64, delay_ms: u64) {
+    pub(super) fn slow(&self, id: u64, ms: u64, delay_ms: u64) {
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_millis(ms) {
             let slow = json!({"ms": delay_ms, "direction": "in"});
@@ -365,7 +371,7 @@ impl Nemesis {
 
     /// The faults only the kernel makes (`--netns`): connections to the leader reset, a cut
     /// between the leader and one follower, random loss at one node.
-    fn network(&self, fault: &Fault, l: u64) -> (Vec<u64>, String) {
+    pub(super) fn network(&self, fault: &Fault, l: u64) -> (Vec<u64>, String) {
         let (nodes, ms) = match *fault {
             Fault::RejectLeader { ms } => {
                 let others = self.others(l);
@@ -396,203 +402,6 @@ impl Nemesis {
         };
         self.heal(&healed);
         (nodes, "done".into())
-    }
-
-    /// Restart `id` from its data dir.
-    fn restart(&self, id: u64) -> String {
-        match self.procs.lock().spawn(id, None) {
-            Ok(()) => "done".into(),
-            Err(e) => format!("restart failed: {e}"),
-        }
-    }
-
-    /// `POST /admin/members` through the leader (redirects followed once). With follower read
-    /// leases a change is refused while read leases live (granting stops meanwhile, and their
-    /// holders are asked to give them up, which takes a round trip): asked again, up to 100
-    /// times, 20 ms apart (2 s, past any `G`, should a give-up be lost).
-    fn change(&self, changes: Value) -> Result<Value, String> {
-        for _ in 0..100 {
-            let l = self.leader(20).ok_or("no leader")?;
-            match self.admin(l, "/admin/members", json!({ "changes": changes.clone() })) {
-                Some((200, v)) => return Ok(v),
-                Some((409, v)) if v.to_string().contains("read leases are live") => sleep_ms(20),
-                other => return Err(format!("membership change answered {other:?}")),
-            }
-        }
-        Err("membership change refused 100 times: read leases stayed live".into())
-    }
-
-    /// Wait until the leader's configuration has `id` as a voter (`want`) or not.
-    fn wait_voter(&self, id: u64, want: bool, secs: u64) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        while Instant::now() < deadline {
-            let conf = self
-                .leader(5)
-                .and_then(|l| self.http(l, "GET", "/members", &Value::Null));
-            if let Some((200, m)) = conf {
-                let voters: Vec<u64> = m["voters"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(Value::as_u64).collect())
-                    .unwrap_or_default();
-                if voters.contains(&id) == want && m["joint"] == false {
-                    return true;
-                }
-            }
-            sleep_ms(100);
-        }
-        false
-    }
-
-    /// Wait until no member has a group whose configuration is not group 0's (a store of many
-    /// groups follows a membership change group by group, as an operator waits for before the
-    /// next); what it took, for the outcome ("" at once).
-    fn wait_followed(&self, secs: u64) -> String {
-        let t0 = Instant::now();
-        let behind = |id| {
-            self.status(id)
-                .is_none_or(|s| s["groups_behind_membership"].as_u64() != Some(0))
-        };
-        while self.members().into_iter().any(behind) {
-            if t0.elapsed() > Duration::from_secs(secs) {
-                return format!("; groups not all following group 0 after {secs} s");
-            }
-            sleep_ms(100);
-        }
-        match t0.elapsed().as_millis() {
-            0..=1 => String::new(),
-            ms => format!("; every group followed in {ms} ms"),
-        }
-    }
-
-    fn set_targets(&self, remove: u64, add: Option<u64>) {
-        let mut t = self.targets.write();
-        t.retain(|&i| i != remove);
-        t.extend(add);
-        t.sort_unstable();
-        t.dedup();
-    }
-
-    /// Remove `id` (the leader after a transfer), stop it, start it again with `--join`.
-    fn remove_add_back(&self, id: u64, l: u64) -> (Vec<u64>, String) {
-        if id == l {
-            let to = self.members().into_iter().find(|&i| i != l);
-            let Some(to) = to else {
-                return (vec![id], "skipped: a single member".into());
-            };
-            self.admin(l, "/admin/transfer", json!({"to": to}));
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while self.leader(5) == Some(l) && Instant::now() < deadline {
-                sleep_ms(100);
-            }
-        }
-        if let Err(e) = self.change(json!([{"op": "remove", "id": id}])) {
-            return (vec![id], format!("remove: {e}"));
-        }
-        self.wait_voter(id, false, 30);
-        self.set_targets(id, None);
-        let followed = self.wait_followed(60);
-        // Let it apply its own removal (so it asks to join again), then stop it.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline && self.status(id).is_some_and(|s| s["member"] == true) {
-            sleep_ms(100);
-        }
-        self.procs.lock().kill9(id);
-        sleep_ms(500);
-        (vec![id], format!("{}{followed}", self.join(id)))
-    }
-
-    /// Start `id` with `--join` through the leader and wait until it votes.
-    fn join(&self, id: u64) -> String {
-        let Some(via) = self.leader(20) else {
-            return "no leader to join through".into();
-        };
-        if let Err(e) = self.procs.lock().spawn(id, Some(via)) {
-            return format!("spawn: {e}");
-        }
-        self.used.lock().insert(id);
-        let ok = self.wait_voter(id, true, 60);
-        self.set_targets(0, Some(id));
-        let followed = self.wait_followed(60);
-        match ok {
-            true => format!("done{followed}"),
-            false => format!("not a voter again within 60 s{followed}"),
-        }
-    }
-
-    /// Replace `old` by an id that has not been a member, in one joint change.
-    fn replace(&self, old: u64, l: u64) -> (Vec<u64>, String) {
-        let fresh = (1..=MAX_IDS).find(|i| !self.used.lock().contains(i));
-        let Some(new) = fresh.filter(|_| old != l) else {
-            return self.remove_add_back(old, l);
-        };
-        let (peer, http) = (
-            self.procs.lock().peer(new),
-            self.addrs[new as usize].clone(),
-        );
-        let change = json!([{"op": "add_voter", "id": new, "peer": peer, "http": http}, {"op": "remove", "id": old}]);
-        if let Err(e) = self.change(change) {
-            return (vec![old, new], format!("replace: {e}"));
-        }
-        self.set_targets(old, None);
-        let outcome = self.join(new);
-        self.wait_voter(old, false, 30);
-        let outcome = format!("{outcome}{}", self.wait_followed(60));
-        self.procs.lock().kill9(old);
-        (vec![old, new], outcome)
-    }
-
-    /// Leave `id` behind (cut off) while the log is compacted past it, then kill and restart
-    /// it `restarts` times as it catches up, and wait until it has applied the leader's commit.
-    fn lagging(&self, id: u64, behind_ms: u64, restarts: u32) -> (Vec<u64>, String) {
-        let rest: Vec<u64> = self.members().into_iter().filter(|&i| i != id).collect();
-        let mut snaps = 0; // summed over its processes: a restart starts the counters again
-        self.cut(&[id], &rest, None);
-        sleep_ms(behind_ms);
-        let target = self
-            .leader(20)
-            .and_then(|l| self.status(l))
-            .and_then(|s| s["commit"].as_u64())
-            .unwrap_or(0);
-        self.heal(&self.members());
-        for i in 0..restarts {
-            snaps += self.snapshots(id);
-            self.procs.lock().kill9(id);
-            let _ = self.procs.lock().spawn(id, None);
-            sleep_ms(300 + 200 * i as u64);
-        }
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(60) {
-            if self
-                .status(id)
-                .and_then(|s| s["applied"].as_u64())
-                .is_some_and(|a| a >= target)
-            {
-                snaps += self.snapshots(id);
-                let ms = t0.elapsed().as_millis();
-                let outcome = format!("caught up to {target} {ms} ms after {restarts} restarts; {snaps} snapshots received");
-                return (vec![id], outcome);
-            }
-            sleep_ms(100);
-        }
-        (vec![id], format!("not caught up to {target} within 60 s"))
-    }
-
-    /// Snapshots node `id`'s current process received.
-    fn snapshots(&self, id: u64) -> u64 {
-        let m = call(
-            &self.addrs[id as usize],
-            "GET",
-            "/metrics",
-            b"",
-            &[],
-            Duration::from_secs(2),
-        )
-        .map_or(String::new(), |a| a.body);
-        m.lines()
-            .find(|l| l.starts_with("raft_messages_received_total") && l.contains("MsgSnapshot"))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0) as u64
     }
 
     /// Undo everything: resume, heal and reset the clock of every member, restart any member

@@ -11,6 +11,7 @@ mod checker;
 mod clients;
 mod etcd_clients;
 mod faults;
+mod membership;
 mod ops;
 mod procs;
 mod report;
