@@ -5,6 +5,9 @@
 //!   on every node (in per-group mode, `2 × election timeout` more), the nodes' CPU (from `/proc`) and the messages they send (raft,
 //!   support and fortification, counted one by one) over `--idle-s`, per node;
 //! - **leases**: the share of groups whose leader holds a lease at the end of the idle period;
+//! - **follower reads** (with `--follower-leases-ms`): one `GET ?read=local` of every group at
+//!   each of its two followers, and the share served there rather than refused for want of a
+//!   read lease;
 //! - **first reads**: one `GET ?read=auto` on every group's leader, and how many fell back to a
 //!   ReadIndex round instead of the lease;
 //! - **memory**: each node's resident memory over the number of groups (an upper bound: it
@@ -45,6 +48,11 @@ pub struct GroupsCell {
     pub msgs_per_s_per_node: f64,
     /// Groups whose leader held a lease at the end of the idle period, over all groups.
     pub leased_share: f64,
+    /// The nodes' follower read leases (`G`, ms), if on.
+    pub follower_leases_ms: Option<u64>,
+    /// With follower read leases: of the `read=local` reads after the idle period, one per group
+    /// at each of its followers, the share served there.
+    pub follower_read_share: Option<f64>,
     /// First reads after the idle period served by ReadIndex instead of the lease.
     pub first_read_fallbacks: u64,
     /// Failover: the slowest group's time to a leased leader, and the 99th percentile.
@@ -69,6 +77,8 @@ impl GroupsCell {
                "idle_cpu_max_node": self.idle_cpu_max_node,
                "msgs_per_s_per_node": self.msgs_per_s_per_node,
                "leased_share": self.leased_share,
+               "follower_leases_ms": self.follower_leases_ms,
+               "follower_read_share": self.follower_read_share,
                "first_read_fallbacks": self.first_read_fallbacks,
                "failover_max_ms": self.failover_max_ms, "failover_p99_ms": self.failover_p99_ms,
                "failover_bound_ms": self.failover_bound_ms,
@@ -80,13 +90,15 @@ impl GroupsCell {
     /// One line of the table.
     pub fn line(&self) -> String {
         format!(
-            "{:<10} {:>7} {:>9.4} {:>8.4} {:>10.0} {:>7.3} {:>9} {:>8.0} {:>8.0} {:>8.0} ({} groups) {:>8.0}",
+            "{:<10} {:>7} {:>9.4} {:>8.4} {:>10.0} {:>7.3} {:>6} {:>9} {:>8.0} {:>8.0} {:>8.0} ({} groups) {:>8.0}",
             self.mode,
             self.groups,
             self.idle_cpu_per_node,
             self.idle_cpu_max_node,
             self.msgs_per_s_per_node,
             self.leased_share,
+            self.follower_read_share
+                .map_or("-".to_string(), |s| format!("{s:.3}")),
             self.first_read_fallbacks,
             self.failover_max_ms,
             self.failover_p99_ms,
@@ -99,7 +111,7 @@ impl GroupsCell {
 
 /// The table's header.
 pub fn header() -> &'static str {
-    "mode        groups  cpu/core  cpu max  msgs/s/node  leased  fallbacks  fo max   fo p99   bound   (led)  B/group"
+    "mode        groups  cpu/core  cpu max  msgs/s/node  leased  local  fallbacks  fo max   fo p99   bound   (led)  B/group"
 }
 
 /// A three-node cluster of `groups` groups in `mode` (`shared` or `per-group`), running.
@@ -109,12 +121,7 @@ struct Nodes {
 }
 
 impl Nodes {
-    fn start(
-        dir: &std::path::Path,
-        base_port: u16,
-        groups: u32,
-        mode: &str,
-    ) -> Result<Nodes, String> {
+    fn start(dir: &std::path::Path, base_port: u16, how: &Setup) -> Result<Nodes, String> {
         let cluster = ClusterArgs {
             nodes: Some(3),
             data_dir: dir.to_path_buf(),
@@ -122,15 +129,15 @@ impl Nodes {
             base_port: Some(base_port),
             http_base_port: None,
             etcd_base_port: None,
-            groups: Some(groups),
+            groups: Some(how.groups),
             peer_delay_ms: 0,
             fault_injection: false,
             unsafe_lease_based: false,
-            follower_leases_ms: None,
+            follower_leases_ms: how.follower_leases_ms,
             insecure_peers: false,
             node_args: vec![
                 "--liveness".into(),
-                mode.into(),
+                how.mode.into(),
                 "--election-ms".into(),
                 ELECTION_MS.to_string(),
             ],
@@ -298,6 +305,34 @@ fn first_reads(n: &Nodes, groups: u32) -> Result<u64, String> {
     Ok(fallbacks)
 }
 
+/// One `GET ?read=local` of every group at each node that does not lead it; the share served
+/// there (an answer `200` or `404`) rather than refused (`503 no_read_lease`). Any other answer
+/// is an error: the measure would not mean what it says.
+fn follower_reads(n: &Nodes, groups: u32) -> Result<f64, String> {
+    let leaders = leaders(n, &[1, 2, 3]);
+    let keys = key_per_group(groups);
+    let (mut served, mut asked) = (0u64, 0u64);
+    for id in 1..=3u64 {
+        let mut c =
+            Client::connect(&n.addr(id), Duration::from_secs(10)).map_err(|e| e.to_string())?;
+        for (g, key) in keys.iter().enumerate() {
+            if leaders.get(&(g as u64)).is_none_or(|l| l.0 == id) {
+                continue;
+            }
+            let a = c
+                .request("GET", &format!("/kv/{key}?read=local"), b"", &[])
+                .map_err(|e| e.to_string())?;
+            match a.status {
+                200 | 404 => served += 1,
+                503 if a.body.contains("no_read_lease") => {}
+                s => return Err(format!("read=local of {key} at node {id}: {s} {}", a.body)),
+            }
+            asked += 1;
+        }
+    }
+    Ok(served as f64 / asked.max(1) as f64)
+}
+
 /// How long failover is waited for; a group not led with a lease by then counts this long.
 const FAILOVER_WAIT: Duration = Duration::from_secs(120);
 
@@ -340,39 +375,47 @@ fn failover(n: &mut Nodes) -> Result<(usize, f64, f64, usize), String> {
     Ok((led.len(), *ms.last().unwrap_or(&0.0), p99, unrecovered))
 }
 
-/// One mode, measured: start, settle, idle, leases, first reads, memory, failover, stop.
-pub fn measure(
-    dir: &std::path::Path,
-    base_port: u16,
-    groups: u32,
-    mode: &'static str,
-    idle_s: u64,
-) -> Result<GroupsCell, String> {
-    let mut n = Nodes::start(dir, base_port, groups, mode)?;
-    let result = measure_on(&mut n, groups, mode, idle_s);
+/// What one run of `measure` sets up.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    /// Groups per node.
+    pub groups: u32,
+    /// The liveness mode: `shared` or `per-group`.
+    pub mode: &'static str,
+    /// Seconds of the idle period.
+    pub idle_s: u64,
+    /// The nodes' follower read leases (`G`, ms), if on.
+    pub follower_leases_ms: Option<u64>,
+}
+
+/// One mode, measured: start, settle, idle, leases, follower reads, first reads, memory,
+/// failover, stop.
+pub fn measure(dir: &std::path::Path, base_port: u16, how: &Setup) -> Result<GroupsCell, String> {
+    let mut n = Nodes::start(dir, base_port, how)?;
+    let result = measure_on(&mut n, how);
     shutdown(std::mem::take(&mut n.children));
     result
 }
 
-fn measure_on(
-    n: &mut Nodes,
-    groups: u32,
-    mode: &'static str,
-    idle_s: u64,
-) -> Result<GroupsCell, String> {
+fn measure_on(n: &mut Nodes, how: &Setup) -> Result<GroupsCell, String> {
+    let groups = how.groups;
     all_leased(n, &[1, 2, 3], groups, 300)?;
-    match mode {
+    match how.mode {
         "shared" => quiesced(n, 120)?,
         _ => std::thread::sleep(Duration::from_millis(2 * ELECTION_MS)),
     }
-    let (cpu, cpu_max, msgs) = idle(n, idle_s)?;
+    let (cpu, cpu_max, msgs) = idle(n, how.idle_s)?;
     let l = leaders(n, &[1, 2, 3]);
     let leased = l.values().filter(|(_, held)| *held).count() as f64 / f64::from(groups);
+    let follower_read_share = match how.follower_leases_ms {
+        Some(_) => Some(follower_reads(n, groups)?),
+        None => None,
+    };
     let fallbacks = first_reads(n, groups)?;
     let rss: f64 = (1..=3).map(|id| rss_bytes(n.pid(id))).sum::<f64>() / 3.0;
     let (led, max, p99, unrecovered) = failover(n)?;
     Ok(GroupsCell {
-        mode: if mode == "shared" {
+        mode: if how.mode == "shared" {
             "shared"
         } else {
             "per_group"
@@ -382,6 +425,8 @@ fn measure_on(
         idle_cpu_max_node: cpu_max,
         msgs_per_s_per_node: msgs,
         leased_share: leased,
+        follower_leases_ms: how.follower_leases_ms,
+        follower_read_share,
         first_read_fallbacks: fallbacks,
         failover_max_ms: max,
         failover_p99_ms: p99,

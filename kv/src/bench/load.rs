@@ -75,6 +75,10 @@ pub struct BenchArgs {
     /// With `--groups`: seconds of the idle period.
     #[arg(long, default_value_t = 60)]
     idle_s: u64,
+    /// With `--groups`: the nodes' follower read leases (`G`, ms), and after the idle period one
+    /// `read=local` read of every group at each of its followers: the share served there.
+    #[arg(long)]
+    follower_leases_ms: Option<u64>,
     /// Instead of the HTTP cells: the store beside a 3-member etcd 3.4, both through etcd's
     /// gRPC API with one client (see `bench::etcd`).
     #[arg(long)]
@@ -121,14 +125,20 @@ pub fn run(args: BenchArgs) -> i32 {
 
 /// `--groups`: each liveness mode in turn on three processes, then the table and the ratios.
 fn groups(args: &BenchArgs, groups: u32, dir: &std::path::Path) -> Result<(), (i32, String)> {
-    use crate::bench::groups::{header, measure};
+    use crate::bench::groups::{header, measure, Setup};
     println!(
         "kv bench --groups {groups}: 3 nodes, {} s idle, shared liveness then per-group",
         args.idle_s
     );
     let mut cells = Vec::new();
     for mode in ["shared", "per-group"] {
-        let cell = measure(&dir.join(mode), args.base_port, groups, mode, args.idle_s)
+        let how = Setup {
+            groups,
+            mode,
+            idle_s: args.idle_s,
+            follower_leases_ms: args.follower_leases_ms,
+        };
+        let cell = measure(&dir.join(mode), args.base_port, &how)
             .map_err(|e| (1, format!("{mode}: {e}")))?;
         if cells.is_empty() {
             println!("{}", header());
@@ -154,6 +164,9 @@ fn groups(args: &BenchArgs, groups: u32, dir: &std::path::Path) -> Result<(), (i
 fn all(args: &BenchArgs, dir: &std::path::Path) -> Result<(), (i32, String)> {
     if let Some(n) = args.groups {
         return groups(args, n, dir);
+    }
+    if args.follower_leases_ms.is_some() {
+        return Err((2, "--follower-leases-ms goes with --groups".into()));
     }
     if args.vs_etcd {
         let vs = crate::bench::etcd::VsEtcd {
