@@ -131,6 +131,9 @@ fn groups(args: &BenchArgs, groups: u32, dir: &std::path::Path) -> Result<(), (i
         args.idle_s
     );
     let mut cells = Vec::new();
+    let mut json = Vec::new();
+    let mut failed = Vec::new();
+    println!("{}", header());
     for mode in ["shared", "per-group"] {
         let how = Setup {
             groups,
@@ -138,26 +141,35 @@ fn groups(args: &BenchArgs, groups: u32, dir: &std::path::Path) -> Result<(), (i
             idle_s: args.idle_s,
             follower_leases_ms: args.follower_leases_ms,
         };
-        let cell = measure(&dir.join(mode), args.base_port, &how)
-            .map_err(|e| (1, format!("{mode}: {e}")))?;
-        if cells.is_empty() {
-            println!("{}", header());
+        // A mode that fails is reported, and the other is still measured.
+        match measure(&dir.join(mode), args.base_port, &how) {
+            Ok(cell) => {
+                println!("{}", cell.line());
+                json.push(cell.to_json());
+                cells.push(cell);
+            }
+            Err(e) => {
+                println!("{mode:<10} {groups:>7}  failed: {e}");
+                json.push(serde_json::json!({"mode": mode, "groups": groups, "error": e}));
+                failed.push(format!("{mode}: {e}"));
+            }
         }
-        println!("{}", cell.line());
-        cells.push(cell);
     }
-    let (s, p) = (&cells[0], &cells[1]);
-    println!(
-        "shared/per-group: idle CPU {:.3}x, messages {:.4}x",
-        s.idle_cpu_per_node / p.idle_cpu_per_node.max(f64::MIN_POSITIVE),
-        s.msgs_per_s_per_node / p.msgs_per_s_per_node.max(f64::MIN_POSITIVE)
-    );
+    if let [s, p] = &cells[..] {
+        println!(
+            "shared/per-group: idle CPU {:.3}x, messages {:.4}x",
+            s.idle_cpu_per_node / p.idle_cpu_per_node.max(f64::MIN_POSITIVE),
+            s.msgs_per_s_per_node / p.msgs_per_s_per_node.max(f64::MIN_POSITIVE)
+        );
+    }
     if let Some(path) = &args.json {
-        let json: Vec<_> = cells.iter().map(|c| c.to_json()).collect();
         let text = serde_json::to_string_pretty(&json).expect("cells serialize");
         std::fs::write(path, text + "\n").map_err(|e| (1, format!("{}: {e}", path.display())))?;
     }
-    Ok(())
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err((1, failed.join("; "))),
+    }
 }
 
 /// The fsync probe, then each engine's cluster in turn, then the report.
