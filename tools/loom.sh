@@ -13,8 +13,12 @@ if [ -z "$exe" ]; then
     echo "loom.sh: cargo named no test binary" >&2
     exit 1
 fi
-out=$("$exe" handle::loom_tests "$@")
+status=0
+out=$("$exe" handle::loom_tests "$@") || status=$?
 echo "$out"
+if [ "$status" -ne 0 ]; then
+    exit "$status"
+fi
 # A filter that matches nothing passes: say so instead.
 if grep -q "running 0 tests" <<<"$out"; then
     echo "loom.sh: no loom test ran (was the cfg given?)" >&2

@@ -53,6 +53,8 @@ pub struct GroupsCell {
     /// With follower read leases: of the `read=local` reads after the idle period, one per group
     /// at each of its followers, the share served there.
     pub follower_read_share: Option<f64>,
+    /// The number of those reads.
+    pub follower_reads_asked: u64,
     /// First reads after the idle period served by ReadIndex instead of the lease.
     pub first_read_fallbacks: u64,
     /// Failover: the slowest group's time to a leased leader, and the 99th percentile.
@@ -79,6 +81,7 @@ impl GroupsCell {
                "leased_share": self.leased_share,
                "follower_leases_ms": self.follower_leases_ms,
                "follower_read_share": self.follower_read_share,
+               "follower_reads_asked": self.follower_reads_asked,
                "first_read_fallbacks": self.first_read_fallbacks,
                "failover_max_ms": self.failover_max_ms, "failover_p99_ms": self.failover_p99_ms,
                "failover_bound_ms": self.failover_bound_ms,
@@ -146,7 +149,17 @@ impl Nodes {
         let plan = layout
             .check()
             .and_then(|_| Plan::new(&cluster, dir, layout))?;
-        let children = (1..=3).map(|id| plan.spawn(id)).collect::<Result<_, _>>()?;
+        let mut children = Vec::new();
+        for id in 1..=3 {
+            match plan.spawn(id) {
+                Ok(c) => children.push(c),
+                Err(e) => {
+                    // None left running to hold the ports the next mode needs.
+                    shutdown(children);
+                    return Err(e);
+                }
+            }
+        }
         Ok(Nodes { children, layout })
     }
 
@@ -305,32 +318,40 @@ fn first_reads(n: &Nodes, groups: u32) -> Result<u64, String> {
     Ok(fallbacks)
 }
 
-/// One `GET ?read=local` of every group at each node that does not lead it; the share served
-/// there (an answer `200` or `404`) rather than refused (`503 no_read_lease`). Any other answer
-/// is an error: the measure would not mean what it says.
-fn follower_reads(n: &Nodes, groups: u32) -> Result<f64, String> {
+/// One `GET ?read=local` of every group at each node that does not lead it: (served there,
+/// asked). Served: a `200`, or a `404` (no such key: a read like any other), that says it was a
+/// follower-lease read. Refused: `503 no_read_lease` (no valid read lease, or an entry the read
+/// must show not applied yet). Any other answer, or a group with no known leader, is an error:
+/// the share would not mean what it says.
+fn follower_reads(n: &Nodes, groups: u32) -> Result<(u64, u64), String> {
     let leaders = leaders(n, &[1, 2, 3]);
+    if leaders.len() != groups as usize {
+        return Err(format!(
+            "{} of {groups} groups have a known leader",
+            leaders.len()
+        ));
+    }
     let keys = key_per_group(groups);
     let (mut served, mut asked) = (0u64, 0u64);
     for id in 1..=3u64 {
         let mut c =
             Client::connect(&n.addr(id), Duration::from_secs(10)).map_err(|e| e.to_string())?;
         for (g, key) in keys.iter().enumerate() {
-            if leaders.get(&(g as u64)).is_none_or(|l| l.0 == id) {
+            if leaders[&(g as u64)].0 == id {
                 continue;
             }
             let a = c
                 .request("GET", &format!("/kv/{key}?read=local"), b"", &[])
                 .map_err(|e| e.to_string())?;
             match a.status {
-                200 | 404 => served += 1,
+                200 | 404 if a.body.contains("\"read\":\"follower_lease\"") => served += 1,
                 503 if a.body.contains("no_read_lease") => {}
                 s => return Err(format!("read=local of {key} at node {id}: {s} {}", a.body)),
             }
             asked += 1;
         }
     }
-    Ok(served as f64 / asked.max(1) as f64)
+    Ok((served, asked))
 }
 
 /// How long failover is waited for; a group not led with a lease by then counts this long.
@@ -407,10 +428,11 @@ fn measure_on(n: &mut Nodes, how: &Setup) -> Result<GroupsCell, String> {
     let (cpu, cpu_max, msgs) = idle(n, how.idle_s)?;
     let l = leaders(n, &[1, 2, 3]);
     let leased = l.values().filter(|(_, held)| *held).count() as f64 / f64::from(groups);
-    let follower_read_share = match how.follower_leases_ms {
-        Some(_) => Some(follower_reads(n, groups)?),
-        None => None,
+    let (served, asked) = match how.follower_leases_ms {
+        Some(_) => follower_reads(n, groups)?,
+        None => (0, 0),
     };
+    let follower_read_share = (asked > 0).then(|| served as f64 / asked as f64);
     let fallbacks = first_reads(n, groups)?;
     let rss: f64 = (1..=3).map(|id| rss_bytes(n.pid(id))).sum::<f64>() / 3.0;
     let (led, max, p99, unrecovered) = failover(n)?;
@@ -427,6 +449,7 @@ fn measure_on(n: &mut Nodes, how: &Setup) -> Result<GroupsCell, String> {
         leased_share: leased,
         follower_leases_ms: how.follower_leases_ms,
         follower_read_share,
+        follower_reads_asked: asked,
         first_read_fallbacks: fallbacks,
         failover_max_ms: max,
         failover_p99_ms: p99,

@@ -402,7 +402,6 @@ fn progress(s: &Shared, nem: Arc<Nemesis>) -> std::thread::JoinHandle<()> {
     })
 }
 
-/// Run the schedule until `duration` has passed (with --quick, also until every kind ran once).
 /// How this run's faults are drawn.
 fn params(a: &NemesisArgs) -> schedule::Params {
     schedule::Params {
@@ -435,6 +434,8 @@ fn check_kinds(a: &NemesisArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Run the seeded schedule (only the `--kinds` given, if any) until `duration` has passed: a
+/// short run reaches only the first kinds of its seed's order.
 fn faults_for(a: &NemesisArgs, seed: u64, duration: Duration, nem: &Arc<Nemesis>) {
     let mut steps = schedule::schedule(seed, 100_000, &params(a));
     if !a.kinds.is_empty() {
