@@ -61,6 +61,10 @@ pub struct TestingKnobs {
     /// Shared liveness: a leader that steps down does not release its followers' fortification,
     /// so a group stuck on a live node stays fortified to a leader that cannot serve.
     pub no_give_up: bool,
+    /// Shared liveness with follower read leases: a node that stops leading a group releases
+    /// the voters fortified to it at once, while a read lease it granted in the group may still
+    /// be served (FOLLOWER.md rule 13 switched off).
+    pub release_at_once: bool,
     /// Shared liveness: a supporter that sees a later epoch ends the earlier one at once,
     /// releasing its replicas before the promise made under it has run out.
     pub end_epoch_at_once: bool,
@@ -149,6 +153,7 @@ impl TestingKnobs {
             (self.no_campaign_jitter, "no_campaign_jitter"),
             (self.forget_withdrawals, "forget_withdrawals"),
             (self.no_give_up, "no_give_up"),
+            (self.release_at_once, "release_at_once"),
             (self.end_epoch_at_once, "end_epoch_at_once"),
             (self.count_earlier_terms, "count_earlier_terms"),
             (self.release_on_term_move, "release_on_term_move"),

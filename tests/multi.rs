@@ -6,6 +6,9 @@
 //! - `RAFT_LEASE_SEED=N` runs one seed of the randomized tests (a failure prints it).
 //! - `RAFT_LEASE_MULTI_SEEDS=N` runs seeds `0..N` (default 16, the CI seeds).
 
+mod multi_common;
+
+use multi_common::seeds;
 use raft_lease::multi::LivenessMode;
 use raft_lease::sim::multi::random::{self, MultiControl, MultiOutcome};
 use raft_lease::sim::multi::{MultiSim, MultiSimConfig};
@@ -165,16 +168,6 @@ fn control_no_give_up_leaves_a_stuck_group_unavailable() {
 }
 
 // ----- randomized -----------------------------------------------------------------------------
-
-fn seeds() -> Vec<u64> {
-    if let Ok(seed) = std::env::var("RAFT_LEASE_SEED") {
-        return vec![seed.parse().expect("RAFT_LEASE_SEED must be a number")];
-    }
-    let n = std::env::var("RAFT_LEASE_MULTI_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    (0..n.unwrap_or(16)).collect()
-}
 
 fn run(seed: u64, control: Option<MultiControl>) -> MultiOutcome {
     random::run(seed, control, 2_500)

@@ -16,6 +16,7 @@
 mod batch;
 mod group;
 mod mem;
+mod release;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,16 +42,7 @@ use crate::liveness::{
 use crate::node::{LeaseNode, NodeError};
 use crate::read::{ReadError, ReadId, ReadMode, ServedRead};
 use group::Group;
-
-/// A term given up, whose release is sent again until `until_ns`.
-#[derive(Debug, Clone)]
-struct GivenUp {
-    group: GroupId,
-    term: u64,
-    /// The voters to release (kept here: the group may have been removed since).
-    voters: Vec<NodeId>,
-    until_ns: u64,
-}
+use release::GivenUp;
 
 /// What a removed group leaves on its node.
 #[derive(Debug, Clone, Copy, Default)]
@@ -170,8 +162,9 @@ pub struct MultiNode<S: Storage, C: Clock + Clone> {
     support_renewed: BTreeSet<NodeId>,
     /// Replicas released by a withdrawal, to campaign at a jittered instant: (instant, group).
     campaigns: Vec<(u64, GroupId)>,
-    /// Terms given up: their release is sent again with every round of support heartbeats
-    /// until `3P` after, in case one was lost.
+    /// Terms given up: each release leaves once the read leases granted under the term have
+    /// ended, and is sent again with every round of support heartbeats until `3P` after, in
+    /// case one was lost.
     given_up: Vec<GivenUp>,
     /// What removed groups leave behind on this node until it has ended: a fortification a
     /// leader may still count, and the highest term released. Restored if the group comes back.
@@ -298,7 +291,8 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
     ///   lease slot is never handed out again, so a handle kept past this never reads another
     ///   group's lease; the slot's memory goes with the last handle to its chunk.
     /// - If it led a term, that term is given up: every voter fortified to it is released over
-    ///   the node stream (sent again for `3P`), and campaigns after jitter.
+    ///   the node stream (sent again for `3P`), once every read lease it granted has ended, and
+    ///   campaigns after jitter.
     /// - A fortification it had made stays on the node until the support under it ends or its
     ///   leader releases it: the leader may still count it. If the group is hosted here again
     ///   meanwhile ([`Self::add_group`]), its new replica refuses every other candidate until
@@ -313,6 +307,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         let led = g.node.is_leader().then(|| g.node.raw().raft.term);
         let voters: Vec<NodeId> = g.members().all_voters().collect();
         let (fortification, released_term) = (g.fortification, g.released_term());
+        let grants_end_ns = g.node.grants_end_ns();
         drop(g); // revokes its read handles
         self.removed.insert(
             gid,
@@ -327,7 +322,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         self.campaigns.retain(|&(_, c)| c != gid);
         self.peers_scanned_ns = None;
         if let Some(term) = led {
-            self.release_term(gid, term, voters);
+            self.release_term(gid, term, voters, grants_end_ns);
         }
         slog::info!(self.logger, "group removed"; "group" => gid, "led" => ?led,
             "fortified_to" => ?fortification.map(|f| f.leader));
@@ -356,6 +351,7 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
                 self.extend_leases_resting_on(&renewed, false);
             }
             self.send_support(now_ns);
+            self.send_due_releases(now_ns);
             self.withdraw_expired(now_ns);
             self.start_due_campaigns(now_ns);
         }
@@ -389,14 +385,6 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
         }
         for (peer, msg) in due {
             self.batch_to(peer).support.push(msg);
-        }
-    }
-
-    /// Send every release given up within `3P` again, one round per heartbeat interval.
-    fn resend_releases(&mut self, now_ns: u64) {
-        self.given_up.retain(|u| now_ns < u.until_ns);
-        for u in self.given_up.clone() {
-            self.send_release(u.group, u.term, &u.voters);
         }
     }
 
@@ -891,52 +879,6 @@ impl<S: Storage, C: Clock + Clone> MultiNode<S, C> {
             .is_some_and(|g| g.refresh_members());
         if changed {
             self.peers_scanned_ns = None; // the support session may have a new peer
-        }
-    }
-
-    /// This replica no longer leads `gid` at `term`, and its lease ended with it: release every
-    /// replica fortified to it, over the node stream. Without this, a group whose raft messages
-    /// do not get through (check-quorum stepped its leader down) would stay fortified to a
-    /// leader that cannot serve, while the node stream keeps the support alive.
-    fn give_up(&mut self, gid: GroupId, term: u64) {
-        let g = &self.groups[&gid];
-        assert!(
-            !g.leads(term),
-            "group {gid}: gives up term {term} it still leads"
-        );
-        assert!(
-            g.node.lease_status().remaining_ns == 0,
-            "group {gid}: gives up term {term} with its lease still held"
-        );
-        let voters = g.members().all_voters().collect();
-        self.release_term(gid, term, voters);
-    }
-
-    /// Release `voters` from `term` of `gid`, now and again for `3P`.
-    fn release_term(&mut self, gid: GroupId, term: u64, voters: Vec<NodeId>) {
-        if self.mode != LivenessMode::Shared || self.config.lease.safeties.testing.no_give_up {
-            return;
-        }
-        self.send_release(gid, term, &voters);
-        let until_ns = self
-            .clock
-            .now_ns()
-            .saturating_add(3 * self.derived.promise_ns);
-        self.given_up.push(GivenUp {
-            group: gid,
-            term,
-            voters,
-            until_ns,
-        });
-        slog::debug!(self.logger, "gave up leadership"; "group" => gid, "term" => term);
-    }
-
-    fn send_release(&mut self, gid: GroupId, term: u64, voters: &[NodeId]) {
-        let peers: BTreeSet<NodeId> = voters.iter().copied().collect();
-        let me = self.id;
-        for peer in peers.into_iter().filter(|&p| p != me) {
-            let to = self.batch_to(peer);
-            to.fortify.push(FortifyMsg::Release { group: gid, term });
         }
     }
 

@@ -416,6 +416,7 @@ impl SimCluster {
                     leading: false,
                     candidate: false,
                     lease_term: None,
+                    read_lease_term: None,
                     campaigning: false,
                     vote: n.storage.initial_state().map_or(0, |s| s.hard_state.vote),
                     // A crashed node cannot vote; once up again, its boot promise (or the lack
@@ -1077,6 +1078,7 @@ fn node_view(node: &SimLeaseNode, ids: &[u64], newest_voters: &[u64]) -> NodeVie
         campaigning: matches!(r.state, StateRole::Candidate | StateRole::PreCandidate),
         vote: r.vote,
         lease_term: status.term.filter(|_| status.state.is_held()),
+        read_lease_term: node.read_lease_term(),
         backs: ids
             .iter()
             .copied()

@@ -199,6 +199,22 @@ pub enum Violation {
         /// That term.
         leader_term: u64,
     },
+    /// A node held a follower read lease of one term while a node other than that term's leader
+    /// led a later term.
+    ReadLeaseBehindLeader {
+        /// Real time it was first seen.
+        at_ns: u64,
+        /// The node holding the read lease.
+        holder: u64,
+        /// The term of the leader that granted it.
+        lease_term: u64,
+        /// That leader, as the monitor saw it (`None`: never seen leading).
+        granter: Option<u64>,
+        /// The node leading the later term.
+        leader: u64,
+        /// That term.
+        leader_term: u64,
+    },
     /// A node held a lease that no quorum of promises backed: it outlived the promises it rests on.
     UnbackedLease {
         /// Real time it was first seen.
@@ -235,6 +251,7 @@ impl Violation {
             self,
             Violation::TwoLeaseHolders { .. }
                 | Violation::LeaseBehindLeader { .. }
+                | Violation::ReadLeaseBehindLeader { .. }
                 | Violation::UnbackedLease { .. }
                 | Violation::PromiseBroken { .. }
         )

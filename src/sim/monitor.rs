@@ -10,7 +10,12 @@
 //!   it rests on, before any election has to happen in the gap. A crashed node counts as backing
 //!   (it cannot vote); once restarted, its boot promise, or the lack of one, speaks for it;
 //! - no promise that backs a lease held is broken: a node that promised the holder does not
-//!   campaign, and does not vote for anyone else in a later term, while the lease lasts.
+//!   campaign, and does not vote for anyone else in a later term, while the lease lasts;
+//! - no follower read lease of term `T` is held while a node other than `T`'s leader leads a
+//!   later term (FOLLOWER.md rule 3: a read lease ends before the leader lease that granted it,
+//!   and a different leader is elected only after that lease, and the releases held back for
+//!   the read leases, have ended). The granting node may lead again at once: its grant table
+//!   comes with it.
 //!
 //! The promises are read as made, not as enforced: a negative control that switches off the
 //! refusal of votes leaves the promise in place, and the monitor catches the node breaking it.
@@ -38,6 +43,9 @@ pub struct NodeView {
     pub candidate: bool,
     /// The term of the lease it holds now by its own clock, if any.
     pub lease_term: Option<u64>,
+    /// The term of the follower read lease it holds now by its own clock, if any: the term of
+    /// the leader that granted it.
+    pub read_lease_term: Option<u64>,
     /// Whether it is campaigning: a pre-candidate or a candidate, in any configuration.
     pub campaigning: bool,
     /// The node it voted for in `term` (0: none).
@@ -90,6 +98,9 @@ impl LeaseMonitor {
             self.record_election(n);
         }
         self.forget_ended_promises(nodes);
+        for holder in nodes.iter().filter(|n| n.read_lease_term.is_some()) {
+            self.check_read_lease(at_ns, holder, nodes);
+        }
         for holder in nodes.iter().filter(|n| n.lease_term.is_some()) {
             let lease_term = holder.lease_term.expect("filtered");
             self.check_backed(at_ns, holder, lease_term, nodes);
@@ -117,6 +128,34 @@ impl LeaseMonitor {
                         }
                     });
                 }
+            }
+        }
+    }
+
+    /// No node but the one that led the read lease's term leads a later term while it lives.
+    fn check_read_lease(&mut self, at_ns: u64, holder: &NodeView, nodes: &[NodeView]) {
+        let lease_term = holder.read_lease_term.expect("a read lease held");
+        let granter = self.terms.get(&lease_term).and_then(|t| t.leader);
+        let later = nodes
+            .iter()
+            .filter(|o| o.leading && o.term > lease_term && Some(o.id) != granter);
+        for leader in later {
+            let key = (
+                false,
+                holder.id,
+                lease_term,
+                leader.id,
+                u64::MAX - leader.term,
+            );
+            if self.seen.insert(key) {
+                self.violations.push(Violation::ReadLeaseBehindLeader {
+                    at_ns,
+                    holder: holder.id,
+                    lease_term,
+                    granter,
+                    leader: leader.id,
+                    leader_term: leader.term,
+                });
             }
         }
     }
@@ -266,11 +305,41 @@ mod tests {
             leading,
             candidate: false,
             lease_term,
+            read_lease_term: None,
             campaigning: false,
             vote: 0,
             backs: vec![1],
             voters: (vec![1, 2, 3], vec![]),
         }
+    }
+
+    #[test]
+    fn a_read_lease_of_a_term_ends_before_another_node_leads_a_later_one() {
+        let holder = |lease| NodeView {
+            read_lease_term: lease,
+            ..view(3, 2, false, None)
+        };
+        let mut m = LeaseMonitor::default();
+        m.observe(1, &[view(1, 2, true, Some(2)), holder(Some(2))]);
+        m.observe(2, &[view(1, 3, true, None), holder(Some(2))]);
+        assert!(
+            m.violations().is_empty(),
+            "the granter leads again: allowed"
+        );
+        m.observe(3, &[view(2, 4, true, None), holder(None)]);
+        assert!(m.violations().is_empty(), "the read lease had ended");
+        m.observe(4, &[view(2, 4, true, None), holder(Some(2))]);
+        assert!(matches!(
+            m.violations(),
+            [Violation::ReadLeaseBehindLeader {
+                holder: 3,
+                lease_term: 2,
+                granter: Some(1),
+                leader: 2,
+                leader_term: 4,
+                ..
+            }]
+        ));
     }
 
     #[test]

@@ -404,9 +404,20 @@ impl Exposure {
         self.table.stop_granting(term);
     }
 
+    /// The term of the last grant this replica took as a holder (0: none).
+    pub(crate) fn read_lease_term(&self) -> u64 {
+        self.lease.term()
+    }
+
     /// Whether this replica's read lease is valid at `now_ns`.
     pub(crate) fn holds_read_lease(&self, now_ns: u64) -> bool {
         self.lease.is_valid(now_ns)
+    }
+
+    /// The instant, on this node's clock, at which the last read lease it granted ends on its
+    /// count (0: none granted, or all given up).
+    pub(crate) fn grants_end_ns(&self) -> u64 {
+        self.table.last_end_ns()
     }
 
     /// Whether a grant this node made may still be counted at `now_ns`.

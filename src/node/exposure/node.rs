@@ -256,6 +256,13 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
         }
     }
 
+    /// The instant, on this node's clock, until which it counts a read lease it granted (0:
+    /// none; always 0 without follower leases). A node that stops leading releases its
+    /// fortified voters only from then on (FOLLOWER.md rule 13).
+    pub(crate) fn grants_end_ns(&self) -> u64 {
+        self.exposure.as_ref().map_or(0, |x| x.grants_end_ns())
+    }
+
     /// Whether a read lease this node granted may still be counted at `now_ns` (FOLLOWER.md
     /// rule 3: until then it does not campaign).
     pub(crate) fn grants_live(&self, now_ns: u64) -> bool {
@@ -373,6 +380,14 @@ impl<S: Storage, C: Clock> LeaseNode<S, C> {
             self.raw.ping();
         }
         Err(end_ns)
+    }
+
+    /// The term of the follower read lease this replica holds now, if it holds one: the term
+    /// of the leader that granted it.
+    pub fn read_lease_term(&self) -> Option<u64> {
+        let now_ns = self.clock.now_ns();
+        let x = self.exposure.as_ref()?;
+        x.holds_read_lease(now_ns).then(|| x.read_lease_term())
     }
 
     /// Whether this replica holds a follower read lease now.

@@ -16,7 +16,7 @@ fn fortified_to(sim: &MultiSim, node: u64, gid: GroupId) -> Option<u64> {
 /// An episode starts from a quiet network: no cuts, no slow links, no per-type rules, no loss
 /// and no stale copies, and every paused
 /// node resumed; then the group settles for up to `P` (its followers fortify again).
-fn quiet(sim: &mut MultiSim, gid: GroupId) {
+pub(super) fn quiet(sim: &mut MultiSim, gid: GroupId) {
     sim.heal();
     sim.net_mut().config = crate::sim::NetConfig::default();
     sim.net_mut().set_stale_copies(0.0, 0);

@@ -94,7 +94,15 @@ pub(super) fn rolling_change(
     if !sim.is_up(node) || !c.pre_vote || !c.no_pre_vote_nodes.is_empty() {
         return String::new();
     }
-    let (was_ms, promise_ms) = (sim.promise_ms(node), PROMISES_MS[rng.gen_range(0..6)]);
+    // With follower read leases, only a promise whose election timeout fits `G` (below half
+    // of it): a node refuses to start with one it does not.
+    let grant_ms = c.lease.follower_leases.map_or(0, |f| f.max_grant_ms);
+    let fits: Vec<u64> = PROMISES_MS
+        .into_iter()
+        .filter(|&p| grant_ms < p / 2 || grant_ms == 0)
+        .collect();
+    let was_ms = sim.promise_ms(node);
+    let promise_ms = fits[rng.gen_range(0..fits.len())];
     sim.crash(node);
     sim.set_promise_ms(node, promise_ms);
     let what = format!("rolling change: {node} restarts with P {was_ms}->{promise_ms}ms");

@@ -6,6 +6,7 @@
 
 pub mod episodes;
 mod faults;
+pub mod follower_runs;
 mod io;
 mod net;
 pub mod random;
@@ -150,6 +151,10 @@ pub struct MultiSim {
     /// `(group, node)`: that group's raft messages to and from that node are dropped, while
     /// the node's support and fortification messages flow (a group stuck on a live node).
     muted: BTreeSet<(GroupId, u64)>,
+    /// `(group, a, b)` with `a < b`: that group's raft messages between `a` and `b` are dropped,
+    /// both ways, while everything else flows (the group's lanes between two nodes lost while
+    /// the node stream gets through).
+    muted_links: BTreeSet<(GroupId, u64, u64)>,
     /// Per group: whether a live leader held a lease at the last step, and every instant one
     /// came to hold it after none did.
     leased: BTreeMap<GroupId, (bool, Vec<u64>)>,
@@ -199,6 +204,7 @@ impl MultiSim {
             now_ns: 0,
             nodes,
             muted: BTreeSet::new(),
+            muted_links: BTreeSet::new(),
             leased: BTreeMap::new(),
             up_log: Vec::new(),
             logger: Logger::root(slog::Discard, slog::o!()),
@@ -244,8 +250,9 @@ impl MultiSim {
         };
         n.max_promise_ms = n.max_promise_ms.max(promise_ms);
         let storages = n.storages.iter().map(|(&g, s)| (g, s.clone()));
-        let node = MultiNode::new(config, storages, n.clock.clone(), &self.logger)
+        let mut node = MultiNode::new(config, storages, n.clock.clone(), &self.logger)
             .unwrap_or_else(|e| panic!("node {} failed to start: {e}", n.id));
+        node.set_entry_keys(crate::sim::kv::entry_keys);
         n.kv = n
             .storages
             .iter()
@@ -301,9 +308,13 @@ impl MultiSim {
     }
 
     fn deliver(&mut self, mut b: NodeBatch) {
-        let muted = &self.muted;
-        b.raft
-            .retain(|(g, _)| !muted.contains(&(*g, b.from)) && !muted.contains(&(*g, b.to)));
+        let (muted, links) = (&self.muted, &self.muted_links);
+        let link = (b.from.min(b.to), b.from.max(b.to));
+        b.raft.retain(|(g, _)| {
+            !muted.contains(&(*g, b.from))
+                && !muted.contains(&(*g, b.to))
+                && !links.contains(&(*g, link.0, link.1))
+        });
         let idx = b.to as usize - 1;
         let n = &mut self.nodes[idx];
         let Some(node) = n.node.as_mut() else { return };
@@ -407,6 +418,36 @@ impl MultiSim {
         op
     }
 
+    /// Read `key` in group `gid` from `node`'s local state under its follower read lease: read
+    /// first, then validate ([`crate::LeaseNode::check_local_read_key`]: only a pending write
+    /// of `key` holds it back); a refused read fails.
+    pub fn follower_get(&mut self, gid: GroupId, node: u64, key: &[u8]) -> OpId {
+        let h = self.histories.get_mut(&gid).expect("known group");
+        let op = h.invoke(node, OpKind::Get { key: key.to_vec() }, self.now_ns);
+        let n = &self.nodes[node as usize - 1];
+        let replica = n
+            .node
+            .as_ref()
+            .filter(|_| !n.paused)
+            .and_then(|m| m.group(gid));
+        let result = match replica {
+            None => OpResult::Failed("unavailable".into()),
+            Some(g) => {
+                let value = n.kv.get(&gid).and_then(|kv| SimStateMachine::get(kv, key));
+                match g.check_local_read_key(key) {
+                    Ok(()) => OpResult::Read {
+                        value,
+                        served: crate::ReadKind::FollowerLease,
+                    },
+                    Err(e) => OpResult::Failed(format!("{e:?}")),
+                }
+            }
+        };
+        let h = self.histories.get_mut(&gid).expect("known group");
+        h.complete(op, result, self.now_ns);
+        op
+    }
+
     fn live(&mut self, idx: usize) -> Option<&mut Node> {
         let n = &mut self.nodes[idx];
         n.node.as_mut().filter(|_| !n.paused)
@@ -435,8 +476,17 @@ impl MultiSim {
             if self.now_ns >= next_read {
                 next_read += read_every_us * 1_000;
                 for gid in 1..=self.config.groups {
-                    for node in self.believed_leaders(gid) {
+                    let leaders = self.believed_leaders(gid);
+                    for &node in &leaders {
                         self.get(gid, node, &key, mode);
+                    }
+                    if self.config.lease.follower_leases.is_some() {
+                        let others = (1..=self.config.nodes).filter(|n| !leaders.contains(n));
+                        for node in others.collect::<Vec<_>>() {
+                            if self.hosts(node, gid) {
+                                self.follower_get(gid, node, &key);
+                            }
+                        }
                     }
                 }
             }
@@ -476,6 +526,19 @@ impl MultiSim {
     /// leaves it.
     pub fn mute_group(&mut self, gid: GroupId, node: u64) {
         self.muted.insert((gid, node));
+    }
+
+    /// Drop group `gid`'s raft messages between `a` and `b`, both ways, until
+    /// [`MultiSim::unmute_group_link`], while everything else flows: their support and
+    /// fortification, and the group's messages on every other link. [`MultiSim::heal`] leaves
+    /// it.
+    pub fn mute_group_link(&mut self, gid: GroupId, a: u64, b: u64) {
+        self.muted_links.insert((gid, a.min(b), a.max(b)));
+    }
+
+    /// Let group `gid`'s raft messages between `a` and `b` through again.
+    pub fn unmute_group_link(&mut self, gid: GroupId, a: u64, b: u64) {
+        self.muted_links.remove(&(gid, a.min(b), a.max(b)));
     }
 
     /// Let group `gid`'s raft messages to and from `node` through again.
@@ -659,6 +722,7 @@ impl MultiSim {
             total.violations.extend(r.violations);
             total.reads_checked += r.reads_checked;
             total.lease_reads_checked += r.lease_reads_checked;
+            total.follower_reads_checked += r.follower_reads_checked;
             total.writes_acked += r.writes_acked;
             let m = &self.monitors[gid];
             total.violations.extend_from_slice(m.violations());
@@ -759,6 +823,7 @@ fn view(n: &SimNode, gid: GroupId, ids: &[u64]) -> NodeView {
             leading: false,
             candidate: false,
             lease_term: None,
+            read_lease_term: None,
             campaigning: false,
             vote: hs.vote,
             // A crashed node, or one not hosting the group, cannot vote; its boot promise, or the
@@ -777,6 +842,7 @@ fn view(n: &SimNode, gid: GroupId, ids: &[u64]) -> NodeView {
         leading: r.state == StateRole::Leader,
         candidate: r.state == StateRole::Candidate,
         lease_term: status.term.filter(|_| status.state.is_held()),
+        read_lease_term: g.read_lease_term(),
         campaigning: matches!(r.state, StateRole::Candidate | StateRole::PreCandidate),
         vote: r.vote,
         backs: ids

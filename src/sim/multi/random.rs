@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::faults::{self, Later, Undo, PROMISES_MS};
 pub use super::faults::{FailedGroup, Failover};
-use super::{episodes, MultiSim, MultiSimConfig};
+use super::{episodes, follower_runs, MultiSim, MultiSimConfig};
 use crate::config::Safeties;
 use crate::multi::LivenessMode;
 use crate::read::ReadMode;
@@ -45,6 +45,9 @@ pub enum MultiControl {
     /// A node that stops hosting a group forgets the fortification its replica made: hosted
     /// again while the node still supports that leader, the new replica votes for others.
     ForgetRemovedFortifications,
+    /// With follower read leases: a node that stops leading a group releases its fortified
+    /// voters at once, while a read lease it granted may still be served (FOLLOWER.md rule 13).
+    ReleaseAtOnce,
 }
 
 /// What one run found.
@@ -118,6 +121,7 @@ pub fn config(seed: u64, control: Option<MultiControl>) -> MultiSimConfig {
     knobs.count_own_promise = control == Some(MultiControl::MixedSettingsOwnPromise);
     knobs.forget_removed_fortifications =
         control == Some(MultiControl::ForgetRemovedFortifications);
+    knobs.release_at_once = control == Some(MultiControl::ReleaseAtOnce);
     c.same_incarnation_on_restart = control == Some(MultiControl::SameIncarnation);
     c
 }
@@ -133,8 +137,18 @@ pub fn run_keeping_sim(
     control: Option<MultiControl>,
     safety_ms: u64,
 ) -> (MultiOutcome, MultiSim) {
-    let mut sim = MultiSim::new(config(seed, control));
+    run_config(config(seed, control), safety_ms)
+}
+
+/// [`run_keeping_sim`] on a config of its own (the follower-lease runs'). With follower read
+/// leases on, the safety phase also cuts groups apart on their own (see
+/// [`super::follower_runs`]), drawn from a generator of its own.
+pub(super) fn run_config(c: MultiSimConfig, safety_ms: u64) -> (MultiOutcome, MultiSim) {
+    let seed = c.seed;
+    let follower_leases = c.lease.follower_leases.is_some();
+    let mut sim = MultiSim::new(c);
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xfa17);
+    let mut split_rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5b11_7000);
     let mut faults = Vec::new();
     let mut later = Later::new();
     let mut failovers = Vec::new();
@@ -144,6 +158,12 @@ pub fn run_keeping_sim(
         undo_due(&mut sim, &mut later, now_ms);
         if rng.gen_bool(0.4) {
             let fault = inject(&mut sim, &mut rng, &mut later, &mut failovers);
+            if !fault.is_empty() {
+                faults.push(format!("{now_ms}ms {fault}"));
+            }
+        }
+        if follower_leases && split_rng.gen_bool(0.05) {
+            let fault = follower_runs::group_split(&mut sim, &mut split_rng);
             if !fault.is_empty() {
                 faults.push(format!("{now_ms}ms {fault}"));
             }
