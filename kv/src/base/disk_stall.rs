@@ -1,5 +1,8 @@
-//! A fault: the node's raft log writes stall (a disk that stops answering), set by
-//! `/admin/stall-disk` with `--fault-injection`. The raft thread waits at its next sync of the log
+//! Faults of the disk, set over `/admin` with `--fault-injection`: the node's raft log writes
+//! stall (a disk that stops answering), set by `/admin/stall-disk`; and the process is killed
+//! (`SIGKILL`, as `kill -9`) right after its next cut of a raft log, set by
+//! `/admin/crash-after-cut`, the moment a cut that passed what the state made durable loses
+//! acknowledged state. The raft thread waits at its next sync of the log
 //! until the stall is lifted, as it would in an `fsync` that does not return; everything else
 //! (HTTP, the peer listener, lease reads) runs on.
 //!
@@ -15,6 +18,8 @@ use parking_lot::{Condvar, Mutex};
 pub struct DiskStall {
     stalled: Mutex<bool>,
     resumed: Condvar,
+    /// Kill the process right after the next cut of a raft log.
+    crash_after_cut: std::sync::atomic::AtomicBool,
 }
 
 impl DiskStall {
@@ -23,6 +28,26 @@ impl DiskStall {
         *self.stalled.lock() = stalled;
         if !stalled {
             self.resumed.notify_all();
+        }
+    }
+
+    /// Kill the process right after the next cut of a raft log.
+    pub fn arm_crash_after_cut(&self) {
+        self.crash_after_cut
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// A raft log was just cut: kill the process (`SIGKILL`: nothing after it runs, nothing
+    /// buffered in it is written) if that was asked for.
+    pub fn cut_done(&self) {
+        if self
+            .crash_after_cut
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            // SAFETY: kill(2) on this process's own pid, with a signal that cannot be caught.
+            unsafe {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
         }
     }
 

@@ -62,6 +62,9 @@ pub struct NodeOptions {
     /// With follower read leases, replicas apply up to raft's commit index instead of the
     /// exposed index (unsafe, the negative control for follower reads).
     pub unsafe_apply_to_commit: bool,
+    /// The raft log is cut past what the state engine made durable (unsafe, the negative
+    /// control for the cut).
+    pub unsafe_cut_past_durable: bool,
     /// etcd watches start one revision late (unsafe, the negative control for watches).
     pub unsafe_watch_off_by_one: bool,
     /// Snapshot and compact every this many applied entries.

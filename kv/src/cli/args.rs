@@ -124,6 +124,11 @@ pub struct NodeArgs {
     /// that still serves local reads (stale follower reads).
     #[arg(long, hide = true, requires = "follower_leases_ms")]
     pub unsafe_apply_to_commit: bool,
+    /// NEGATIVE CONTROL (hidden): the raft log is cut up to the applied index, past what the
+    /// state engine has made durable, so a crash right after a cut loses applied state whose
+    /// entries are gone from the log.
+    #[arg(long, hide = true)]
+    pub unsafe_cut_past_durable: bool,
     /// NEGATIVE CONTROL (hidden): etcd watches start one revision after the one asked for, so
     /// a watcher that reconnects misses an event (the etcd-API nemesis must find it).
     #[arg(long, hide = true)]
@@ -312,6 +317,7 @@ impl NodeArgs {
             unsafe_count_own_promise: self.unsafe_count_own_promise,
             follower_leases_ms: self.follower_leases_ms,
             unsafe_apply_to_commit: self.unsafe_apply_to_commit,
+            unsafe_cut_past_durable: self.unsafe_cut_past_durable,
             unsafe_watch_off_by_one: self.unsafe_watch_off_by_one,
             snapshot_every: self.snapshot_every,
             log_engine: self.log_engine,

@@ -120,10 +120,8 @@ fn bootstrap(o: &NodeOptions) -> Option<Snapshot> {
     if o.join.is_some() {
         return None;
     }
-    let mut state = KvState::new();
-    state.advance(FOUNDING_INDEX);
-    let data =
-        crate::raft::snapshot::envelope(&founding_members(o), FOUNDING_INDEX, &state.snapshot());
+    // An empty machine part: the state at index 1 is empty (see `raft_loop::open_state`).
+    let data = crate::raft::snapshot::envelope(&founding_members(o), FOUNDING_INDEX, &[]);
     let mut s = Snapshot {
         data: data.into(),
         ..Default::default()
@@ -282,6 +280,8 @@ fn transport_config(opts: &NodeOptions, tls: Option<PeerTls>, log: &Logger) -> T
 struct Boot {
     /// Group `g`'s store at `g`.
     storages: Vec<DiskStorage>,
+    /// The state engine.
+    state: crate::disk::state_engine::StateEngine,
     /// This boot's incarnation.
     incarnation: u32,
     clock: Arc<ScaledClock>,
@@ -312,6 +312,7 @@ fn boot(opts: &NodeOptions, log: &Logger) -> Result<Boot, Exit> {
     )?;
     Ok(Boot {
         storages: opened.storages,
+        state: opened.state,
         incarnation,
         clock,
         promise: Arc::new(promise),
@@ -370,6 +371,7 @@ fn start(
     };
     let wiring = Wiring {
         storages: boot.storages,
+        state: boot.state,
         multi,
         transport,
         inbox,
@@ -388,6 +390,7 @@ fn start(
         admission_checks: !opts.no_admission_checks,
         balance_leaders: opts.balance_leaders,
         follower_leases: opts.follower_leases_ms.is_some(),
+        unsafe_cut_past_durable: opts.unsafe_cut_past_durable,
     };
     let (raft_loop, groups) = RaftLoop::open(cfg, wiring, log.clone()).map_err(fatal)?;
     let app = Arc::new(App {
@@ -470,6 +473,12 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
         for _ in 0..3 {
             warn!(log, "!!! --unsafe-apply-to-commit: replicas apply up to raft's commit, not the exposed index: \
                         followers serve STALE local reads. Negative control for tests only. !!!");
+        }
+    }
+    if opts.unsafe_cut_past_durable {
+        for _ in 0..3 {
+            warn!(log, "!!! --unsafe-cut-past-durable: the raft log is cut past what the state engine made durable: \
+                        a crash can LOSE acknowledged writes. Negative control for tests only. !!!");
         }
     }
     if let Some(g) = opts.follower_leases_ms {

@@ -12,13 +12,16 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::disk::state_engine::{EngineError, StateEngine, STATE_CACHE_BYTES, STATE_FILE};
 use crate::disk::storage::{DiskStorage, LogEngine, StoreError};
 
 /// The marker's file name in a data dir.
 pub const MARKER_FILE: &str = "kv-node.json";
-/// Format 2: the raft log starts after a bootstrap snapshot at index 1 (so that nodes that join
-/// later always start from a snapshot), and membership carries addresses.
-const FORMAT: u32 = 2;
+/// Format 3: the state machine's data lives in its own engine, `state.redb`, beside the raft
+/// log (format 2 kept it in the raft log's snapshots); the raft log starts after a bootstrap
+/// snapshot at index 1 (so that nodes that join later always start from a snapshot), and
+/// membership carries addresses.
+const FORMAT: u32 = 3;
 
 /// What the marker records.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,6 +213,14 @@ fn read_marker(dir: &Path) -> Result<Option<Marker>, DirError> {
         why,
     };
     let m: Marker = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    if m.format == 2 {
+        return Err(bad(
+            "format 2, made by an earlier build that kept the state in the raft log's snapshots; \
+             this build keeps it in a state engine of its own (format 3). Run the earlier build \
+             on this dir, or remove the node from the cluster and add it back on a new dir"
+                .into(),
+        ));
+    }
     if m.format != FORMAT {
         return Err(bad(format!(
             "format {} (this build knows {FORMAT})",
@@ -229,6 +240,8 @@ fn write_marker(dir: &Path, m: &Marker) -> Result<(), DirError> {
 pub struct Opened {
     /// Its raft stores, group `g` at `g`, all on one engine.
     pub storages: Vec<DiskStorage>,
+    /// The state engine of every group's state machine.
+    pub state: StateEngine,
     /// Whether it was initialized (had a marker) before this start: an earlier run may have
     /// used it.
     pub initialized: bool,
@@ -280,6 +293,7 @@ pub fn open_data_dir(
                 return Err(DirError::NoMarker { dir: d });
             }
         }
+        let state = open_state(dir, &d, false)?;
         write_marker(
             dir,
             &Marker {
@@ -292,6 +306,7 @@ pub fn open_data_dir(
         )?;
         return Ok(Opened {
             storages,
+            state,
             initialized: false,
         });
     };
@@ -332,9 +347,36 @@ pub fn open_data_dir(
         .map(|g| storage.group_existing(g))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| store_err(&d, e))?;
+    let state = open_state(dir, &d, true)?;
     Ok(Opened {
         storages,
+        state,
         initialized: true,
+    })
+}
+
+/// The state engine of `dir`: created in a new dir; in an initialized one it must be there
+/// (its raft log was cut behind it, so a state started empty could never catch up).
+fn open_state(dir: &Path, d: &str, initialized: bool) -> Result<StateEngine, DirError> {
+    let path = dir.join(STATE_FILE);
+    let what = match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && initialized => Some("missing".into()),
+        Ok(m) if m.len() == 0 && initialized => Some("empty (0 bytes)".into()),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some(e.to_string()),
+        _ => None,
+    };
+    if let Some(what) = what {
+        return Err(DirError::Store {
+            dir: d.into(),
+            what: format!("state engine {STATE_FILE} {what}"),
+        });
+    }
+    StateEngine::open(dir, STATE_CACHE_BYTES).map_err(|e| match e {
+        EngineError::InUse => DirError::InUse { dir: d.into() },
+        e => DirError::Store {
+            dir: d.into(),
+            what: format!("state engine {STATE_FILE}: {e}"),
+        },
     })
 }
 
@@ -532,9 +574,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path();
         drop(open_data_dir(p, "c", 1, Some(&boot()), Some(LogEngine::Redb), 1).expect("fresh"));
-        let old = r#"{"format": 2, "cluster_id": "c", "node_id": 1}"#;
+        let old = r#"{"format": 3, "cluster_id": "c", "node_id": 1}"#;
         std::fs::write(p.join(MARKER_FILE), old).unwrap();
         let opened = open_data_dir(p, "c", 1, Some(&boot()), None, 1).expect("an older dir");
         assert_eq!(opened.storages[0].engine(), LogEngine::Redb);
+    }
+
+    /// A dir of the format that kept the state in the raft log's snapshots is refused, with
+    /// what to do; and an initialized dir whose state engine went missing is refused too (its
+    /// log was cut behind that state).
+    #[test]
+    fn a_format_2_dir_and_a_dir_without_its_state_engine_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        drop(open_data_dir(p, "c", 1, Some(&boot()), None, 1).expect("fresh"));
+        let marker = std::fs::read_to_string(p.join(MARKER_FILE)).unwrap();
+        std::fs::write(
+            p.join(MARKER_FILE),
+            marker.replace("\"format\": 3", "\"format\": 2"),
+        )
+        .unwrap();
+        match open_data_dir(p, "c", 1, Some(&boot()), None, 1) {
+            Err(DirError::BadMarker { why, .. }) => assert!(why.contains("format 2"), "{why}"),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        std::fs::write(p.join(MARKER_FILE), marker).unwrap();
+        std::fs::remove_dir_all(p.join(STATE_FILE)).unwrap();
+        match open_data_dir(p, "c", 1, Some(&boot()), None, 1) {
+            Err(DirError::Store { what, .. }) => assert!(what.contains("missing"), "{what}"),
+            other => panic!("{:?}", other.map(|_| ())),
+        }
     }
 }

@@ -9,5 +9,6 @@ pub mod marker;
 pub mod mem_log;
 pub mod promise_file;
 pub mod redb_log;
+pub mod state_engine;
 pub mod storage;
 pub mod zero_fill;

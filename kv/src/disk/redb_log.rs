@@ -31,6 +31,30 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
+/// A store that needs redb's repair (a crash left it so) is repaired on a copy, which then
+/// takes its place: a store the repair refuses is left as found.
+fn repair_on_a_copy(path: &Path) -> Result<(), StoreError> {
+    let copy = path.with_extension("redb.repair");
+    std::fs::copy(path, &copy).map_err(corrupt)?;
+    let repaired = std::panic::catch_unwind(|| Database::open(&copy))
+        .map_err(|_| corrupt("the store library panicked repairing it"));
+    let repaired = repaired.and_then(|r| r.map_err(open_failed));
+    match repaired {
+        Ok(db) => {
+            drop(db);
+            std::fs::rename(&copy, path).map_err(corrupt)?;
+            let dir = path.parent().unwrap_or(Path::new("."));
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(corrupt)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&copy);
+            Err(e)
+        }
+    }
+}
+
 /// A store that could not be opened: in use by another process, or unreadable.
 fn open_failed(e: redb::DatabaseError) -> StoreError {
     match e {
@@ -64,6 +88,16 @@ impl RedbLog {
             Ok(_) => {}
         }
         // redb reports corruption as errors; a panic in it must not take the node down either.
+        // Opened read-only first: a damaged file is refused as found (a writable open may write
+        // its header while it looks); an intact one, or one that needs only redb's repair after
+        // a crash (which a read-only open cannot do), is opened to be written.
+        let checked = std::panic::catch_unwind(|| redb::ReadOnlyDatabase::open(&path))
+            .map_err(|_| corrupt("the store library panicked reading it"))?;
+        match checked {
+            Ok(db) => db.close().map_err(corrupt)?,
+            Err(redb::DatabaseError::RepairAborted) => repair_on_a_copy(&path)?,
+            Err(e) => return Err(open_failed(e)),
+        }
         let opened = std::panic::catch_unwind(|| Database::open(&path))
             .map_err(|_| corrupt("the store library panicked reading it"))?;
         let db = opened.map_err(open_failed)?;

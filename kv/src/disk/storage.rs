@@ -34,9 +34,15 @@ struct Cache {
     log: MemLog,
 }
 
+/// Makes the snapshot raft sends a follower that needs one, for a request at an index (the
+/// state machine's own, at its applied index: the log keeps no copy of the state).
+pub type SnapshotSource = Arc<dyn Fn(u64) -> raft::Result<Snapshot> + Send + Sync>;
+
 /// raft storage on a log engine. Clones share the engine.
 #[derive(Clone)]
 pub struct DiskStorage {
+    /// Where raft's snapshots for followers come from (`None`: the snapshot last saved).
+    source: Arc<RwLock<Option<SnapshotSource>>>,
     log: Arc<dyn LogStore>,
     engine: LogEngine,
     /// The node the store belongs to.
@@ -157,6 +163,7 @@ impl DiskStorage {
             return Err(StoreError::OtherNode(found));
         }
         let storage = DiskStorage {
+            source: Arc::new(RwLock::new(None)),
             log,
             engine,
             node_id,
@@ -171,6 +178,11 @@ impl DiskStorage {
         };
         storage.reload().map_err(corrupt)?;
         Ok(storage)
+    }
+
+    /// Serve raft's snapshots for followers from `source` from now on.
+    pub fn set_snapshot_source(&self, source: SnapshotSource) {
+        *self.source.write() = Some(source);
     }
 
     /// The engine the log is on.
@@ -326,7 +338,8 @@ impl DiskStorage {
         self.reload()
     }
 
-    /// Save a snapshot of the state machine at `index` (applied) and drop the log before
+    /// Record a snapshot at `index` (applied, and durable in the state machine's own store),
+    /// with `data` (the envelope: what the log keeps of it), and drop the log before
     /// `index - keep_entries`, so that the disk stays bounded under a long write load.
     pub fn compact(&self, index: u64, data: Vec<u8>, keep_entries: u64) -> Result<(), DiskError> {
         let term = raft::Storage::term(self, index)?;
@@ -456,6 +469,10 @@ impl raft::Storage for DiskStorage {
     }
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
+        let source = self.source.read().clone();
+        if let Some(source) = source {
+            return source(request_index);
+        }
         match self
             .latest_snapshot()
             .map_err(|e| raft::Error::Store(StorageError::Other(e)))?

@@ -17,6 +17,7 @@ use crate::raft::shared::Shared;
 use crate::state::command::{Command, Outcome, Refusal};
 use crate::state::kv_machine::KvCommand;
 use crate::state::kv_state::KvState;
+use crate::state::mvcc::Keyspace;
 
 /// How long a request waits for the raft thread.
 const WAIT: Duration = Duration::from_secs(5);
@@ -82,8 +83,12 @@ impl EtcdApi {
 
     /// A response header at the keyspace's current revision.
     pub fn header_now(&self) -> Option<ResponseHeader> {
-        let rev = self.group().machine.read().mvcc.rev();
-        self.header(rev)
+        self.header(self.keyspace().rev())
+    }
+
+    /// The keyspace, read without the state machine's lock.
+    pub fn keyspace(&self) -> &crate::state::mvcc::Keyspace {
+        &self.group().reader
     }
 
     /// Where a request for the leader goes from here: this node, or the leader's address when
@@ -162,7 +167,7 @@ impl EtcdApi {
     /// cannot (it does not lead and holds no read lease): forward.
     pub async fn read<T: Send + 'static>(
         &self,
-        f: impl Fn(&KvState) -> T + Send + Sync + Clone + 'static,
+        f: impl Fn(&Keyspace) -> T + Send + Sync + Clone + 'static,
     ) -> Result<Option<T>, Status> {
         let g = self.group().clone();
         let handle = g.handle.clone();
@@ -170,7 +175,7 @@ impl EtcdApi {
         if !app.opts.unsafe_lease_based {
             let read = f.clone();
             let g2 = g.clone();
-            let state = move || read(&g2.machine.read());
+            let state = move || read(&g2.reader);
             if let Ok(v) = handle.try_read(state.clone()) {
                 return Ok(Some(v));
             }
@@ -196,7 +201,7 @@ impl EtcdApi {
             reply: tx,
         };
         match self.ask(req, rx).await? {
-            ReadReply::Value { .. } => Ok(Some(f(&g.machine.read()))),
+            ReadReply::Value { .. } => Ok(Some(f(&g.reader))),
             ReadReply::NotLeader { .. } => Ok(None),
             ReadReply::LeaseNotHeld => Err(errors::no_leader()),
             ReadReply::ShuttingDown => Err(errors::stopping()),
@@ -218,8 +223,7 @@ impl EtcdApi {
     pub fn check_space(&self, puts: u64, dels: u64) -> Result<(), Status> {
         let app = self.app();
         let max = app.opts.max_state_bytes;
-        let m = self.group().machine.read();
-        let held = m.bytes + m.mvcc.bytes() + app.inflight.used();
+        let held = self.keyspace().bytes() + app.inflight.used();
         let fits = match puts {
             0 => held + dels <= max + max / 8,
             _ => held + puts + dels <= max,

@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::etcd::api::{EtcdApi, Route};
 use crate::etcd::errors;
 use crate::state::command::{Command, Outcome};
-use crate::state::mvcc::{range, txn, txn::TxnDone, MvccError};
+use crate::state::mvcc::{range, txn, txn::TxnDone, MvccError, Reader};
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -26,13 +26,12 @@ impl EtcdApi {
         range::check(r).map_err(errors::mvcc)?;
         let read = {
             let r = r.clone();
-            move |s: &crate::state::kv_state::KvState| {
-                let rev = s.mvcc.rev();
-                s.mvcc.range(&r, rev).map(|got| (got, rev))
+            move |ks: &crate::state::mvcc::Keyspace| {
+                ks.read(|m| m.range(&r, m.rev()).map(|got| (got, m.rev())))
             }
         };
         let got = match r.serializable {
-            true => Some(read(&self.group().machine.read())),
+            true => Some(read(self.keyspace())),
             false => self.read(read).await?,
         };
         let Some(got) = got else { return Ok(None) };
@@ -50,7 +49,10 @@ impl EtcdApi {
     async fn txn_here(&self, t: TxnRequest) -> Result<TxnDone, Status> {
         txn::check(&t).map_err(errors::mvcc)?;
         self.check_size(t.encoded_len())?;
-        let (puts, dels) = self.group().machine.read().mvcc.growth_bytes(&t);
+        let (puts, dels) = self
+            .keyspace()
+            .read(|m| m.growth_bytes(&t))
+            .map_err(errors::mvcc)?;
         self.check_space(puts, dels)?;
         match self.propose(Command::EtcdTxn {}, t.encode_to_vec()).await? {
             Outcome::Etcd(done) => done.map_err(errors::mvcc),
@@ -58,7 +60,29 @@ impl EtcdApi {
         }
     }
 
+    /// A transaction that only reads, served here as a linearizable read (under the lease, a
+    /// follower read lease, or after a ReadIndex round): no raft entry. `None`: forward it.
+    async fn txn_read_here(&self, t: &TxnRequest) -> Result<Option<TxnResponse>, Status> {
+        txn::check(t).map_err(errors::mvcc)?;
+        let t = t.clone();
+        let read = move |ks: &crate::state::mvcc::Keyspace| ks.read(|m| m.txn_read(&t));
+        let Some(done) = self.read(read).await? else {
+            return Ok(None);
+        };
+        let done = done.map_err(errors::mvcc)?;
+        Ok(Some(TxnResponse {
+            header: self.header(done.revision),
+            succeeded: done.succeeded,
+            responses: done.responses,
+        }))
+    }
+
     async fn txn_routed(&self, req: Request<TxnRequest>) -> Result<TxnResponse, Status> {
+        if Reader::read_only(req.get_ref()) {
+            if let Some(resp) = self.txn_read_here(req.get_ref()).await? {
+                return Ok(resp);
+            }
+        }
         match self.route(&req)? {
             Route::Leader(addr) => {
                 self.0

@@ -100,7 +100,7 @@ impl EtcdApi {
         let now_ns = g.clock.now_ns();
         let m = g.machine.read();
         let found = m.sessions.expiries().find(|(s, _, _)| s.0 as i64 == r.id);
-        let header = self.header(m.mvcc.rev());
+        let header = self.header(self.keyspace().rev());
         let Some((_, ttl_ms, expiry_ns)) = found else {
             return TtlResponse {
                 header,
@@ -116,10 +116,12 @@ impl EtcdApi {
             id: r.id,
             ttl: left.min(granted),
             granted_ttl: granted,
-            keys: if r.keys {
-                m.mvcc.lease_keys(r.id)
-            } else {
-                Vec::new()
+            keys: match r.keys {
+                true => self
+                    .keyspace()
+                    .read(|k| k.lease_keys(r.id))
+                    .unwrap_or_default(),
+                false => Vec::new(),
             },
         }
     }
@@ -248,7 +250,7 @@ impl PbLeaseService for EtcdApi {
             .map(|(id, _, _)| LeaseStatus { id: id.0 as i64 })
             .collect();
         Ok(Response::new(LeasesResponse {
-            header: self.header(m.mvcc.rev()),
+            header: self.header(self.keyspace().rev()),
             leases,
         }))
     }

@@ -110,7 +110,7 @@ impl Session {
                     (r.created, r.canceled, r.cancel_reason) = (true, true, reason);
                     return self.send(r).await;
                 }
-                let current = self.api.group().machine.read().mvcc.rev();
+                let current = self.api.keyspace().rev();
                 // The negative control: one revision late.
                 let late = i64::from(self.api.app().opts.unsafe_watch_off_by_one);
                 let w = Watcher {
@@ -181,15 +181,24 @@ impl Session {
     /// revision it is synced through, the compacted revision if it was canceled), and whether
     /// any watcher is still behind.
     fn pass(&mut self) -> (Vec<Batch>, bool) {
-        let m = self.api.group().machine.read();
-        let current = m.mvcc.rev();
+        let ks = self.api.keyspace().clone();
+        match ks.read(|m| Ok(self.pass_on(m))) {
+            Ok(done) => done,
+            // A storage failure: nothing this pass; the watchers stay, and the next pass tries again.
+            Err(_) => (Vec::new(), true),
+        }
+    }
+
+    /// [`Self::pass`] on one view of the keyspace.
+    fn pass_on(&mut self, m: &crate::state::mvcc::Reader<'_>) -> (Vec<Batch>, bool) {
+        let current = m.rev();
         let (mut out, mut gone, mut budget) = (Vec::new(), Vec::new(), EVENTS_PER_PASS);
         for (&id, w) in self.watchers.iter_mut() {
             if w.next_rev > current || budget == 0 {
                 continue;
             }
             let max = budget.min(MAX_EVENTS_PER_RESPONSE);
-            match m.mvcc.events(&w.key, &w.end, w.next_rev, w.prev_kv, max) {
+            match m.events(&w.key, &w.end, w.next_rev, w.prev_kv, max) {
                 Ok(got) => {
                     w.next_rev = got.through + 1;
                     budget = budget.saturating_sub(got.events.len().max(1));
@@ -204,10 +213,10 @@ impl Session {
                     }
                 }
                 Err(MvccError::Compacted) => {
-                    out.push((id, Vec::new(), current, m.mvcc.compacted()));
+                    out.push((id, Vec::new(), current, m.compacted()));
                     gone.push(id);
                 }
-                Err(e) => unreachable!("a watch reads only history: {e}"),
+                Err(_) => {} // a storage failure: this watcher tries again at the next pass
             }
         }
         for id in gone {
@@ -220,7 +229,7 @@ impl Session {
 
     /// The revision every watcher of this stream is synced through (the current one if none).
     fn synced_through(&self) -> i64 {
-        let current = self.api.group().machine.read().mvcc.rev();
+        let current = self.api.keyspace().rev();
         self.watchers
             .values()
             .map(|w| w.next_rev - 1)

@@ -82,7 +82,7 @@ pub async fn route(c: &Ctx<'_>, body: Incoming) -> Result<Reply, Reply> {
                 .ok_or_else(|| error(400, "bad_json", "expected {\"to\": N}"))?;
             transfer(c, to)
         }
-        "partition" | "heal" | "clock" | "delay" | "stall-disk" => {
+        "partition" | "heal" | "clock" | "delay" | "stall-disk" | "crash-after-cut" => {
             authorize(c, true)?;
             let body = if what == "heal" {
                 Value::Null
@@ -201,6 +201,10 @@ fn faults(c: &Ctx<'_>, what: &str, body: Value) -> Result<Reply, Reply> {
         "heal" => {
             app.blocked.write().clear();
             reply(200, json!({"blocked": []}))
+        }
+        "crash-after-cut" => {
+            app.disk_stall.arm_crash_after_cut();
+            reply(200, json!({"crash_after_cut": true}))
         }
         "stall-disk" => {
             let stalled = body

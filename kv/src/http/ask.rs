@@ -59,10 +59,7 @@ pub async fn ask<T>(
 pub fn reserve(c: &Ctx<'_>, g: &Shared<KvState>, len: u64) -> Result<Ticket, Reply> {
     let app = c.app;
     // etcd's keyspace (its history included) shares the state's budget.
-    let state = {
-        let m = g.machine.read();
-        m.bytes + m.mvcc.bytes()
-    };
+    let state = g.reader.bytes();
     let share = app.opts.max_state_bytes / u64::from(app.groups.count());
     if len > 0 && state + app.inflight.used() + len > share {
         let detail = match app.groups.count() {

@@ -23,6 +23,7 @@ use crate::raft::shared::Shared;
 use crate::state::command::Command;
 use crate::state::keys;
 use crate::state::kv_state::{KvState, Stored};
+use crate::state::mvcc::MvccError;
 
 /// How a GET asks to be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,11 +56,11 @@ fn read_mode(q: &Query) -> Result<Asked, Reply> {
 /// for at most its own apply to catch up with its commit. A follower may wait about one round
 /// for an entry to be exposed and applied: with follower read leases on, a read that must wait
 /// does so with the worker handed over to the runtime's other tasks.
-fn handle_read(g: &Shared<KvState>, key: &str, follower_leases: bool) -> Option<Option<Stored>> {
+fn handle_read(g: &Shared<KvState>, key: &str, follower_leases: bool) -> Option<Found> {
     // A clone per request: a handle counts its reads in itself and hands them to the node's
     // counters when dropped, so `raft_lease_reads_total` stays exact across worker threads.
     let handle = g.handle.clone();
-    let state = || g.machine.read().kv.get(key).cloned();
+    let state = || crate::state::kv_machine::stored(&g.reader, key);
     if !follower_leases {
         return handle.read(state).ok();
     }
@@ -168,7 +169,16 @@ fn accepts_raw(h: &HeaderMap) -> bool {
         .is_some_and(|a| a.as_bytes().starts_with(b"application/octet-stream"))
 }
 
-fn value_reply(key: &str, stored: Option<Stored>, kind: ReadKind, raw: bool) -> Reply {
+/// A key's value as read from the keyspace, or the engine's failure.
+type Found = Result<Option<Stored>, MvccError>;
+
+fn value_reply(key: &str, stored: Found, kind: ReadKind, raw: bool) -> Reply {
+    let stored = match stored {
+        Ok(s) => s,
+        Err(e) => {
+            return error(503, "storage_failed", e.to_string()).with_header("retry-after", "1")
+        }
+    };
     let Some(s) = stored else {
         let more = json!({"key": key, "read": kind.as_str()});
         return error_with(404, "not_found", format!("no key {key:?}"), more);

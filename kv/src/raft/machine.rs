@@ -8,12 +8,17 @@ use raft_lease::follower::Keys;
 use raft_lease::LeaseNode;
 
 use crate::base::clock::ScaledClock;
+use crate::disk::state_engine::{EngineError, StateEngine};
 use crate::disk::storage::DiskStorage;
 
 /// The node type the loop drives.
 pub type Node = LeaseNode<DiskStorage, Arc<ScaledClock>>;
 
-/// The application's replicated state, as the loop sees it.
+/// The application's replicated state, as the loop sees it. Its data lives in the state engine
+/// beside the raft log (one engine per node, every group in it): applying writes a batch of it
+/// with the applied index, and a restart opens it where it was left, replaying only the log
+/// after its applied index. No whole-state copy is made on the raft thread for a restart or a
+/// log cut; a snapshot for a follower is a stream of the engine's rows at one applied index.
 pub trait StateMachine: Sized + Send + Sync + 'static {
     /// A request to change the state (becomes one raft entry).
     type Command: Send + 'static;
@@ -23,20 +28,50 @@ pub trait StateMachine: Sized + Send + Sync + 'static {
     type Query: Send + 'static;
     /// A read's answer.
     type Answer: Send + 'static;
+    /// Reads of the state that take no lock the apply path takes (a handle on the engine).
+    type Reader: Clone + Send + Sync + 'static;
 
-    /// The state in `snapshot` (made by [`StateMachine::snapshot`]); an empty state for `&[]`.
-    fn restore(snapshot: &[u8]) -> Result<Self, String>;
-    /// The whole state, as snapshot data.
-    fn snapshot(&self) -> Vec<u8>;
+    /// Group `group`'s state as `engine` holds it (an empty state at index 0 if none).
+    fn open(engine: StateEngine, group: u64) -> Result<Self, String>;
+    /// The handle readers use.
+    fn reader(&self) -> Self::Reader;
     /// The last raft index applied.
     fn applied(&self) -> u64;
-    /// Record that the entry at `index` applied with nothing for the state machine (empty, or a
-    /// membership change).
-    fn skip(&mut self, index: u64);
-    /// Apply the entry at `index`. Deterministic: every replica gets the same state and outcome.
-    fn apply(&mut self, index: u64, data: &[u8]) -> Self::Outcome;
+    /// The last raft index applied and durable: the raft log is never cut past it.
+    fn durable(&self) -> u64;
+    /// Make everything applied durable (one fsync of the engine).
+    fn make_durable(&mut self) -> Result<(), EngineError>;
+    /// Everything applied is durable: the engine was made durable after it (by the loop, once
+    /// for every group of the node).
+    fn mark_durable(&mut self);
+    /// Apply a run of committed entries, each `(index, data)` (empty data: nothing for the
+    /// state machine, as an empty entry or a membership change), in one engine batch; each
+    /// entry's outcome (`None` for an empty one). Deterministic: every replica gets the same
+    /// state and outcomes. An engine failure writes nothing of the run and stops the node.
+    fn apply(&mut self, run: &[(u64, &[u8])]) -> Result<Vec<Option<Self::Outcome>>, EngineError>;
     /// Read the state.
     fn query(&self, q: &Self::Query) -> Self::Answer;
+    /// Write the state as applied now to `sink` as a snapshot stream, in chunks of about
+    /// `chunk_bytes`, from one view of the engine.
+    fn snapshot(
+        &self,
+        chunk_bytes: usize,
+        sink: &mut dyn FnMut(Vec<u8>) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError>;
+    /// Write a snapshot stream taken at `index` beside the state, durably, as an install in
+    /// progress; the state is unchanged until [`StateMachine::install_staged`]. A stream that
+    /// does not add up is refused with the reason, and changes nothing.
+    fn stage(&mut self, stream: &[u8], index: u64) -> Result<(), String>;
+    /// Make the staged state the state (the raft log has taken the snapshot meanwhile).
+    fn install_staged(&mut self) -> Result<(), String>;
+    /// At start, with the raft log's last snapshot at `log_snapshot_index`: complete an install
+    /// a crash left half done if the log took its snapshot, else drop it.
+    fn settle(&mut self, log_snapshot_index: u64) -> Result<(), String>;
+    /// A bounded step of the store's own upkeep (removing what a compaction or a replaced
+    /// state left), between passes; whether more is left.
+    fn tidy(&mut self) -> Result<bool, EngineError> {
+        Ok(false)
+    }
     /// On the leader, just before proposing: the entry's data (leader-side facts such as its
     /// clock reading filled in), or why it cannot be proposed now.
     /// A refusal is answered as `WriteReply::Refused`.

@@ -21,7 +21,7 @@ use crate::raft::conf_meta::ConfMeta;
 use crate::raft::machine::{Node, StateMachine};
 use crate::raft::requests::{MembersReply, WriteReply};
 use crate::raft::shared::Shared;
-use crate::raft::snapshot::{envelope, restore};
+use crate::raft::snapshot::{envelope, split};
 use crate::raft::status::Status;
 
 /// Applied bytes after which a snapshot is taken whatever the entry count (or after as many as
@@ -56,9 +56,6 @@ pub struct LoopIo<M: StateMachine> {
     snapshot_index: u64,
     /// Bytes of entries applied since that snapshot: a log of big entries is cut sooner.
     applied_bytes: u64,
-    /// The size of the latest snapshot taken (0 before the first): a big state is snapshotted
-    /// only after as many bytes of entries.
-    snapshot_bytes: u64,
     /// Take a snapshot at the next chance (a node was added: it should catch up from a recent one).
     snapshot_due: bool,
     /// The version of group 0's configuration this group last followed (group 0: unused), as of
@@ -76,6 +73,9 @@ pub struct LoopIo<M: StateMachine> {
     /// than the entries replayed, and a snapshot would carry it at an older index).
     replay_until: u64,
     was_leader: (bool, u64),
+    /// Negative control (tests only): the log is cut up to the applied index, past what the
+    /// state machine has made durable.
+    pub unsafe_cut_past_durable: bool,
     progress: BTreeMap<u64, crate::raft::status::PeerProgress>,
     metrics: Arc<crate::base::metrics::Metrics>,
     logger: Logger,
@@ -92,7 +92,7 @@ impl<M: StateMachine> LoopIo<M> {
         metrics: Arc<crate::base::metrics::Metrics>,
         logger: Logger,
     ) -> Result<Self, DiskError> {
-        let snapshot_index = shared.machine.read().applied();
+        let snapshot_index = raft::Storage::first_index(&storage)?.saturating_sub(1);
         let (mut conf_index, mut replay_until) = (0, 0);
         match ConfMeta::decode(&storage.conf_meta())? {
             None => replay_until = raft::Storage::last_index(&storage)?,
@@ -104,13 +104,19 @@ impl<M: StateMachine> LoopIo<M> {
             }
             Some(_) => {} // the snapshot is newer: it holds all of it
         }
+        shared
+            .follows
+            .store(follows, std::sync::atomic::Ordering::Relaxed);
+        let source = (shared.clone(), storage.clone());
+        storage.set_snapshot_source(Arc::new(move |at| {
+            snapshot_for_follower(&source.0, &source.1, at)
+        }));
         Ok(LoopIo {
             storage,
             shared,
             waiting: BTreeMap::new(),
             snapshot_index,
             applied_bytes: 0,
-            snapshot_bytes: 0,
             snapshot_due: false,
             follows,
             conf_changed: false,
@@ -118,6 +124,7 @@ impl<M: StateMachine> LoopIo<M> {
             conf_index,
             replay_until,
             was_leader: (false, 0),
+            unsafe_cut_past_durable: false,
             progress: BTreeMap::new(),
             metrics,
             logger,
@@ -183,32 +190,47 @@ impl<M: StateMachine> LoopIo<M> {
         self.progress = Status::progress_of(node);
     }
 
-    /// Snapshot and compact the log when `every` entries applied since the last snapshot, or
-    /// entries of as many bytes as the last snapshot and at least [`SNAPSHOT_AFTER_BYTES`] (so a
-    /// snapshot at most doubles the bytes written), or when a node was added.
-    pub fn maybe_compact(&mut self, every: u64) -> Result<(), DiskError> {
+    /// Cut the log when `every` entries applied since the last cut, or entries of
+    /// [`SNAPSHOT_AFTER_BYTES`], or when a node was added: the state machine first makes what
+    /// it applied durable (one fsync of its store, no copy of the state), and the log is cut
+    /// only up to what is durable there, so that a restart always finds the entries after the
+    /// state it opens.
+    pub fn maybe_compact(&mut self, every: u64) -> Result<bool, DiskError> {
         let applied = self.shared.machine.read().applied();
         let due = applied >= self.snapshot_index.saturating_add(every)
-            || self.applied_bytes >= SNAPSHOT_AFTER_BYTES.max(self.snapshot_bytes)
+            || self.applied_bytes >= SNAPSHOT_AFTER_BYTES
             || self.snapshot_due;
         let replaying = applied < self.conf_index.max(self.replay_until);
         if applied <= self.snapshot_index || !due || replaying {
-            return Ok(()); // (below the stored configuration's index: a restart's replay)
+            return Ok(false); // (below the stored configuration's index: a restart's replay)
         }
-        let data = envelope(
-            &self.shared.members.read(),
-            self.follows,
-            &self.shared.machine.read().snapshot(),
+        let durable = {
+            let mut machine = self.shared.machine.write();
+            if !self.unsafe_cut_past_durable {
+                machine.make_durable()?;
+            }
+            machine.durable()
+        };
+        let cut_at = match self.unsafe_cut_past_durable {
+            true => applied, // the control: a cut past what the state made durable
+            false => durable,
+        };
+        assert!(
+            cut_at <= durable || self.unsafe_cut_past_durable,
+            "the log cut past the state's durable index {durable}"
         );
-        let keep = self.keep_entries(applied, every);
-        let bytes = data.len() as u64;
-        self.storage.compact(applied, data, keep)?;
-        self.snapshot_index = applied;
-        self.snapshot_bytes = bytes;
+        if cut_at <= self.snapshot_index {
+            return Ok(false);
+        }
+        let data = envelope(&self.shared.members.read(), self.follows, &[]);
+        let keep = self.keep_entries(cut_at, every);
+        self.storage.compact(cut_at, data, keep)?;
+        self.snapshot_index = cut_at;
         self.applied_bytes = 0;
         self.snapshot_due = false;
-        info!(self.logger, "snapshot taken, log compacted"; "index" => applied, "log_entries" => self.storage.log_len());
-        Ok(())
+        info!(self.logger, "log compacted behind the durable state"; "index" => cut_at,
+              "log_entries" => self.storage.log_len());
+        Ok(true)
     }
 
     /// Entries kept behind a snapshot at `applied`, for followers that lag a little: a tenth of
@@ -269,7 +291,7 @@ impl<M: StateMachine> LoopIo<M> {
                 info!(self.logger, "an older configuration of group 0 skipped"; "index" => e.index,
                       "follows" => self.follows, "version" => cc.as_ref().and_then(version_of));
             }
-            self.shared.machine.write().skip(e.index);
+            self.skip(e.index)?;
             self.answer_members(e, None);
             return Ok(());
         }
@@ -288,7 +310,7 @@ impl<M: StateMachine> LoopIo<M> {
             .as_ref()
             .filter(|_| applied.is_some() || self.shared.group != 0);
         self.record_conf(e.index, cc, &cs, added, applied.is_none())?;
-        self.shared.machine.write().skip(e.index);
+        self.skip(e.index)?;
         self.answer_members(e, applied);
         Ok(())
     }
@@ -314,6 +336,9 @@ impl<M: StateMachine> LoopIo<M> {
                 if let Some(v) = cc.and_then(version_of) {
                     debug_assert!(v > self.follows, "only a newer configuration is followed");
                     self.follows = v;
+                    self.shared
+                        .follows
+                        .store(v, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         }
@@ -375,42 +400,85 @@ impl<M: StateMachine> LoopIo<M> {
         std::mem::take(&mut self.conf_changed)
     }
 
-    /// Apply a run of normal entries under one write lock of the state machine.
+    /// Apply a run of normal entries in one batch of the state machine (under one write lock).
     /// Each write's answer is timed: from its proposal to this run (commit), and from this run to
     /// the moment its answer is sent (apply).
-    fn apply_normal(&mut self, run: &[Entry]) {
+    fn apply_normal(&mut self, run: &[Entry]) -> Result<(), DiskError> {
         let applying_at = Instant::now();
-        let shared = self.shared.clone();
-        let mut machine = shared.machine.write();
-        for e in run {
-            let outcome = match e.data.is_empty() {
-                true => {
-                    machine.skip(e.index);
-                    None
-                }
-                false => Some(machine.apply(e.index, &e.data)),
-            };
+        let data: Vec<(u64, &[u8])> = run.iter().map(|e| (e.index, &e.data[..])).collect();
+        let outcomes = self.shared.machine.write().apply(&data)?;
+        for (e, outcome) in run.iter().zip(outcomes) {
             self.applied_bytes += e.data.len() as u64;
             self.answer_write(e, outcome, applying_at);
         }
+        Ok(())
     }
+
+    /// Record `index` as applied with nothing for the state machine (a membership change).
+    fn skip(&mut self, index: u64) -> Result<(), DiskError> {
+        self.shared.machine.write().apply(&[(index, &[])])?;
+        Ok(())
+    }
+}
+
+/// The snapshot raft sends a follower: the group's state as applied now, streamed from one view
+/// of the state engine, in the envelope of the address book and the configuration followed.
+fn snapshot_for_follower<M: StateMachine>(
+    shared: &Shared<M>,
+    storage: &DiskStorage,
+    request_index: u64,
+) -> raft::Result<Snapshot> {
+    let unavailable = || raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable);
+    let machine = shared.machine.read();
+    let index = machine.applied();
+    if index < request_index {
+        return Err(unavailable());
+    }
+    let term = raft::Storage::term(storage, index)?;
+    let conf = raft::Storage::initial_state(storage)?.conf_state;
+    let mut stream = Vec::new();
+    machine
+        .snapshot(1 << 20, &mut |chunk| {
+            stream.extend_from_slice(&chunk);
+            Ok(())
+        })
+        .map_err(|e| raft::Error::Store(raft::StorageError::Other(Box::new(e))))?;
+    drop(machine);
+    let follows = shared.follows.load(std::sync::atomic::Ordering::Relaxed);
+    let data = envelope(&shared.members.read(), follows, &stream);
+    let mut s = Snapshot {
+        data: data.into(),
+        ..Default::default()
+    };
+    let m = s.mut_metadata();
+    (m.index, m.term) = (index, term);
+    m.set_conf_state(conf);
+    Ok(s)
 }
 
 /// What the node's `Ready`s ask of the group.
 impl<M: StateMachine> LoopIo<M> {
-    /// Install a snapshot from the leader: the log store, the state machine, the address book.
+    /// Install a snapshot from the leader: the state stream is written beside the state and
+    /// sealed; then the log store takes the snapshot (its envelope only: the state is not kept
+    /// in the log); then the sealed state becomes the group's. A crash between any two of these
+    /// is settled at the next start (`KvState::settle`).
     pub fn install_snapshot(&mut self, _: &mut Node, snap: Snapshot) -> Result<(), DiskError> {
-        let (machine, env) = restore::<M>(&snap.data)?;
-        self.storage.apply_snapshot(&snap)?;
+        let (env, stream) = split(&snap.data)?;
         let index = snap.get_metadata().index;
+        self.shared.machine.write().stage(stream, index)?;
+        let mut kept = snap.clone();
+        kept.data = envelope(&env.book, env.follows, &[]).into();
+        self.storage.apply_snapshot(&kept)?;
+        self.shared.machine.write().install_staged()?;
         self.snapshot_index = index;
-        self.snapshot_bytes = snap.data.len() as u64;
         self.applied_bytes = 0;
-        *self.shared.machine.write() = machine;
         if self.shared.group == 0 {
             *self.shared.members.write() = env.book; // the book is group 0's
         }
         self.follows = env.follows;
+        self.shared
+            .follows
+            .store(env.follows, std::sync::atomic::Ordering::Relaxed);
         self.conf_changed = true;
         self.conf_index = self.conf_index.min(index); // entries after the snapshot are all new
                                                       // Entries up to the snapshot applied inside it: whether a waiter's did is not known.
@@ -436,7 +504,7 @@ impl<M: StateMachine> LoopIo<M> {
         let normal = |e: &Entry| e.get_entry_type() == EntryType::EntryNormal;
         for run in entries.chunk_by(|a, b| normal(a) == normal(b)) {
             if normal(&run[0]) {
-                self.apply_normal(run);
+                self.apply_normal(run)?;
             } else {
                 for e in run {
                     self.apply_conf_change(node, e)?;

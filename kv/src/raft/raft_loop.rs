@@ -47,10 +47,63 @@ use crate::raft::machine::{Leading, Node, StateMachine};
 use crate::raft::raft_io::{LoopIo, Waiter};
 use crate::raft::requests::{MembersReply, ReadReply, Request, Routed, WriteReply};
 use crate::raft::shared::{Groups, Shared};
-use crate::raft::snapshot::restore;
+use crate::raft::snapshot::split;
 
 /// Every group of the node.
 pub type Multi = MultiNode<DiskStorage, Arc<ScaledClock>>;
+
+/// Group `gid`'s state as the state engine holds it, agreed with its raft log `storage`: an
+/// install a crash left half done is settled, the log's bootstrap snapshot (an empty state at
+/// index 1) is taken in, and the log's commit index is raised to what the state applied. The
+/// envelope of the log's last snapshot (the address book and the configuration followed).
+fn open_state<M: StateMachine>(
+    engine: &crate::disk::state_engine::StateEngine,
+    gid: GroupId,
+    storage: &DiskStorage,
+) -> Result<(M, Option<crate::raft::snapshot::Envelope>), StartError> {
+    let mut machine = M::open(engine.clone(), gid)?;
+    let snap = storage.latest_snapshot()?;
+    let (snap_index, env, stream) = match &snap {
+        Some(s) => {
+            let (env, stream) = split(&s.data)?;
+            (s.get_metadata().index, Some(env), stream)
+        }
+        None => (0, None, &[][..]),
+    };
+    machine.settle(snap_index)?;
+    let first = raft::Storage::first_index(storage)?;
+    if machine.applied() + 1 < first {
+        // The log no longer holds the entries after the state: only its own snapshot may
+        // bridge the gap (the cluster's bootstrap, an empty state at index 1).
+        if snap_index > 1 && stream.is_empty() {
+            return Err(format!(
+                "group {gid}: the state engine is at index {} but the raft log begins at {first} \
+                 (cut at its snapshot at {snap_index}): the entries between are gone; the data \
+                 dir is damaged (restore it from a backup, or remove the node and add it back \
+                 on a new dir)",
+                machine.applied()
+            )
+            .into());
+        }
+        machine.stage(stream, snap_index)?;
+        machine.install_staged()?;
+    }
+    let last = raft::Storage::last_index(storage)?;
+    if machine.applied() > last {
+        return Err(format!(
+            "group {gid}: the state engine applied up to {} but the raft log ends at {last}; \
+             the data dir is damaged",
+            machine.applied()
+        )
+        .into());
+    }
+    storage.set_commit(machine.applied())?; // applied entries were committed
+    Ok((machine, env))
+}
+
+/// How often the state engine is made durable while groups apply (one fsync of its journal for
+/// every group): the raft log keeps what was applied since, for a restart to replay.
+const PERSIST_EVERY: Duration = Duration::from_millis(100);
 
 /// With every group quiescent (shared liveness, nothing to do), the loop ticks this many times
 /// less often: a tick then only runs the support session (heartbeats every third of the promise,
@@ -80,6 +133,9 @@ pub struct LoopConfig {
     /// Follower read leases are on: the loop also wakes when a read lease a group granted ends
     /// (writes held back for it go on then, not at the next tick).
     pub follower_leases: bool,
+    /// Negative control (tests only): the raft log is cut up to the applied index, past what
+    /// the state engine made durable.
+    pub unsafe_cut_past_durable: bool,
 }
 
 /// What the loop is given.
@@ -87,6 +143,8 @@ pub struct Wiring {
     /// Every group's raft log store (opened, possibly bootstrapped), group `g` at `g`; all on one
     /// engine.
     pub storages: Vec<DiskStorage>,
+    /// The state engine every group's state machine lives in.
+    pub state: crate::disk::state_engine::StateEngine,
     /// How the node hosts its groups (its id, incarnation, liveness mode, raft and lease configs).
     pub multi: MultiConfig,
     /// The sending side of the peer transport.
@@ -142,6 +200,11 @@ pub struct RaftLoop<M: StateMachine> {
     following: Following,
     /// Spreading leaders over the nodes.
     balance: Balance,
+    /// The state engine of every group.
+    state: crate::disk::state_engine::StateEngine,
+    /// Groups that applied since the state engine was last made durable, and when it was.
+    undurable: BTreeSet<GroupId>,
+    persisted_at: Instant,
     /// What the HTTP threads see of every group.
     shared: Arc<Groups<M>>,
     /// When the oldest append with entries stepped in this pass arrived, on a follower: the time
@@ -159,6 +222,8 @@ pub type StartError = Box<dyn std::error::Error + Send + Sync>;
 /// The node's `Ready` I/O: each group's own, and one sync for all.
 struct Apps<'a, M: StateMachine> {
     groups: &'a mut [GroupLoop<M>],
+    /// Groups that applied since the state engine was made durable.
+    undurable: &'a mut BTreeSet<GroupId>,
     store: &'a DiskStorage,
     disk_stall: &'a DiskStall,
     /// Time spent writing since the last sync, if anything was written: with the sync, the
@@ -182,6 +247,7 @@ impl<M: StateMachine> MultiApp<DiskStorage, Arc<ScaledClock>> for Apps<'_, M> {
     }
 
     fn apply(&mut self, g: GroupId, n: &mut Node, entries: Vec<Entry>) -> Result<(), DiskError> {
+        self.undurable.insert(g);
         self.io(g).apply(n, entries)?;
         if self.io(g).take_unsynced() {
             self.writing.get_or_insert_default(); // a configuration written: this round syncs
@@ -235,10 +301,7 @@ impl<M: StateMachine> RaftLoop<M> {
         let mut groups = Vec::with_capacity(w.storages.len());
         for (gid, storage) in w.storages.into_iter().enumerate() {
             let gid = gid as GroupId;
-            let (machine, env) = match storage.latest_snapshot()? {
-                Some(s) => restore::<M>(&s.data).map(|(m, env)| (m, Some(env)))?,
-                None => (M::restore(&[])?, None),
-            };
+            let (machine, env) = open_state::<M>(&w.state, gid, &storage)?;
             let follows = env.as_ref().map_or(0, |env| env.follows);
             if let (Some(env), 0) = (env, gid) {
                 *w.members.write() = env.book; // the address book is group 0's
@@ -254,7 +317,8 @@ impl<M: StateMachine> RaftLoop<M> {
                 req_tx.clone(),
             ));
             let log = logger.new(slog::o!("group" => gid));
-            let io = LoopIo::new(storage, follows, shared.clone(), w.metrics.clone(), log)?;
+            let mut io = LoopIo::new(storage, follows, shared.clone(), w.metrics.clone(), log)?;
+            io.unsafe_cut_past_durable = cfg.unsafe_cut_past_durable;
             groups.push(GroupLoop {
                 io,
                 shared,
@@ -281,6 +345,9 @@ impl<M: StateMachine> RaftLoop<M> {
             reading: BTreeSet::new(),
             following: Default::default(),
             balance: Balance::new(cfg.balance_leaders),
+            state: w.state.clone(),
+            undurable: BTreeSet::new(),
+            persisted_at: Instant::now(),
             append_arrived: None,
             cfg,
             stop: w.stop,
@@ -320,6 +387,12 @@ impl<M: StateMachine> RaftLoop<M> {
                 self.groups[0]
                     .io
                     .publish_progress(self.multi.group(0).expect("group 0"));
+                if let Err(e) = self.upkeep() {
+                    crit!(self.logger, "state engine failed; stopping"; "error" => %e);
+                    self.stop.store(true, Ordering::Relaxed);
+                    result = Err(e);
+                    break;
+                }
             }
             if let Err(e) = self.handle_ready() {
                 crit!(self.logger, "storage failed; stopping"; "error" => %e);
@@ -683,8 +756,27 @@ impl<M: StateMachine> RaftLoop<M> {
         }
     }
 
+    /// On a tick: make the state engine durable if groups applied since it last was (one fsync
+    /// for all), and a bounded step of its upkeep (what compactions and replaced states left).
+    fn upkeep(&mut self) -> Result<(), DiskError> {
+        if !self.undurable.is_empty() && self.persisted_at.elapsed() >= PERSIST_EVERY {
+            self.state.persist()?;
+            for gid in std::mem::take(&mut self.undurable) {
+                self.groups[gid as usize]
+                    .shared
+                    .machine
+                    .write()
+                    .mark_durable();
+            }
+            self.persisted_at = Instant::now();
+        }
+        self.groups[0].shared.machine.write().tidy()?;
+        Ok(())
+    }
+
     fn handle_ready(&mut self) -> Result<(), DiskError> {
         let mut apps = Apps {
+            undurable: &mut self.undurable,
             groups: &mut self.groups,
             store: &self.store,
             disk_stall: &self.disk_stall,
@@ -696,9 +788,10 @@ impl<M: StateMachine> RaftLoop<M> {
             .handle_ready_and_send(&mut apps, &mut |b| transport.send(b))?;
         apps.sync()?; // a configuration applied after the round's sync (a light `Ready`)
         for &gid in &self.touched {
-            self.groups[gid as usize]
-                .io
-                .maybe_compact(self.cfg.snapshot_every)?;
+            let io = &mut self.groups[gid as usize].io;
+            if io.maybe_compact(self.cfg.snapshot_every)? {
+                self.disk_stall.cut_done();
+            }
         }
         Ok(())
     }

@@ -53,8 +53,14 @@ impl Leadership {
 pub struct Shared<M: StateMachine> {
     /// The group.
     pub group: GroupId,
-    /// The state machine: written by the raft thread, read by lease reads.
+    /// The state machine: written by the raft thread (its sessions and counters are read by
+    /// other threads; its data is read through `reader`, without this lock).
     pub machine: RwLock<M>,
+    /// Reads of the state machine's data that take no lock the apply path takes.
+    pub reader: M::Reader,
+    /// The version of group 0's configuration this group last followed (see `peer::follow`),
+    /// as of the applied index: what a snapshot of the group carries.
+    pub follows: AtomicU64,
     /// Who leads, after every pass.
     pub leadership: Leadership,
     /// The group's status: published every tick (group 0) or when it changed, and at once when
@@ -85,6 +91,8 @@ impl<M: StateMachine> Shared<M> {
     ) -> Self {
         Shared {
             group,
+            reader: machine.reader(),
+            follows: AtomicU64::new(0),
             machine: RwLock::new(machine),
             leadership: Leadership::default(),
             status: RwLock::default(),

@@ -1,8 +1,8 @@
 //! Snapshot data: an envelope of the address book and the version of group 0's configuration the
-//! group last followed, then the state machine's own snapshot.
+//! group last followed, then the state machine's own snapshot stream (empty in the raft log's
+//! own record of its last snapshot: the state is in the state engine, not in the log).
 
 use crate::peer::members::Members;
-use crate::raft::machine::StateMachine;
 
 /// What a snapshot holds besides the state machine.
 #[derive(Debug, Default)]
@@ -27,14 +27,8 @@ pub fn envelope(members: &Members, follows: u64, machine: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The state machine and envelope in snapshot data made by [`envelope`].
-pub fn restore<M: StateMachine>(data: &[u8]) -> Result<(M, Envelope), String> {
-    let (env, machine) = split(data)?;
-    Ok((M::restore(machine)?, env))
-}
-
 /// The envelope of snapshot data made by [`envelope`], and the state machine's bytes after it.
-fn split(data: &[u8]) -> Result<(Envelope, &[u8]), String> {
+pub fn split(data: &[u8]) -> Result<(Envelope, &[u8]), String> {
     let len = data
         .get(..4)
         .map(|b| u32::from_be_bytes(b.try_into().expect("4 bytes")) as usize)

@@ -5,9 +5,21 @@
 
 use raft_lease::grant::SessionId;
 
+use crate::disk::state_engine::{EngineError, StateEngine};
 use crate::raft::machine::{Leading, StateMachine};
-use crate::state::command::{decode, encode, Command, Outcome, Refusal};
+use crate::state::command::{encode, Command, Outcome, Refusal};
 use crate::state::kv_state::{KvState, Stored};
+use crate::state::mvcc::{Keyspace, MvccError};
+use crate::state::stream::{write_generation, StreamWriter};
+
+/// `key`'s current value as the HTTP API answers it, read from one view of the keyspace.
+pub fn stored(ks: &Keyspace, key: &str) -> Result<Option<Stored>, MvccError> {
+    let v = ks.read(|r| r.latest(key.as_bytes()))?;
+    Ok(v.map(|v| Stored {
+        value: v.value.unwrap_or_default(),
+        revision: v.mod_rev as u64,
+    }))
+}
 
 /// A command and the value it carries (empty for all but a put).
 #[derive(Debug)]
@@ -22,40 +34,69 @@ impl StateMachine for KvState {
     type Command = KvCommand;
     type Outcome = Outcome;
     type Query = String;
-    type Answer = Option<Stored>;
+    type Answer = Result<Option<Stored>, MvccError>;
+    type Reader = Keyspace;
 
-    fn restore(snapshot: &[u8]) -> Result<Self, String> {
-        if snapshot.is_empty() {
-            return Ok(KvState::new());
-        }
-        KvState::from_snapshot(snapshot)
+    fn open(engine: StateEngine, group: u64) -> Result<Self, String> {
+        KvState::open(engine, group)
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        KvState::snapshot(self)
+    fn reader(&self) -> Keyspace {
+        self.keyspace.clone()
     }
 
     fn applied(&self) -> u64 {
         self.applied
     }
 
-    fn skip(&mut self, index: u64) {
-        self.advance(index);
+    fn durable(&self) -> u64 {
+        KvState::durable(self)
     }
 
-    fn apply(&mut self, index: u64, data: &[u8]) -> Outcome {
-        match decode(data) {
-            Ok((cmd, value)) => KvState::apply(self, index, cmd, value),
-            Err(why) => {
-                // Every replica refuses it alike, so the state stays the same everywhere.
-                self.advance(index);
-                Outcome::Refused(Refusal::Undecodable(why))
-            }
-        }
+    fn make_durable(&mut self) -> Result<(), EngineError> {
+        KvState::make_durable(self)
     }
 
-    fn query(&self, key: &String) -> Option<Stored> {
-        self.kv.get(key).cloned()
+    fn mark_durable(&mut self) {
+        KvState::mark_durable(self)
+    }
+
+    fn apply(&mut self, run: &[(u64, &[u8])]) -> Result<Vec<Option<Outcome>>, EngineError> {
+        self.apply_run(run)
+    }
+
+    fn query(&self, key: &String) -> Result<Option<Stored>, MvccError> {
+        stored(&self.keyspace, key)
+    }
+
+    fn snapshot(
+        &self,
+        chunk_bytes: usize,
+        sink: &mut dyn FnMut(Vec<u8>) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let engine = self.keyspace.engine();
+        let view = engine.view()?;
+        let gen = crate::state::mvcc::gen_of(&view, self.keyspace.group())
+            .map_err(|e| EngineError::Io(e.to_string()))?;
+        let mut w = StreamWriter::new(chunk_bytes, sink);
+        write_generation(&view, gen, &mut w)?;
+        w.finish().map(|_| ())
+    }
+
+    fn stage(&mut self, stream: &[u8], index: u64) -> Result<(), String> {
+        KvState::stage(self, stream, index)
+    }
+
+    fn install_staged(&mut self) -> Result<(), String> {
+        KvState::install_staged(self)
+    }
+
+    fn settle(&mut self, log_snapshot_index: u64) -> Result<(), String> {
+        KvState::settle(self, log_snapshot_index)
+    }
+
+    fn tidy(&mut self) -> Result<bool, EngineError> {
+        self.tidy_step()
     }
 
     /// Session times are the leader's clock readings, and mean something only once the

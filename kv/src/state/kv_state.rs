@@ -16,19 +16,22 @@
 //! wait out; a holdback would instead refuse session commands for `max_ttl·(1+ρ) + ε` (10 minutes)
 //! after every failover.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use raft_lease::grant::{GrantConfig, SessionError, SessionId, Sessions, SessionsCheckpoint};
+use raft_lease::grant::{SessionError, SessionId, Sessions, SessionsCheckpoint};
 
-use crate::state::command::{check_names, Command, Outcome, Refusal};
-use crate::state::mvcc::{Mvcc, MvccError};
+use crate::disk::state_engine::{EngineError, StateEngine};
+use crate::state::command::{check_names, decode, Command, Outcome, Refusal};
+use crate::state::mvcc::{Batch, Keyspace, MvccError};
+pub use crate::state::sessions_row::session_config;
+use crate::state::sessions_row::{decode_sessions, SessionsState, SESSIONS_ROW};
 
-/// One stored value.
+/// One stored value, as the HTTP API answers it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {
     /// The value's bytes.
     pub value: Vec<u8>,
-    /// The raft index of the write that produced it.
+    /// The revision of the write that produced it (the keyspace's `mod_revision`).
     pub revision: u64,
 }
 
@@ -37,25 +40,20 @@ pub struct Stored {
 /// made before it proposes; replicas' expiries are not the leader's (see the module docs).
 pub const APPLY_NOW_NS: u64 = 0;
 
-/// What a key costs in the state's byte count besides its key and value bytes.
-pub const KEY_OVERHEAD_BYTES: u64 = 64;
+/// Changes of a compaction's physical step looked at per engine batch (see `mvcc::compact`).
+pub const SWEEP_BUDGET: usize = 4_096;
 
-/// The state machine.
+/// The state machine of one group: its keyspace in the state engine, and (in memory, kept in
+/// the engine with every batch that changes them) its sessions and locks.
 pub struct KvState {
-    /// The keys.
-    pub kv: BTreeMap<String, Stored>,
+    /// The keys (etcd's API's and the HTTP API's: one keyspace), with their history.
+    pub keyspace: Keyspace,
     /// Sessions and locks.
     pub sessions: Sessions,
     /// The term whose leader's clock the session times are on (set by `Takeover`).
     pub sessions_term: u64,
-    /// The last index applied.
+    /// The last index applied (written with every batch, in the batch).
     pub applied: u64,
-    /// The session each session-tied key belongs to. A put without a session (or a delete) unties
-    /// the key, so that the session's end no longer deletes it (the library's `Sessions` keeps
-    /// the key in the session's set: this map has the last word).
-    pub owners: BTreeMap<String, u64>,
-    /// Keys and values in bytes, with [`KEY_OVERHEAD_BYTES`] per key.
-    pub bytes: u64,
     /// Sessions a committed checkpoint names and no replicated keep-alive has cleared since
     /// (the same on every replica). A keep-alive of one of them must go through raft.
     pub checkpointed: BTreeSet<u64>,
@@ -65,42 +63,122 @@ pub struct KvState {
     pub checkpoint_in_flight: BTreeSet<u64>,
     /// The leader's own: when (its clock) to propose the next checkpoint.
     pub next_checkpoint_ns: u64,
-    /// etcd's keyspace (the etcd API's; apart from `kv`), whose leases are these sessions.
-    pub mvcc: Mvcc,
+    /// The sessions changed in the batch being applied: the batch writes their row.
+    sessions_dirty: bool,
+    /// The last applied index that is durable in the engine: the raft log is never cut past it.
+    durable: u64,
 }
 
-/// Sessions' grant config: ρ = 500 ppm, ε = 10 ms, TTLs up to 10 minutes.
-pub fn session_config() -> GrantConfig {
-    GrantConfig {
-        drift_ppm: 500,
-        margin_ms: 10,
-        max_term_ms: 600_000,
-    }
-}
-
-fn cost(key: &str, value: &[u8]) -> u64 {
-    key.len() as u64 + value.len() as u64 + KEY_OVERHEAD_BYTES
+fn fatal(e: MvccError) -> EngineError {
+    EngineError::Io(e.to_string())
 }
 
 impl KvState {
-    /// An empty state.
-    pub fn new() -> Self {
-        KvState {
-            kv: BTreeMap::new(),
+    /// Group `group`'s state as the engine holds it (empty, at index 0, if it holds none).
+    pub fn open(engine: StateEngine, group: u64) -> Result<Self, String> {
+        let keyspace = Keyspace::open(engine, group).map_err(|e| e.to_string())?;
+        let mut s = KvState {
+            keyspace,
             sessions: Sessions::new(session_config()),
             sessions_term: 0,
             applied: 0,
-            owners: BTreeMap::new(),
-            bytes: 0,
             checkpointed: BTreeSet::new(),
             checkpoint_in_flight: BTreeSet::new(),
             next_checkpoint_ns: 0,
-            mvcc: Mvcc::new(),
+            sessions_dirty: false,
+            durable: 0,
+        };
+        s.reload()?;
+        s.durable = s.applied;
+        Ok(s)
+    }
+
+    /// Read the applied index and the sessions from the engine again (after a snapshot was
+    /// installed under a new generation).
+    pub fn reload(&mut self) -> Result<(), String> {
+        let (counters, row) = self
+            .keyspace
+            .read(|r| Ok((r.counters(), r.meta(SESSIONS_ROW)?)))
+            .map_err(|e| e.to_string())?;
+        let st = match row {
+            Some(row) => decode_sessions(&row)?,
+            None => Default::default(),
+        };
+        (self.sessions, self.sessions_term, self.checkpointed) =
+            (st.sessions, st.sessions_term, st.checkpointed);
+        self.applied = counters.applied;
+        self.checkpoint_in_flight.clear();
+        self.keyspace.publish(&counters);
+        Ok(())
+    }
+
+    /// An empty state in an engine of its own in memory (tests).
+    #[cfg(test)]
+    pub fn new() -> Self {
+        KvState::open(StateEngine::in_memory(), 0).expect("an empty state opens")
+    }
+
+    /// The last applied index that is durable.
+    pub fn durable(&self) -> u64 {
+        self.durable
+    }
+
+    /// Everything applied was just made durable by a durable batch of the engine.
+    pub(crate) fn mark_durable(&mut self) {
+        self.durable = self.applied;
+    }
+
+    /// Make everything applied durable.
+    pub fn make_durable(&mut self) -> Result<(), EngineError> {
+        if self.durable < self.applied {
+            self.keyspace.engine().persist()?;
+            self.durable = self.applied;
         }
+        Ok(())
+    }
+
+    /// Apply a run of committed entries, each `(index, data)` (empty data: nothing for the
+    /// state machine), in one engine batch with the applied index; their outcomes. An engine
+    /// failure writes nothing and is fatal to the caller.
+    pub fn apply_run(&mut self, run: &[(u64, &[u8])]) -> Result<Vec<Option<Outcome>>, EngineError> {
+        let engine = self.keyspace.engine().clone();
+        let group = self.keyspace.group();
+        let (outcomes, counters) = engine.write(false, |w| {
+            let mut b = Batch::begin(w, group).map_err(fatal)?;
+            let mut outcomes = Vec::with_capacity(run.len());
+            for &(index, data) in run {
+                self.advance(index);
+                outcomes.push(match data.is_empty() {
+                    true => None,
+                    false => Some(self.apply_entry(&mut b, index, data)?),
+                });
+            }
+            if b.sweep_due() {
+                b.sweep(SWEEP_BUDGET).map_err(fatal)?;
+            }
+            if std::mem::take(&mut self.sessions_dirty) {
+                let row =
+                    SessionsState::encode(&self.sessions, self.sessions_term, &self.checkpointed);
+                b.set_meta(SESSIONS_ROW, &row).map_err(fatal)?;
+            }
+            Ok((outcomes, b.finish(self.applied).map_err(fatal)?))
+        })?;
+        self.keyspace.publish(&counters);
+        Ok(outcomes)
+    }
+
+    /// Apply one command, `(index, cmd, value)`, in a batch of its own (tests).
+    #[cfg(test)]
+    pub fn apply(&mut self, index: u64, cmd: Command, value: &[u8]) -> Outcome {
+        let data = crate::state::command::encode(&cmd, value);
+        let mut out = self.apply_run(&[(index, &data)]).expect("the engine works");
+        out.pop()
+            .flatten()
+            .expect("an outcome for an entry with data")
     }
 
     /// Record `index` as applied (it must follow the last one).
-    pub fn advance(&mut self, index: u64) {
+    fn advance(&mut self, index: u64) {
         assert!(
             index > self.applied,
             "applied {index} after {}",
@@ -109,26 +187,62 @@ impl KvState {
         self.applied = index;
     }
 
-    /// Apply one committed command at `index`.
-    pub fn apply(&mut self, index: u64, cmd: Command, value: &[u8]) -> Outcome {
-        self.advance(index);
+    /// Apply one entry in `b`. A refusal is an outcome (the same on every replica); only an
+    /// engine failure is an error.
+    fn apply_entry(
+        &mut self,
+        b: &mut Batch<'_>,
+        index: u64,
+        data: &[u8],
+    ) -> Result<Outcome, EngineError> {
+        let (cmd, value) = match decode(data) {
+            Ok(c) => c,
+            // Every replica refuses it alike, so the state stays the same everywhere.
+            Err(why) => return Ok(Outcome::Refused(Refusal::Undecodable(why))),
+        };
+        let _ = index;
         if let Command::EtcdTxn {} = cmd {
-            return Outcome::Etcd(self.etcd_txn(value));
+            return match self.etcd_txn(b, value) {
+                Err(MvccError::Storage(e)) => Err(EngineError::Io(e)),
+                done => Ok(Outcome::Etcd(done)),
+            };
         }
         if let Err(why) = check_names(&cmd) {
-            return Outcome::Refused(Refusal::BadName(why));
+            return Ok(Outcome::Refused(Refusal::BadName(why)));
         }
-        match cmd {
+        let session_change = !matches!(
+            cmd,
+            Command::Put { .. } | Command::Delete { .. } | Command::EtcdCompact { .. }
+        );
+        self.sessions_dirty |= session_change;
+        self.apply_command(b, cmd, value).map_err(fatal)
+    }
+
+    fn apply_command(
+        &mut self,
+        b: &mut Batch<'_>,
+        cmd: Command,
+        value: &[u8],
+    ) -> Result<Outcome, MvccError> {
+        Ok(match cmd {
             Command::Put {
                 key,
                 session,
                 fence,
                 ..
-            } => self.put(index, key, value, session, fence),
-            Command::Delete { key } => self.delete(index, &key),
+            } => self.put(b, key, value, session, fence)?,
+            Command::Delete { key } => {
+                let mut w = b.write();
+                let gone = w.delete(key.as_bytes())?;
+                let rev = w.commit();
+                match gone {
+                    Some(_) => Outcome::Revision(rev as u64),
+                    None => Outcome::Refused(Refusal::NotFound),
+                }
+            }
             Command::SessionGrant { ttl_ms, now_ns } => self.grant(ttl_ms, now_ns),
             Command::SessionKeepalive { ids, .. } => self.clear_checkpoints(ids),
-            Command::SessionRevoke { id } => match self.end_session(id) {
+            Command::SessionRevoke { id } => match self.end_session(b, id)? {
                 true => Outcome::Revoked,
                 false => Outcome::Refused(Refusal::UnknownSession(id)),
             },
@@ -146,11 +260,12 @@ impl KvState {
                     Outcome::Refused(Refusal::LockNotHeld { lock: name })
                 }
             }
-            Command::EtcdTxn {} => unreachable!("applied above"),
-            Command::EtcdCompact { revision } => {
-                let done = self.mvcc.compact(revision).map(|()| self.mvcc.rev());
-                Outcome::EtcdCompacted(done)
-            }
+            Command::EtcdTxn {} => unreachable!("applied by the caller"),
+            Command::EtcdCompact { revision } => match b.compact(revision) {
+                Ok(()) => Outcome::EtcdCompacted(Ok(b.counters.rev)),
+                Err(MvccError::Storage(e)) => return Err(MvccError::Storage(e)),
+                Err(e) => Outcome::EtcdCompacted(Err(e)),
+            },
             Command::Takeover { term, now_ns } => {
                 self.sessions.takeover(now_ns);
                 self.sessions_term = term;
@@ -160,7 +275,7 @@ impl KvState {
             Command::Expire { term, ids, .. } => {
                 if term == self.sessions_term {
                     for id in ids {
-                        self.end_session(id);
+                        self.end_session(b, id)?;
                     }
                 }
                 Outcome::Housekeeping
@@ -180,16 +295,20 @@ impl KvState {
                 }
                 Outcome::Housekeeping
             }
-        }
+        })
     }
 
     /// An etcd transaction, from its protobuf encoding; its leases are sessions that exist.
-    fn etcd_txn(&mut self, encoded: &[u8]) -> Result<crate::state::mvcc::txn::TxnDone, MvccError> {
+    fn etcd_txn(
+        &mut self,
+        b: &mut Batch<'_>,
+        encoded: &[u8],
+    ) -> Result<crate::state::mvcc::txn::TxnDone, MvccError> {
         let t = <etcd_client::proto::PbTxnRequest as prost::Message>::decode(encoded)
             .map_err(|e| MvccError::Invalid(format!("undecodable transaction: {e}")))?;
         let sessions = &self.sessions;
         let exists = |id: i64| id > 0 && sessions.is_live(SessionId(id as u64), APPLY_NOW_NS);
-        self.mvcc.txn(&t, &exists)
+        b.txn(&t, &exists)
     }
 
     /// A replicated keep-alive: the leader refreshed `ids` in its memory; clear their checkpoints
@@ -206,17 +325,16 @@ impl KvState {
         }
     }
 
-    /// End session `id` (revoked or expired) and delete the keys it still owns; whether it was.
-    fn end_session(&mut self, id: u64) -> bool {
+    /// End session `id` (revoked or expired): its lease's keys go, in one revision; whether
+    /// it was.
+    fn end_session(&mut self, b: &mut Batch<'_>, id: u64) -> Result<bool, MvccError> {
         self.checkpointed.remove(&id);
         match self.sessions.revoke(SessionId(id)) {
-            Some(revoked) => {
-                self.delete_owned(id, &revoked.keys);
-                // An etcd lease is this session: its keys go in one revision.
-                self.mvcc.end_lease(id as i64);
-                true
+            Some(_) => {
+                b.end_lease(id as i64)?;
+                Ok(true)
             }
-            None => false,
+            None => Ok(false),
         }
     }
 
@@ -243,82 +361,35 @@ impl KvState {
         }
     }
 
+    /// A put of the HTTP API: fenced by a lock's token if asked, tied to a session (the lease
+    /// of the same id) or untied from any.
     fn put(
         &mut self,
-        index: u64,
+        b: &mut Batch<'_>,
         key: String,
         value: &[u8],
         session: Option<u64>,
         fence: Option<(String, u64)>,
-    ) -> Outcome {
+    ) -> Result<Outcome, MvccError> {
         if let Some((lock, token)) = fence {
             // Exactly the current holder's token: a lower one is stale, a higher one was never
             // issued, and a lock nobody holds fences nothing.
             match self.sessions.lock_holder(&lock) {
-                None => return Outcome::Refused(Refusal::LockNotHeld { lock }),
+                None => return Ok(Outcome::Refused(Refusal::LockNotHeld { lock })),
                 Some((_, current)) if current != token => {
-                    return Outcome::Refused(Refusal::StaleFence { token, current })
+                    return Ok(Outcome::Refused(Refusal::StaleFence { token, current }))
                 }
                 Some(_) => {}
             }
         }
-        match session {
-            Some(id) => {
-                if self
-                    .sessions
-                    .attach_key(SessionId(id), key.as_bytes(), APPLY_NOW_NS)
-                    .is_err()
-                {
-                    return Outcome::Refused(Refusal::UnknownSession(id));
-                }
-                self.owners.insert(key.clone(), id);
-            }
-            None => {
-                self.owners.remove(&key);
+        if let Some(id) = session {
+            if !self.sessions.is_live(SessionId(id), APPLY_NOW_NS) {
+                return Ok(Outcome::Refused(Refusal::UnknownSession(id)));
             }
         }
-        self.insert(key, value.to_vec(), index);
-        Outcome::Revision(index)
-    }
-
-    /// Store `value` at `key`, written at `revision`, and count its bytes.
-    pub(super) fn insert(&mut self, key: String, value: Vec<u8>, revision: u64) {
-        let (added, key_len) = (cost(&key, &value), key.len() as u64);
-        if let Some(old) = self.kv.insert(key, Stored { value, revision }) {
-            self.bytes -= key_len + old.value.len() as u64 + KEY_OVERHEAD_BYTES;
-        }
-        self.bytes += added;
-    }
-
-    fn delete(&mut self, index: u64, key: &str) -> Outcome {
-        self.owners.remove(key);
-        match self.remove(key) {
-            true => Outcome::Revision(index),
-            false => Outcome::Refused(Refusal::NotFound),
-        }
-    }
-
-    fn remove(&mut self, key: &str) -> bool {
-        match self.kv.remove(key) {
-            Some(old) => {
-                self.bytes -= cost(key, &old.value);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// A session ended: delete the keys it still owns.
-    fn delete_owned(&mut self, session: u64, keys: &[Vec<u8>]) {
-        for k in keys {
-            let Ok(k) = std::str::from_utf8(k) else {
-                continue;
-            };
-            if self.owners.get(k) == Some(&session) {
-                self.owners.remove(k);
-                self.remove(k);
-            }
-        }
+        let mut w = b.write();
+        w.put(key.as_bytes(), value.to_vec(), session.unwrap_or(0) as i64)?;
+        Ok(Outcome::Revision(w.commit() as u64))
     }
 }
 
@@ -403,7 +474,7 @@ mod tests {
             current: 1,
         });
         assert_eq!(s.apply(5, fenced("L", 2), b"v"), higher, "never issued");
-        assert_eq!(s.apply(6, fenced("L", 1), b"v"), Outcome::Revision(6));
+        assert_eq!(s.apply(6, fenced("L", 1), b"v"), Outcome::Revision(2));
         s.apply(7, Command::SessionRevoke { id }, b"");
         assert_eq!(s.apply(8, fenced("L", 1), b"v"), not_held, "released");
         let long = Command::Put {
@@ -416,6 +487,14 @@ mod tests {
             s.apply(9, long, b"v"),
             Outcome::Refused(Refusal::BadName(_))
         ));
-        assert_eq!(s.kv.len(), 1);
+        let all = s.keyspace.read(|r| {
+            let mut n = 0;
+            r.scan_at(b"\0", b"\0", r.rev(), &mut |_, _| {
+                n += 1;
+                true
+            })?;
+            Ok(n)
+        });
+        assert_eq!(all, Ok(1));
     }
 }

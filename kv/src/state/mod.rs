@@ -3,9 +3,11 @@
 
 pub mod command;
 pub mod keys;
+pub mod kv_install;
 pub mod kv_machine;
 pub mod kv_state;
 pub mod mvcc;
 pub mod placement;
 pub mod sessions_local;
-pub mod snapshot;
+pub mod sessions_row;
+pub mod stream;

@@ -330,14 +330,21 @@ mod tests {
         let s = p.grant(0);
         let ckpt = p.leader.checkpoint_due(2, 2_000 * MS).unwrap();
         p.apply(ckpt);
-        let snap = p.follower.snapshot();
-        let mut restored = KvState::from_snapshot(&snap).unwrap();
+        let mut snap = Vec::new();
+        crate::raft::machine::StateMachine::snapshot(&p.follower, 1 << 10, &mut |c| {
+            snap.extend(c);
+            Ok(())
+        })
+        .unwrap();
+        let mut restored = KvState::new();
+        restored.install_stream(&snap, p.index).unwrap();
         assert!(restored.checkpointed.contains(&s));
         restored.apply(p.index + 1, Command::Takeover { term: 3, now_ns: 0 }, b"");
         let left = hold_ns() - 2_000 * MS;
         assert_eq!(restored.sessions.expiries().next().unwrap().2, left);
         // Control: the same snapshot without its checkpoint gives a full TTL again.
-        let mut bare = KvState::from_snapshot(&snap).unwrap();
+        let mut bare = KvState::new();
+        bare.install_stream(&snap, p.index).unwrap();
         bare.sessions =
             raft_lease::grant::Sessions::from_image(session_config(), bare.sessions.image());
         bare.apply(p.index + 1, Command::Takeover { term: 3, now_ns: 0 }, b"");

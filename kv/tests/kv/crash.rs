@@ -18,7 +18,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::cluster::{http_follow, Cluster};
+use crate::cluster::{http, http_follow, Cluster};
 
 /// Writers that PUT unique keys to any live node (following redirects) until told to stop,
 /// recording every write answered 200.
@@ -94,5 +94,83 @@ fn kill9_of_any_node_under_load_then_of_all_loses_no_acknowledged_write() {
     eprintln!(
         "{} acknowledged writes, all there after 4 kills and a whole-cluster kill",
         acked.len()
+    );
+}
+
+/// A node killed right after it cut its raft log (`/admin/crash-after-cut` kills it with
+/// `SIGKILL` at that moment), with small writes going on. The log is cut only up to what the
+/// state engine made durable, so the restarted node opens its state where it was made durable
+/// and replays the log after it: it comes back, and every write answered is there. With
+/// `--unsafe-cut-past-durable` the log is cut up to the applied index instead: the state the
+/// kill takes (what the engine held in memory since it was last made durable) is gone from the
+/// log too, and the node refuses to start rather than serve without it. Returns whether the
+/// node came back, and the writes answered before the kill that are missing from the cluster.
+fn crash_right_after_a_log_cut(cut_past_durable: bool) -> (bool, usize) {
+    let mut flags = vec!["--snapshot-every", "20", "--fault-injection"];
+    if cut_past_durable {
+        flags.push("--unsafe-cut-past-durable");
+    }
+    let mut c = Cluster::start(3, &flags);
+    let l = c.leader(&[1, 2, 3], 15);
+    let mut acked = Vec::new();
+    for n in 0..30 {
+        let (key, value) = (format!("before-{n}"), format!("v{n}"));
+        if let Some((200, _)) =
+            http_follow(c.port(l), "PUT", &format!("/kv/{key}"), value.as_bytes())
+        {
+            acked.push((key, value));
+        }
+    }
+    let (code, body) =
+        crate::cluster::http(c.port(l), "POST", "/admin/crash-after-cut", b"{}").unwrap();
+    assert_eq!(code, 200, "{body}");
+    // Small writes, one at a time, until the leader's next cut kills it.
+    for n in 0..2_000 {
+        if !c.running(l) {
+            break;
+        }
+        let (key, value) = (format!("k{n}"), format!("v{n}"));
+        if let Some((200, _)) = http(c.port(l), "PUT", &format!("/kv/{key}"), value.as_bytes()) {
+            acked.push((key, value));
+        }
+    }
+    let status = c.wait_exit(l, 10);
+    assert!(
+        !status.success(),
+        "node {l} was not killed at its cut: {status:?}"
+    );
+    c.spawn(l);
+    let came_back = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        c.running(l) && http(c.port(l), "GET", "/status", b"").is_some()
+    }) && c.running(l);
+    let others: Vec<u64> = (1..=3).filter(|&i| i != l).collect();
+    let reader = c.leader(&others, 30);
+    let missing = acked
+        .iter()
+        .filter(|(k, v)| {
+            let got = http_follow(c.port(reader), "GET", &format!("/kv/{k}?read=index"), b"");
+            !got.is_some_and(|(code, body)| code == 200 && body.contains(v.as_str()))
+        })
+        .count();
+    (came_back, missing)
+}
+
+#[test]
+fn a_node_killed_right_after_cutting_its_log_comes_back_with_every_write() {
+    let (came_back, missing) = crash_right_after_a_log_cut(false);
+    assert!(
+        came_back,
+        "the node did not come back after its kill at a cut"
+    );
+    assert_eq!(missing, 0, "acknowledged writes missing");
+}
+
+#[test]
+fn control_a_log_cut_past_the_durable_state_leaves_a_node_that_cannot_start() {
+    let (came_back, _) = crash_right_after_a_log_cut(true);
+    assert!(
+        !came_back,
+        "a cut past the durable state lost nothing: the kill at the cut found no state to lose"
     );
 }

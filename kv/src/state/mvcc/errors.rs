@@ -41,6 +41,11 @@ pub enum MvccError {
     /// A malformed request (only a forged or buggy proposal gets this far).
     #[error("etcdserver: {0}")]
     Invalid(String),
+    /// The state engine failed. Never a refusal of the request: where the state is written it
+    /// stops the node (a replica that cannot keep its state must not answer), and a read that
+    /// meets it answers `Unavailable` (the client tries another member).
+    #[error("etcdserver: storage failure: {0}")]
+    Storage(String),
 }
 
 impl MvccError {
@@ -59,6 +64,7 @@ impl MvccError {
             MvccError::LeaseNotFound => Code::NotFound,
             MvccError::Compacted | MvccError::FutureRev => Code::OutOfRange,
             MvccError::NoSpace => Code::ResourceExhausted,
+            MvccError::Storage(_) => Code::Unavailable,
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use etcd_client::proto::{PbKeyValue as KeyValue, PbRangeRequest as RangeRequest};
 
-use crate::state::mvcc::{Mvcc, MvccError, Version};
+use crate::state::mvcc::{MvccError, Reader, Version};
 
 /// A range's answer, without its header.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -75,9 +75,10 @@ fn sort(r: &RangeRequest, kvs: &mut [KeyValue]) {
     }
 }
 
-impl Mvcc {
+impl Reader<'_> {
     /// Serve `r` at the revision it asks for (as seen from `at`, the revision reads of "now"
-    /// take: the current one, or a transaction's own).
+    /// take: the current one, or a transaction's own). Keys are visited in order and only what
+    /// the answer holds is kept: a `count_only` of every key keeps nothing.
     pub fn range(&self, r: &RangeRequest, at: i64) -> Result<Ranged, MvccError> {
         check(r)?;
         let rev = match r.revision {
@@ -93,18 +94,19 @@ impl Mvcc {
         let limit = usize::try_from(r.limit).unwrap_or(0);
         let mut count = 0i64;
         let mut kvs = Vec::new();
-        for (k, v) in self.scan_at(&r.key, &r.range_end, rev) {
+        self.scan_at(&r.key, &r.range_end, rev, &mut |k, v| {
             count += 1;
             let wanted = filtered || limit == 0 || kvs.len() <= limit;
             if r.count_only || !wanted || !keep(r, v) {
-                continue;
+                return true;
             }
             let mut kv = v.key_value(k);
             if r.keys_only {
                 kv.value = Vec::new();
             }
             kvs.push(kv);
-        }
+            true
+        })?;
         sort(r, &mut kvs);
         let more = limit > 0 && kvs.len() > limit;
         kvs.truncate(if limit > 0 { limit } else { kvs.len() });

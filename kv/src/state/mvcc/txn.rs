@@ -13,7 +13,7 @@ use etcd_client::proto::{
     PbTxnOpResponse as OpResponse, PbTxnRequest as TxnRequest, PbTxnResponse,
 };
 
-use crate::state::mvcc::{in_range, range, Mvcc, MvccError, Write};
+use crate::state::mvcc::{in_range, range, Batch, MvccError, Reader, Version, Write};
 
 /// The most operations one transaction may hold (etcd's `--max-txn-ops` default), nested
 /// transactions' operations counted in their own branch.
@@ -164,16 +164,16 @@ fn check_overlaps(branch: &[etcd_client::proto::PbTxnRequestOp]) -> Result<(), M
 
 /// Whether `c` holds on `m` at revision `rev` (etcd's rules: over a range, every key must
 /// hold; a missing key compares as zeros, except that a value compare on it fails). Stops at
-/// the first key that does not hold, and copies nothing.
-fn holds(m: &Mvcc, c: &Compare, rev: i64) -> bool {
-    let zero = crate::state::mvcc::Version {
+/// the first key that does not hold.
+fn holds(m: &Reader<'_>, c: &Compare, rev: i64) -> Result<bool, MvccError> {
+    let zero = Version {
         create_rev: 0,
         mod_rev: 0,
         version: 0,
         lease: 0,
         value: Some(Vec::new()),
     };
-    let one = |v: &crate::state::mvcc::Version| {
+    let one = |v: &Version| {
         let ord = match &c.target_union {
             Some(Target::Version(x)) => v.version.cmp(x),
             Some(Target::CreateRevision(x)) => v.create_rev.cmp(x),
@@ -189,32 +189,41 @@ fn holds(m: &Mvcc, c: &Compare, rev: i64) -> bool {
             _ => ord.is_ne(),
         }
     };
-    let mut found = false;
-    for (_, v) in m.scan_at(&c.key, &c.range_end, rev) {
+    let (mut found, mut all) = (false, true);
+    m.scan_at(&c.key, &c.range_end, rev, &mut |_, v| {
         found = true;
-        if !one(v) {
-            return false;
-        }
-    }
-    found || (!matches!(c.target_union, Some(Target::Value(_))) && one(&zero))
+        all = one(v);
+        all
+    })?;
+    Ok(match found {
+        true => all,
+        false => !matches!(c.target_union, Some(Target::Value(_))) && one(&zero),
+    })
 }
 
 /// The branch each transaction takes, outer first then nested in order, all decided on the
 /// state before the transaction.
-fn path(m: &Mvcc, t: &TxnRequest, rev: i64, out: &mut Vec<bool>) {
-    let ok = t.compare.iter().all(|c| holds(m, c, rev));
+fn path(m: &Reader<'_>, t: &TxnRequest, rev: i64, out: &mut Vec<bool>) -> Result<(), MvccError> {
+    let mut ok = true;
+    for c in &t.compare {
+        if !holds(m, c, rev)? {
+            ok = false;
+            break;
+        }
+    }
     out.push(ok);
     for op in if ok { &t.success } else { &t.failure } {
         if let Some(Op::RequestTxn(nested)) = &op.request {
-            path(m, nested, rev, out);
+            path(m, nested, rev, out)?;
         }
     }
+    Ok(())
 }
 
 /// Check what the chosen operations need of the state: the leases they attach exist, and a
 /// put with `ignore_value` or `ignore_lease` has a key to take them from.
 fn precheck(
-    m: &Mvcc,
+    m: &Reader<'_>,
     t: &TxnRequest,
     path: &mut std::slice::Iter<'_, bool>,
     lease_exists: &dyn Fn(i64) -> bool,
@@ -231,7 +240,7 @@ fn precheck(
                     return Err(MvccError::LeaseNotFound);
                 }
                 let needs_key = p.ignore_value || p.ignore_lease;
-                if needs_key && m.version_at(&p.key, m.rev()).is_none() {
+                if needs_key && m.latest(&p.key)?.is_none() {
                     return Err(MvccError::KeyNotFound);
                 }
             }
@@ -242,10 +251,10 @@ fn precheck(
     Ok(())
 }
 
-impl Mvcc {
+impl Reader<'_> {
     /// What `t` may add to the byte count, both branches counted: (its puts' versions, its
     /// deletes' tombstones over the keys in their ranges now).
-    pub fn growth_bytes(&self, t: &TxnRequest) -> (u64, u64) {
+    pub fn growth_bytes(&self, t: &TxnRequest) -> Result<(u64, u64), MvccError> {
         let (mut puts, mut dels) = (0u64, 0u64);
         for op in t.success.iter().chain(&t.failure) {
             match &op.request {
@@ -254,22 +263,55 @@ impl Mvcc {
                         + crate::state::mvcc::VERSION_OVERHEAD_BYTES
                 }
                 Some(Op::RequestDeleteRange(d)) => {
-                    let rev = self.rev();
-                    dels += self
-                        .scan_at(&d.key, &d.range_end, rev)
-                        .map(|(k, _)| k.len() as u64 + crate::state::mvcc::VERSION_OVERHEAD_BYTES)
-                        .sum::<u64>()
+                    self.scan_at(&d.key, &d.range_end, self.rev(), &mut |k, _| {
+                        dels += k.len() as u64 + crate::state::mvcc::VERSION_OVERHEAD_BYTES;
+                        true
+                    })?;
                 }
                 Some(Op::RequestTxn(n)) => {
-                    let (p, d) = self.growth_bytes(n);
+                    let (p, d) = self.growth_bytes(n)?;
                     (puts, dels) = (puts + p, dels + d);
                 }
                 _ => {}
             }
         }
-        (puts, dels)
+        Ok((puts, dels))
     }
 
+    /// Whether `t` only reads (no put or delete in either branch, nested ones included): it
+    /// needs no raft entry, and is served as a read.
+    pub fn read_only(t: &TxnRequest) -> bool {
+        t.success
+            .iter()
+            .chain(&t.failure)
+            .all(|op| match &op.request {
+                Some(Op::RequestRange(_)) | None => true,
+                Some(Op::RequestTxn(n)) => Reader::read_only(n),
+                _ => false,
+            })
+    }
+
+    /// Run the read-only transaction `t` on this state: the branch its compares choose, and
+    /// each range's answer, at the current revision.
+    pub fn txn_read(&self, t: &TxnRequest) -> Result<TxnDone, MvccError> {
+        check(t)?;
+        debug_assert!(
+            Reader::read_only(t),
+            "a transaction that writes is proposed"
+        );
+        let mut branches = Vec::new();
+        path(self, t, self.rev(), &mut branches)?;
+        precheck(self, t, &mut branches.iter(), &|_| true)?;
+        let (succeeded, responses) = run_reads(self, t, &mut branches.iter())?;
+        Ok(TxnDone {
+            succeeded,
+            responses,
+            revision: self.rev(),
+        })
+    }
+}
+
+impl Batch<'_> {
     /// Apply transaction `t` (checked with [`check`] here too: a forged proposal is refused,
     /// not obeyed). `lease_exists` says whether a lease is live in the replicated state.
     pub fn txn(
@@ -279,10 +321,13 @@ impl Mvcc {
     ) -> Result<TxnDone, MvccError> {
         check(t)?;
         let mut branches = Vec::new();
-        path(self, t, self.rev(), &mut branches);
-        precheck(self, t, &mut branches.iter(), lease_exists)?;
+        {
+            let r = self.reader();
+            path(&r, t, r.rev(), &mut branches)?;
+            precheck(&r, t, &mut branches.iter(), lease_exists)?;
+        }
         let mut w = self.write();
-        let (succeeded, responses) = run(&mut w, t, &mut branches.iter());
+        let (succeeded, responses) = run(&mut w, t, &mut branches.iter())?;
         let revision = w.commit();
         Ok(TxnDone {
             succeeded,
@@ -300,48 +345,96 @@ fn header(rev: i64) -> Option<PbResponseHeader> {
 }
 
 fn run(
-    w: &mut Write<'_>,
+    w: &mut Write<'_, '_>,
     t: &TxnRequest,
     path: &mut std::slice::Iter<'_, bool>,
-) -> (bool, Vec<ResponseOp>) {
+) -> Result<(bool, Vec<ResponseOp>), MvccError> {
     let ok = *path.next().expect("a branch for every transaction");
     let ops = if ok { &t.success } else { &t.failure };
-    let responses = ops
-        .iter()
-        .filter_map(|op| op.request.as_ref())
-        .map(|op| ResponseOp {
-            response: Some(run_op(w, op, path)),
-        })
-        .collect();
-    (ok, responses)
+    let mut responses = Vec::with_capacity(ops.len());
+    for op in ops.iter().filter_map(|op| op.request.as_ref()) {
+        responses.push(ResponseOp {
+            response: Some(run_op(w, op, path)?),
+        });
+    }
+    Ok((ok, responses))
 }
 
-fn run_op(w: &mut Write<'_>, op: &Op, path: &mut std::slice::Iter<'_, bool>) -> OpResponse {
-    match op {
-        Op::RequestRange(r) => {
-            let got = w.view().range(r, w.rev).unwrap_or_default();
-            OpResponse::ResponseRange(PbRangeResponse {
-                header: header(w.view().rev()),
-                kvs: got.kvs,
-                more: got.more,
-                count: got.count,
-            })
-        }
-        Op::RequestPut(p) => OpResponse::ResponsePut(put(w, p)),
-        Op::RequestDeleteRange(d) => OpResponse::ResponseDeleteRange(delete(w, d)),
+fn run_op(
+    w: &mut Write<'_, '_>,
+    op: &Op,
+    path: &mut std::slice::Iter<'_, bool>,
+) -> Result<OpResponse, MvccError> {
+    Ok(match op {
+        Op::RequestRange(r) => range_response(&w.view(), r, w.rev)?,
+        Op::RequestPut(p) => OpResponse::ResponsePut(put(w, p)?),
+        Op::RequestDeleteRange(d) => OpResponse::ResponseDeleteRange(delete(w, d)?),
         Op::RequestTxn(t) => {
-            let (succeeded, responses) = run(w, t, path);
+            let (succeeded, responses) = run(w, t, path)?;
             OpResponse::ResponseTxn(PbTxnResponse {
                 header: header(w.rev),
                 succeeded,
                 responses,
             })
         }
+    })
+}
+
+/// The answer of a range inside a transaction, read at `at` (the transaction's revision).
+fn range_response(
+    m: &Reader<'_>,
+    r: &etcd_client::proto::PbRangeRequest,
+    at: i64,
+) -> Result<OpResponse, MvccError> {
+    let got = m.range(r, at).or_else(storage_only)?;
+    Ok(OpResponse::ResponseRange(PbRangeResponse {
+        header: header(m.rev()),
+        kvs: got.kvs,
+        more: got.more,
+        count: got.count,
+    }))
+}
+
+/// A range inside a transaction answers what it can: only a storage failure fails it (a
+/// revision it cannot read was refused before anything ran).
+fn storage_only(e: MvccError) -> Result<range::Ranged, MvccError> {
+    match e {
+        MvccError::Storage(_) => Err(e),
+        _ => Ok(range::Ranged::default()),
     }
 }
 
-fn put(w: &mut Write<'_>, p: &PutRequest) -> PbPutResponse {
-    let now = w.view().version_at(&p.key, w.rev).cloned();
+/// The answers of a read-only transaction's chosen branch.
+fn run_reads(
+    m: &Reader<'_>,
+    t: &TxnRequest,
+    path: &mut std::slice::Iter<'_, bool>,
+) -> Result<(bool, Vec<ResponseOp>), MvccError> {
+    let ok = *path.next().expect("a branch for every transaction");
+    let ops = if ok { &t.success } else { &t.failure };
+    let mut responses = Vec::with_capacity(ops.len());
+    for op in ops.iter().filter_map(|op| op.request.as_ref()) {
+        let response = match op {
+            Op::RequestRange(r) => range_response(m, r, m.rev())?,
+            Op::RequestTxn(n) => {
+                let (succeeded, responses) = run_reads(m, n, path)?;
+                OpResponse::ResponseTxn(PbTxnResponse {
+                    header: header(m.rev()),
+                    succeeded,
+                    responses,
+                })
+            }
+            _ => unreachable!("a read-only transaction only reads"),
+        };
+        responses.push(ResponseOp {
+            response: Some(response),
+        });
+    }
+    Ok((ok, responses))
+}
+
+fn put(w: &mut Write<'_, '_>, p: &PutRequest) -> Result<PbPutResponse, MvccError> {
+    let now = w.view().latest(&p.key)?;
     let value = match (&now, p.ignore_value) {
         (Some(v), true) => v.value.clone().unwrap_or_default(),
         _ => p.value.clone(),
@@ -350,30 +443,31 @@ fn put(w: &mut Write<'_>, p: &PutRequest) -> PbPutResponse {
         (Some(v), true) => v.lease,
         _ => p.lease,
     };
-    let prev = w.put(&p.key, value, lease);
-    PbPutResponse {
+    let prev = w.put(&p.key, value, lease)?;
+    Ok(PbPutResponse {
         header: header(w.rev),
         prev_kv: prev.filter(|_| p.prev_kv).map(|v| v.key_value(&p.key)),
-    }
+    })
 }
 
-fn delete(w: &mut Write<'_>, d: &DeleteRangeRequest) -> PbDeleteResponse {
-    let keys: Vec<Vec<u8>> = w
-        .view()
-        .scan_at(&d.key, &d.range_end, w.rev)
-        .map(|(k, _)| k.to_vec())
-        .collect();
+fn delete(w: &mut Write<'_, '_>, d: &DeleteRangeRequest) -> Result<PbDeleteResponse, MvccError> {
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let rev = w.rev;
+    w.view().scan_at(&d.key, &d.range_end, rev, &mut |k, _| {
+        keys.push(k.to_vec());
+        true
+    })?;
     let mut prev_kvs = Vec::new();
     for k in &keys {
-        if let Some(v) = w.delete(k) {
+        if let Some(v) = w.delete(k)? {
             if d.prev_kv {
                 prev_kvs.push(v.key_value(k));
             }
         }
     }
-    PbDeleteResponse {
+    Ok(PbDeleteResponse {
         header: header(w.rev),
         deleted: keys.len() as i64,
         prev_kvs,
-    }
+    })
 }

@@ -3,7 +3,8 @@
 
 use etcd_client::proto::PbEvent as Event;
 
-use crate::state::mvcc::{in_range, Mvcc, MvccError};
+use crate::disk::state_engine::Table;
+use crate::state::mvcc::{in_range, layout, storage, MvccError, Reader};
 
 /// etcd's event types (`mvccpb.Event.EventType`).
 pub const EVENT_PUT: i32 = 0;
@@ -19,7 +20,7 @@ pub struct Events {
     pub through: i64,
 }
 
-impl Mvcc {
+impl Reader<'_> {
     /// The events of `key`..`end` with revisions from `from` to `through` (at most `max`
     /// events, ending at a revision's end), each with the version before it when `prev_kv`.
     /// `Compacted` when `from` is below the compacted revision: events below it are gone (a
@@ -35,33 +36,52 @@ impl Mvcc {
         if from < self.compacted {
             return Err(MvccError::Compacted);
         }
-        let mut events = Vec::new();
         // A watch may start in the future: nothing before `from` is ever read.
         let mut through = self.rev.max(from - 1);
-        for (&rev, keys) in self.changes.range(from..) {
-            if events.len() >= max {
-                through = rev - 1;
-                break;
-            }
-            for k in keys.iter().filter(|k| in_range(k, key, end)) {
-                events.extend(self.event(k, rev, prev_kv));
-            }
+        let mut changes: Vec<(i64, Vec<u8>)> = Vec::new();
+        let start = layout::changes_from(self.gen, from);
+        let stop = layout::changes_from(self.gen, self.rev + 1);
+        let mut count = 0usize;
+        let mut last = None;
+        self.e
+            .scan(
+                Table::Changes,
+                &start,
+                Some(&stop),
+                false,
+                &mut |row_key, k| {
+                    let rev = layout::rev_of_change(row_key);
+                    if count >= max && last != Some(rev) {
+                        through = rev - 1;
+                        return false;
+                    }
+                    last = Some(rev);
+                    if in_range(k, key, end) {
+                        count += 1;
+                        changes.push((rev, k.to_vec()));
+                    }
+                    true
+                },
+            )
+            .map_err(storage)?;
+        let mut events = Vec::with_capacity(changes.len());
+        for (rev, k) in changes {
+            events.extend(self.event(&k, rev, prev_kv)?);
         }
         Ok(Events { events, through })
     }
 
     /// The change of `key` at `rev` (none when compaction took its version: a deletion at the
     /// compacted revision).
-    fn event(&self, key: &[u8], rev: i64, prev_kv: bool) -> Option<Event> {
-        let vs = self.keys.get(key)?;
-        let at = vs.binary_search_by_key(&rev, |v| v.mod_rev).ok()?;
-        debug_assert!(rev > self.compacted || at == 0);
-        let v = &vs[at];
-        let prev = at
-            .checked_sub(1)
-            .map(|i| &vs[i])
-            .filter(|p| prev_kv && p.value.is_some());
-        Some(Event {
+    fn event(&self, key: &[u8], rev: i64, prev_kv: bool) -> Result<Option<Event>, MvccError> {
+        let Some(v) = self.version_of_change(key, rev)? else {
+            return Ok(None);
+        };
+        let prev = match prev_kv {
+            true => self.version_at(key, rev - 1)?,
+            false => None,
+        };
+        Ok(Some(Event {
             r#type: if v.value.is_some() {
                 EVENT_PUT
             } else {
@@ -69,6 +89,6 @@ impl Mvcc {
             },
             kv: Some(v.key_value(key)),
             prev_kv: prev.map(|p| p.key_value(key)),
-        })
+        }))
     }
 }
