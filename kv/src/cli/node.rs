@@ -272,6 +272,8 @@ fn transport_config(opts: &NodeOptions, tls: Option<PeerTls>, log: &Logger) -> T
         peer_budget: Budget::new(opts.max_message_bytes() as u64 + (64 << 20)),
         max_message_bytes: opts.max_message_bytes(),
         heard: Arc::default(),
+        views: None,
+        snapshots: None,
     }
 }
 
@@ -344,7 +346,23 @@ fn start(
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).map_err(fatal)?;
     }
-    let tcfg = transport_config(&opts, tls, log);
+    let mut tcfg = transport_config(&opts, tls, log);
+    // Snapshots stream beside the raft messages: views described to raft, sent by the
+    // transport; streams received, written into the state engine off the raft thread.
+    let boot_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let views = Arc::new(crate::peer::snapshot_send::SnapshotViews::new(
+        opts.id, boot_ns,
+    ));
+    tcfg.views = Some(views.clone());
+    let target = crate::state::kv_install::StateSnapshots {
+        engine: boot.state.clone(),
+    };
+    tcfg.snapshots = Some(Arc::new(crate::peer::snapshot_recv::SnapshotInbox::new(
+        Arc::new(target),
+        log.clone(),
+    )));
     let disk_stall = Arc::new(crate::base::disk_stall::DiskStall::default());
     let (metrics, members) = (tcfg.metrics.clone(), tcfg.members.clone());
     let (inbox_tx, inbox) = crossbeam_channel::bounded(8192);
@@ -372,6 +390,7 @@ fn start(
     let wiring = Wiring {
         storages: boot.storages,
         state: boot.state,
+        views,
         multi,
         transport,
         inbox,

@@ -17,6 +17,11 @@ use crate::etcd::errors;
 /// and never forwards it again (leadership may have moved on; two hops could loop).
 pub const FORWARDED: &str = "x-raft-lease-forwarded";
 
+/// The largest answer a forwarded call takes from the leader: etcd's clients take answers up to
+/// 2 GiB (a range of a whole large keyspace), so a follower relays what the leader would answer
+/// itself. Requests keep their own limits, on the server that receives them.
+pub const MAX_ANSWER_BYTES: usize = i32::MAX as usize;
+
 /// How long a forwarded call may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(6);
 
@@ -79,7 +84,9 @@ impl Forwarder {
         Q: prost::Message + Send + Sync + 'static,
         A: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = Grpc::new(self.channel(addr, streams)?);
+        let mut grpc = Grpc::new(self.channel(addr, streams)?)
+            .max_decoding_message_size(MAX_ANSWER_BYTES)
+            .max_encoding_message_size(MAX_ANSWER_BYTES);
         grpc.ready().await.map_err(|_| errors::no_leader())?;
         Ok((grpc, ProstCodec::default(), PathAndQuery::from_static(path)))
     }

@@ -47,6 +47,9 @@ pub struct PeerConn {
     /// Bytes of the batches queued for the sender task and not yet taken by it: bounded (see
     /// `transport`), so a peer that accepts nothing holds a bounded amount of memory.
     pub queued_bytes: AtomicUsize,
+    /// Times the connection failed (or could not be made) and what was queued was lost: a
+    /// snapshot streamed over it while this moves lost chunks, and is lost whole.
+    pub failures: std::sync::atomic::AtomicU64,
 }
 
 /// What an express write did.

@@ -20,6 +20,7 @@ use tokio::time::timeout;
 
 use crate::base::budget::{Budget, Ticket};
 use crate::base::limits::peer::{MAX_FRAME_BYTES, READ_STEP_BYTES};
+use crate::peer::snapshot_wire::{Chunk, ChunkError, CHUNK_MAGIC};
 
 /// The flag on a message's last frame.
 pub const FINAL: u8 = 1;
@@ -42,6 +43,9 @@ pub enum FrameError {
     /// The bytes are not a node batch.
     #[error("{0}")]
     Batch(#[from] BatchError),
+    /// The bytes are not a snapshot chunk.
+    #[error("{0}")]
+    Chunk(#[from] ChunkError),
     /// A frame or a flush made no progress in time.
     #[error("a frame made no progress in time")]
     Stalled,
@@ -74,13 +78,22 @@ pub async fn write_message<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// A message off a peer connection: a node batch, or a chunk of a snapshot's stream.
+#[derive(Debug)]
+pub enum PeerMessage {
+    /// The support session, fortification and raft messages.
+    Batch(NodeBatch),
+    /// A piece of a snapshot's state (`snapshot_wire`).
+    Chunk(Chunk),
+}
+
 /// Read one message of at most `max_message` bytes, its bytes held in `budget` (the ticket
 /// returned holds them until dropped). `Ok(None)` on a clean close between messages.
 pub async fn read_message<R: AsyncRead + Unpin>(
     r: &mut R,
     max_message: usize,
     budget: &Arc<Budget>,
-) -> Result<Option<(NodeBatch, Ticket)>, FrameError> {
+) -> Result<Option<(PeerMessage, Ticket)>, FrameError> {
     let mut buf = Vec::new();
     let mut ticket = budget.take(0).expect("zero bytes always fit");
     loop {
@@ -105,7 +118,11 @@ pub async fn read_message<R: AsyncRead + Unpin>(
         }
         read_piece(r, &mut buf, len, &mut ticket).await?;
         if flags & FINAL != 0 {
-            return Ok(Some((wire::decode(&buf)?, ticket)));
+            let msg = match buf.starts_with(CHUNK_MAGIC) {
+                true => PeerMessage::Chunk(Chunk::decode(&buf)?),
+                false => PeerMessage::Batch(wire::decode(&buf)?),
+            };
+            return Ok(Some((msg, ticket)));
         }
     }
 }
@@ -143,7 +160,12 @@ mod tests {
 
     /// The raft messages of the batch read from `wire`.
     fn read(wire: &[u8], max: usize) -> Result<Option<Vec<(u64, Message)>>, FrameError> {
-        run(read_message(&mut &wire[..], max, &budget())).map(|m| m.map(|(b, _)| b.raft))
+        run(read_message(&mut &wire[..], max, &budget())).map(|m| {
+            m.map(|(msg, _)| match msg {
+                PeerMessage::Batch(b) => b.raft,
+                PeerMessage::Chunk(c) => panic!("a chunk: {c:?}"),
+            })
+        })
     }
 
     /// `m` alone in a batch of group 0, encoded.
@@ -261,6 +283,9 @@ mod tests {
         let (got, ticket) = run(read_message(&mut &wire[..], 1 << 30, &b))
             .unwrap()
             .unwrap();
+        let PeerMessage::Batch(got) = got else {
+            panic!("not a batch")
+        };
         assert_eq!(got.raft, vec![(0, m)]);
         assert!(b.used() >= (MAX_FRAME_BYTES * 2) as u64);
         drop(ticket);

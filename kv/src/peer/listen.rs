@@ -31,8 +31,9 @@ use tokio::time::timeout;
 use crate::base::budget::Ticket;
 use crate::base::conns::{Admission, ConnTable, Guard, Phase};
 use crate::base::limits::peer;
-use crate::peer::frame::{read_message, FrameError};
+use crate::peer::frame::{read_message, FrameError, PeerMessage};
 use crate::peer::slots::{PeerSlot, PerPeer};
+use crate::peer::snapshot_wire::{descriptor_id, machine_part, Chunk};
 use crate::peer::transport::{TransportConfig, HANDSHAKE_TIMEOUT};
 use crate::tls::config::peer_node_id;
 
@@ -236,7 +237,7 @@ async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
         read_message(&mut r, ctx.cfg.max_message_bytes, budget),
     )
     .await;
-    let (batch, ticket) = match first {
+    let (msg, ticket) = match first {
         Ok(Ok(Some(m))) => m,
         Ok(Err(e)) => {
             ctx.cfg.metrics.bad_frames.inc();
@@ -246,14 +247,24 @@ async fn insecure(tcp: TcpStream, pending: Guard, ctx: &Ctx, log: &Logger) {
         _ => return,
     };
     drop(pending);
+    let (from, to) = match &msg {
+        PeerMessage::Batch(b) => (b.from, b.to),
+        PeerMessage::Chunk(c) => (c.from, c.to),
+    };
     // Only a member takes a member's place (nothing proves the claim here, but a stranger's
     // claim does not close anyone's connections).
-    if let Err(r) = check_sender(batch.from, batch.to, None, &ctx.cfg) {
+    if let Err(r) = check_sender(from, to, None, &ctx.cfg) {
         count(&r, &ctx.cfg);
         return;
     }
-    let slot = PeerSlot::take(&ctx.per_peer, batch.from);
-    deliver(batch, ticket, None, ctx, log, &mut false);
+    let slot = PeerSlot::take(&ctx.per_peer, from);
+    match msg {
+        PeerMessage::Batch(batch) => {
+            let batch = gate_snapshots(batch, ctx, log).await;
+            deliver(batch, ticket, None, ctx, log, &mut false)
+        }
+        PeerMessage::Chunk(c) => take_chunk(c, None, ctx, log).await,
+    }
     slot.serve(recv_loop(r, None, ctx, log), &ctx.cfg.metrics)
         .await
 }
@@ -278,7 +289,7 @@ async fn recv_loop<R: AsyncRead + Unpin>(
             let read = read_message(&mut r, ctx.cfg.max_message_bytes, &ctx.cfg.peer_budget);
             // No idle timeout: a lane may be quiet for long (the log lane of an idle cluster),
             // and a dead peer's connection fails by keep-alive within seconds (`peer::tune`).
-            let (batch, ticket) = match read.await {
+            let (msg, ticket) = match read.await {
                 Ok(None) => return, // closed
                 Err(FrameError::Io(e)) => {
                     info!(log, "peer connection ended"; "error" => %e);
@@ -290,6 +301,13 @@ async fn recv_loop<R: AsyncRead + Unpin>(
                     return;
                 }
                 Ok(Some(m)) => m,
+            };
+            let batch = match msg {
+                PeerMessage::Chunk(c) => {
+                    take_chunk(c, cert_id, ctx, log).await;
+                    continue;
+                }
+                PeerMessage::Batch(b) => gate_snapshots(b, ctx, log).await,
             };
             let delay_ms = ctx.cfg.peer_delay_in_ms.load(Ordering::Relaxed);
             if delay_ms == 0 && holding.load(Ordering::Acquire) == 0 {
@@ -310,6 +328,57 @@ async fn recv_loop<R: AsyncRead + Unpin>(
         }
     };
     tokio::join!(read, forward);
+}
+
+/// A chunk of a snapshot's stream, from a member to this node (and the member its connection's
+/// certificate names), goes to the snapshot inbox; anything else is dropped and counted.
+async fn take_chunk(c: Chunk, cert_id: Option<u64>, ctx: &Ctx, log: &Logger) {
+    if let Err(r) = check_sender(c.from, c.to, cert_id, &ctx.cfg) {
+        count(&r, &ctx.cfg);
+        return;
+    }
+    match &ctx.cfg.snapshots {
+        Some(inbox) => inbox.on_chunk(c).await,
+        None => warn!(log, "a snapshot chunk for a node that takes none; dropped"),
+    }
+}
+
+/// `batch` with each `MsgSnapshot` that carries a descriptor kept only once the state its
+/// stream carried is sealed for the snapshot's index: raft never takes a snapshot the state
+/// machine cannot install at once. A dropped one is sent again by its leader.
+async fn gate_snapshots(mut batch: NodeBatch, ctx: &Ctx, log: &Logger) -> NodeBatch {
+    let described = |m: &Message| {
+        let snap = m.get_snapshot();
+        let id = machine_part(&snap.data).and_then(descriptor_id)?;
+        Some((id, snap.get_metadata().index))
+    };
+    let wanted: Vec<(usize, u64, u64, u64)> = batch
+        .raft
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, m))| m.get_msg_type() == MessageType::MsgSnapshot)
+        .filter_map(|(i, (g, m))| described(m).map(|(id, index)| (i, *g, id, index)))
+        .collect();
+    let mut refused = Vec::new();
+    for (i, group, id, index) in wanted {
+        let outcome = match &ctx.cfg.snapshots {
+            Some(inbox) => inbox.outcome(batch.from, group, id).await,
+            None => Err("this node takes no streamed snapshot".into()),
+        };
+        match outcome {
+            Ok(sealed) if sealed == index => {}
+            other => {
+                warn!(log, "snapshot dropped: its state did not arrive whole";
+                      "group" => group, "index" => index, "outcome" => ?other);
+                ctx.cfg.metrics.snapshots_lost.inc();
+                refused.push(i);
+            }
+        }
+    }
+    for i in refused.into_iter().rev() {
+        batch.raft.remove(i);
+    }
+    batch
 }
 
 /// Check `batch` and hand what passes to the raft thread with its bytes' ticket.
@@ -383,6 +452,8 @@ mod tests {
             peer_budget: crate::base::budget::Budget::new(1 << 20),
             heard: Arc::default(),
             max_message_bytes: 1 << 20,
+            views: None,
+            snapshots: None,
         }
     }
 

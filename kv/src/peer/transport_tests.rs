@@ -30,6 +30,8 @@ fn config(addr: String, max: usize) -> TransportConfig {
         peer_budget: Budget::new(1 << 30),
         max_message_bytes: max,
         heard: Arc::default(),
+        views: None,
+        snapshots: None,
     }
 }
 

@@ -10,6 +10,7 @@ use raft_lease::LeaseNode;
 use crate::base::clock::ScaledClock;
 use crate::disk::state_engine::{EngineError, StateEngine};
 use crate::disk::storage::DiskStorage;
+use crate::peer::snapshot_send::StreamSource;
 
 /// The node type the loop drives.
 pub type Node = LeaseNode<DiskStorage, Arc<ScaledClock>>;
@@ -51,19 +52,19 @@ pub trait StateMachine: Sized + Send + Sync + 'static {
     fn apply(&mut self, run: &[(u64, &[u8])]) -> Result<Vec<Option<Self::Outcome>>, EngineError>;
     /// Read the state.
     fn query(&self, q: &Self::Query) -> Self::Answer;
-    /// Write the state as applied now to `sink` as a snapshot stream, in chunks of about
-    /// `chunk_bytes`, from one view of the engine.
-    fn snapshot(
-        &self,
-        chunk_bytes: usize,
-        sink: &mut dyn FnMut(Vec<u8>) -> Result<(), EngineError>,
-    ) -> Result<(), EngineError>;
-    /// Write a snapshot stream taken at `index` beside the state, durably, as an install in
-    /// progress; the state is unchanged until [`StateMachine::install_staged`]. A stream that
-    /// does not add up is refused with the reason, and changes nothing.
-    fn stage(&mut self, stream: &[u8], index: u64) -> Result<(), String>;
-    /// Make the staged state the state (the raft log has taken the snapshot meanwhile).
-    fn install_staged(&mut self) -> Result<(), String>;
+    /// A view of the state as applied now (no copy: opening it costs about nothing), to stream
+    /// as a snapshot later, off the raft thread (`peer::snapshot_send`).
+    fn snapshot_view(&self) -> Result<Box<dyn StreamSource>, EngineError>;
+    /// Write a snapshot stream taken at `index`, in hand, beside the state, durably, as an
+    /// install in progress; the state is unchanged until [`StateMachine::install_staged`].
+    /// A stream that does not add up is refused with the reason, and changes nothing. The
+    /// install's id.
+    fn stage(&mut self, stream: &[u8], index: u64) -> Result<u64, String>;
+    /// The index install `id` holds, if it is staged and sealed (a streamed snapshot's state is
+    /// sealed by `peer::snapshot_recv` before raft sees it).
+    fn staged_index(&self, id: u64) -> Result<Option<u64>, String>;
+    /// Make staged install `id` the state (the raft log has taken the snapshot meanwhile).
+    fn install_staged(&mut self, id: u64) -> Result<(), String>;
     /// At start, with the raft log's last snapshot at `log_snapshot_index`: complete an install
     /// a crash left half done if the log took its snapshot, else drop it.
     fn settle(&mut self, log_snapshot_index: u64) -> Result<(), String>;

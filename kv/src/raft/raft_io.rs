@@ -17,6 +17,8 @@ use tokio::sync::oneshot;
 use crate::base::budget::Ticket;
 use crate::disk::storage::{DiskError, DiskStorage};
 use crate::peer::follow::{admits, version_of, Followed};
+use crate::peer::snapshot_send::SnapshotViews;
+use crate::peer::snapshot_wire::{descriptor, descriptor_id};
 use crate::raft::conf_meta::ConfMeta;
 use crate::raft::machine::{Node, StateMachine};
 use crate::raft::requests::{MembersReply, WriteReply};
@@ -89,6 +91,7 @@ impl<M: StateMachine> LoopIo<M> {
         storage: DiskStorage,
         mut follows: u64,
         shared: Arc<Shared<M>>,
+        views: Arc<SnapshotViews>,
         metrics: Arc<crate::base::metrics::Metrics>,
         logger: Logger,
     ) -> Result<Self, DiskError> {
@@ -107,9 +110,9 @@ impl<M: StateMachine> LoopIo<M> {
         shared
             .follows
             .store(follows, std::sync::atomic::Ordering::Relaxed);
-        let source = (shared.clone(), storage.clone());
+        let source = (shared.clone(), storage.clone(), views);
         storage.set_snapshot_source(Arc::new(move |at| {
-            snapshot_for_follower(&source.0, &source.1, at)
+            snapshot_for_follower(&source.0, &source.1, &source.2, at)
         }));
         Ok(LoopIo {
             storage,
@@ -421,11 +424,13 @@ impl<M: StateMachine> LoopIo<M> {
     }
 }
 
-/// The snapshot raft sends a follower: the group's state as applied now, streamed from one view
-/// of the state engine, in the envelope of the address book and the configuration followed.
+/// The snapshot raft sends a follower: the envelope of the address book and the configuration
+/// followed, and a descriptor of the group's state as applied now, a view of the state engine
+/// registered in `views` that the transport streams to the follower before the message.
 fn snapshot_for_follower<M: StateMachine>(
     shared: &Shared<M>,
     storage: &DiskStorage,
+    views: &SnapshotViews,
     request_index: u64,
 ) -> raft::Result<Snapshot> {
     let unavailable = || raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable);
@@ -436,16 +441,13 @@ fn snapshot_for_follower<M: StateMachine>(
     }
     let term = raft::Storage::term(storage, index)?;
     let conf = raft::Storage::initial_state(storage)?.conf_state;
-    let mut stream = Vec::new();
-    machine
-        .snapshot(1 << 20, &mut |chunk| {
-            stream.extend_from_slice(&chunk);
-            Ok(())
-        })
+    let view = machine
+        .snapshot_view()
         .map_err(|e| raft::Error::Store(raft::StorageError::Other(Box::new(e))))?;
     drop(machine);
+    let id = views.register(view);
     let follows = shared.follows.load(std::sync::atomic::Ordering::Relaxed);
-    let data = envelope(&shared.members.read(), follows, &stream);
+    let data = envelope(&shared.members.read(), follows, &descriptor(id));
     let mut s = Snapshot {
         data: data.into(),
         ..Default::default()
@@ -463,13 +465,26 @@ impl<M: StateMachine> LoopIo<M> {
     /// in the log); then the sealed state becomes the group's. A crash between any two of these
     /// is settled at the next start (`KvState::settle`).
     pub fn install_snapshot(&mut self, _: &mut Node, snap: Snapshot) -> Result<(), DiskError> {
-        let (env, stream) = split(&snap.data)?;
+        let (env, machine_part) = split(&snap.data)?;
         let index = snap.get_metadata().index;
-        self.shared.machine.write().stage(stream, index)?;
+        let id = match descriptor_id(machine_part) {
+            // Streamed: its state was sealed before raft saw the message (`snapshot_recv`).
+            Some(id) => match self.shared.machine.read().staged_index(id)? {
+                Some(sealed) if sealed == index => id,
+                other => {
+                    return Err(format!(
+                        "snapshot {id} at {index} reached raft, but its state is sealed at \
+                         {other:?}"
+                    )
+                    .into())
+                }
+            },
+            None => self.shared.machine.write().stage(machine_part, index)?,
+        };
         let mut kept = snap.clone();
         kept.data = envelope(&env.book, env.follows, &[]).into();
         self.storage.apply_snapshot(&kept)?;
-        self.shared.machine.write().install_staged()?;
+        self.shared.machine.write().install_staged(id)?;
         self.snapshot_index = index;
         self.applied_bytes = 0;
         if self.shared.group == 0 {

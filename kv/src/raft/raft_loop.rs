@@ -85,8 +85,8 @@ fn open_state<M: StateMachine>(
             )
             .into());
         }
-        machine.stage(stream, snap_index)?;
-        machine.install_staged()?;
+        let id = machine.stage(stream, snap_index)?;
+        machine.install_staged(id)?;
     }
     let last = raft::Storage::last_index(storage)?;
     if machine.applied() > last {
@@ -145,6 +145,8 @@ pub struct Wiring {
     pub storages: Vec<DiskStorage>,
     /// The state engine every group's state machine lives in.
     pub state: crate::disk::state_engine::StateEngine,
+    /// Where views of the state described to raft wait for the transport to stream them.
+    pub views: Arc<crate::peer::snapshot_send::SnapshotViews>,
     /// How the node hosts its groups (its id, incarnation, liveness mode, raft and lease configs).
     pub multi: MultiConfig,
     /// The sending side of the peer transport.
@@ -317,7 +319,9 @@ impl<M: StateMachine> RaftLoop<M> {
                 req_tx.clone(),
             ));
             let log = logger.new(slog::o!("group" => gid));
-            let mut io = LoopIo::new(storage, follows, shared.clone(), w.metrics.clone(), log)?;
+            let views = w.views.clone();
+            let metrics = w.metrics.clone();
+            let mut io = LoopIo::new(storage, follows, shared.clone(), views, metrics, log)?;
             io.unsafe_cut_past_durable = cfg.unsafe_cut_past_durable;
             groups.push(GroupLoop {
                 io,

@@ -6,11 +6,11 @@
 use raft_lease::grant::SessionId;
 
 use crate::disk::state_engine::{EngineError, StateEngine};
+use crate::peer::snapshot_send::StreamSource;
 use crate::raft::machine::{Leading, StateMachine};
 use crate::state::command::{encode, Command, Outcome, Refusal};
 use crate::state::kv_state::{KvState, Stored};
 use crate::state::mvcc::{Keyspace, MvccError};
-use crate::state::stream::{write_generation, StreamWriter};
 
 /// `key`'s current value as the HTTP API answers it, read from one view of the keyspace.
 pub fn stored(ks: &Keyspace, key: &str) -> Result<Option<Stored>, MvccError> {
@@ -69,26 +69,20 @@ impl StateMachine for KvState {
         stored(&self.keyspace, key)
     }
 
-    fn snapshot(
-        &self,
-        chunk_bytes: usize,
-        sink: &mut dyn FnMut(Vec<u8>) -> Result<(), EngineError>,
-    ) -> Result<(), EngineError> {
-        let engine = self.keyspace.engine();
-        let view = engine.view()?;
-        let gen = crate::state::mvcc::gen_of(&view, self.keyspace.group())
-            .map_err(|e| EngineError::Io(e.to_string()))?;
-        let mut w = StreamWriter::new(chunk_bytes, sink);
-        write_generation(&view, gen, &mut w)?;
-        w.finish().map(|_| ())
+    fn snapshot_view(&self) -> Result<Box<dyn StreamSource>, EngineError> {
+        Ok(Box::new(self.view_for_snapshot()?))
     }
 
-    fn stage(&mut self, stream: &[u8], index: u64) -> Result<(), String> {
+    fn stage(&mut self, stream: &[u8], index: u64) -> Result<u64, String> {
         KvState::stage(self, stream, index)
     }
 
-    fn install_staged(&mut self) -> Result<(), String> {
-        KvState::install_staged(self)
+    fn staged_index(&self, id: u64) -> Result<Option<u64>, String> {
+        KvState::staged_index(self, id)
+    }
+
+    fn install_staged(&mut self, id: u64) -> Result<(), String> {
+        KvState::install_staged(self, id)
     }
 
     fn settle(&mut self, log_snapshot_index: u64) -> Result<(), String> {

@@ -331,7 +331,9 @@ mod tests {
         let ckpt = p.leader.checkpoint_due(2, 2_000 * MS).unwrap();
         p.apply(ckpt);
         let mut snap = Vec::new();
-        crate::raft::machine::StateMachine::snapshot(&p.follower, 1 << 10, &mut |c| {
+        let view: Box<dyn crate::peer::snapshot_send::StreamSource> =
+            Box::new(p.follower.view_for_snapshot().unwrap());
+        view.stream(1 << 10, &mut |c| {
             snap.extend(c);
             Ok(())
         })

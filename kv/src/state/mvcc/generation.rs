@@ -6,7 +6,8 @@
 //! dead, to be removed) or the new one: never a mix.
 
 use crate::disk::state_engine::{EngineRead, EngineWrite, StateEngine, Table};
-use crate::state::mvcc::{counters_of, gen_of, layout, next_gen, storage, MvccError};
+use crate::state::mvcc::counters::{counters_of, gen_of, next_gen, storage};
+use crate::state::mvcc::{layout, MvccError};
 use crate::state::stream::{Row, GROUP_TABLES};
 
 const DEAD: &[u8] = b"dead";
@@ -61,18 +62,18 @@ impl Staging {
         Ok(())
     }
 
-    /// Seal the new generation as the one to install for the state at `applied`, if its
-    /// counters say it holds that state: one durable batch records the install (it is no longer
-    /// dead), and [`complete_install`] then makes it the group's. Between the two the caller
-    /// makes the raft log take the snapshot; a crash in between is settled at the next start
-    /// by [`settle_install`].
-    pub fn seal(self, applied: u64) -> Result<(), MvccError> {
+    /// Seal the new generation as install `id` of the state its counters hold (at `expect`, if
+    /// given: anything else is refused): one durable batch records the install (the generation
+    /// is no longer dead), and [`complete_install`] then makes it the group's. Between the two
+    /// the caller makes the raft log take the snapshot; a crash in between is settled at the
+    /// next start by [`settle_install`]. Returns the index the state is at.
+    pub fn seal(self, id: u64, expect: Option<u64>) -> Result<u64, MvccError> {
         let (group, gen) = (self.group, self.gen);
         let counters = counters_of(&self.engine.view().map_err(storage)?, gen)?;
-        if counters.applied != applied {
+        let applied = counters.applied;
+        if expect.is_some_and(|e| e != applied) || applied == 0 {
             return Err(MvccError::Storage(format!(
-                "a snapshot for index {applied} holds the state at {}",
-                counters.applied
+                "a snapshot for index {expect:?} holds the state at {applied}"
             )));
         }
         let mut intent = layout::encode_u64(gen).to_vec();
@@ -80,13 +81,20 @@ impl Staging {
         self.engine
             .write(true, |w| {
                 w.delete(Table::Groups, &dead_key(gen))?;
-                w.put(Table::Groups, &intent_key(group), &intent)
+                w.put(Table::Groups, &intent_key(group, id), &intent)
             })
-            .map_err(storage)
+            .map_err(storage)?;
+        Ok(applied)
     }
 }
 
-fn intent_key(group: u64) -> Vec<u8> {
+fn intent_key(group: u64, id: u64) -> Vec<u8> {
+    let mut k = intents_of(group);
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+fn intents_of(group: u64) -> Vec<u8> {
     let mut k = INSTALL.to_vec();
     k.extend_from_slice(&group.to_be_bytes());
     k
@@ -94,31 +102,51 @@ fn intent_key(group: u64) -> Vec<u8> {
 
 const INSTALL: &[u8] = b"install";
 
-/// The install sealed for `group` and not completed: (its generation, the index it holds).
-pub fn sealed_install(r: &dyn EngineRead, group: u64) -> Result<Option<(u64, u64)>, MvccError> {
-    let Some(row) = r.get(Table::Groups, &intent_key(group)).map_err(storage)? else {
-        return Ok(None);
-    };
-    let n = |i: usize| row.get(i..i + 8).and_then(layout::decode_u64);
-    match (n(0), n(8), row.len()) {
-        (Some(gen), Some(index), 16) => Ok(Some((gen, index))),
-        _ => Err(MvccError::Storage("a malformed install row".into())),
+/// Every install sealed for `group` and not completed: (its id, its generation, the index it
+/// holds).
+pub fn sealed_installs(r: &dyn EngineRead, group: u64) -> Result<Vec<(u64, u64, u64)>, MvccError> {
+    let from = intents_of(group);
+    let to = layout::prefix_end(&from);
+    let mut rows = Vec::new();
+    r.scan(Table::Groups, &from, to.as_deref(), false, &mut |k, v| {
+        rows.push((k.to_vec(), v.to_vec()));
+        true
+    })
+    .map_err(storage)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (k, v) in rows {
+        let n = |b: &[u8], i: usize| b.get(i..i + 8).and_then(layout::decode_u64);
+        match (n(&k, from.len()), n(&v, 0), n(&v, 8), v.len()) {
+            (Some(id), Some(gen), Some(index), 16) => out.push((id, gen, index)),
+            _ => return Err(MvccError::Storage("a malformed install row".into())),
+        }
     }
+    Ok(out)
 }
 
-/// Make the generation sealed for `group` the group's, and the old one dead, in one durable
-/// batch. Returns whether there was one.
-pub fn complete_install(engine: &StateEngine, group: u64) -> Result<bool, MvccError> {
+/// The index sealed install `id` of `group` holds, if it is sealed.
+pub fn sealed_index(r: &dyn EngineRead, group: u64, id: u64) -> Result<Option<u64>, MvccError> {
+    let installs = sealed_installs(r, group)?;
+    Ok(installs
+        .into_iter()
+        .find(|(i, _, _)| *i == id)
+        .map(|(_, _, index)| index))
+}
+
+/// Make sealed install `id` of `group` the group's, and the old generation dead, in one
+/// durable batch. Returns whether there was one.
+pub fn complete_install(engine: &StateEngine, group: u64, id: u64) -> Result<bool, MvccError> {
     engine
         .write(true, |w| {
-            let Some((gen, _)) = sealed_install(&*w, group).map_err(to_engine)? else {
+            let found = sealed_installs(&*w, group).map_err(to_engine)?;
+            let Some(&(_, gen, _)) = found.iter().find(|(i, _, _)| *i == id) else {
                 return Ok(false);
             };
             let old = gen_of(&*w, group).map_err(to_engine)?;
             if old != 0 {
                 w.put(Table::Groups, &dead_key(old), &[])?;
             }
-            w.delete(Table::Groups, &intent_key(group))?;
+            w.delete(Table::Groups, &intent_key(group, id))?;
             w.put(
                 Table::Groups,
                 &layout::group_key(group),
@@ -129,29 +157,48 @@ pub fn complete_install(engine: &StateEngine, group: u64) -> Result<bool, MvccEr
         .map_err(storage)
 }
 
-/// At start, an install a crash left half done: complete it if the raft log took its snapshot
-/// (`log_snapshot_index` at or past its index), else drop it (the raft log and the state are
-/// both as before it). Returns whether it was completed.
+/// Drop the installs sealed for `group` that `keep` refuses: each generation dead, its record
+/// gone. Returns how many were dropped.
+pub fn drop_installs(
+    engine: &StateEngine,
+    group: u64,
+    keep: impl Fn(u64, u64) -> bool,
+) -> Result<usize, MvccError> {
+    engine
+        .write(true, |w| {
+            let found = sealed_installs(&*w, group).map_err(to_engine)?;
+            let mut dropped = 0;
+            for (id, gen, index) in found {
+                if !keep(id, index) {
+                    w.put(Table::Groups, &dead_key(gen), &[])?;
+                    w.delete(Table::Groups, &intent_key(group, id))?;
+                    dropped += 1;
+                }
+            }
+            Ok(dropped)
+        })
+        .map_err(storage)
+}
+
+/// At start, an install a crash left half done: the one at the raft log's snapshot index
+/// (`log_snapshot_index`) is completed if the state is behind it (the log took it, the state
+/// did not yet), every other is dropped. Returns whether one was completed.
 pub fn settle_install(
     engine: &StateEngine,
     group: u64,
     log_snapshot_index: u64,
+    applied: u64,
 ) -> Result<bool, MvccError> {
-    let view = engine.view().map_err(storage)?;
-    let Some((gen, index)) = sealed_install(&view, group)? else {
-        return Ok(false);
-    };
-    drop(view);
-    if log_snapshot_index >= index {
-        return complete_install(engine, group);
+    let found = sealed_installs(&engine.view().map_err(storage)?, group)?;
+    let take = found
+        .iter()
+        .find(|(_, _, index)| *index == log_snapshot_index && applied < log_snapshot_index)
+        .map(|(id, _, _)| *id);
+    drop_installs(engine, group, |id, _| Some(id) == take)?;
+    match take {
+        Some(id) => complete_install(engine, group, id),
+        None => Ok(false),
     }
-    engine
-        .write(true, |w| {
-            w.put(Table::Groups, &dead_key(gen), &[])?;
-            w.delete(Table::Groups, &intent_key(group))
-        })
-        .map_err(storage)?;
-    Ok(false)
 }
 
 fn to_engine(e: MvccError) -> crate::disk::state_engine::EngineError {
@@ -255,15 +302,17 @@ mod tests {
             "not the group's yet"
         );
         assert!(
-            Staging::begin(&e, 3).unwrap().seal(9).is_err(),
+            Staging::begin(&e, 3).unwrap().seal(1, None).is_err(),
             "an empty one"
         );
-        s.seal(9).unwrap();
+        assert_eq!(s.seal(7, Some(9)).unwrap(), 9);
         assert!(
             ks.read(|r| r.latest(b"new")).unwrap().is_none(),
             "sealed, not installed"
         );
-        assert!(complete_install(&e, 3).unwrap());
+        assert_eq!(sealed_index(&e.view().unwrap(), 3, 7).unwrap(), Some(9));
+        assert!(complete_install(&e, 3, 7).unwrap());
+        assert_eq!(sealed_index(&e.view().unwrap(), 3, 7).unwrap(), None);
         assert_eq!(ks.read(|r| Ok(r.counters().applied)).unwrap(), 9);
         assert!(ks.read(|r| r.latest(b"new")).unwrap().is_some());
         assert!(ks.read(|r| r.latest(b"old")).unwrap().is_none());

@@ -4,7 +4,8 @@ use etcd_client::proto::{
 };
 
 use super::*;
-use crate::disk::state_engine::StateEngine;
+use crate::disk::state_engine::{EngineRead, StateEngine, Table};
+use crate::state::mvcc::counters::COUNTERS;
 
 /// A group's keyspace in an engine of its own, applied to a batch at a time.
 struct Store {
