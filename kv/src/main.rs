@@ -1,8 +1,9 @@
-//! An example replicated KV store on raft-lease: separate processes, peers over mutual TLS,
-//! durable on redb, an HTTP front end with limits where any node answers (307 to the leader),
-//! lease reads on the HTTP workers, ReadIndex fallback, group commit, membership changes over
-//! HTTP, sessions, locks and fenced writes. The raft loop (`raft/`) is generic: copy it for a
-//! store of your own.
+//! An example replicated KV store on raft-lease: separate processes, peers over mutual TLS, the
+//! raft log on raft-engine (or redb) and the state in a fjall state engine beside it, an HTTP
+//! front end with limits where any node answers (307 to the leader) and etcd's v3 gRPC API over
+//! the same keyspace, lease reads on the front ends' workers, ReadIndex fallback, group commit,
+//! membership changes over HTTP, sessions, locks and fenced writes. The raft loop (`raft/`) is
+//! generic: copy it for a store of your own.
 //!
 //! The modules are layers; each imports only from the layers below it:
 //!
@@ -12,10 +13,11 @@
 //! | `cli` | the commands: `kv node` (and joining), `kv cluster` (and its console), `kv certs` |
 //! | `etcd` | etcd's v3 gRPC API over the same state machine (see docs/etcd.md) |
 //! | `http` | the HTTP front end and its routes, and a small client |
-//! | `state` | the replicated state machine: keys, sessions, locks |
+//! | `node` | what both front ends share: every group's shared state, options, budgets, metrics |
+//! | `state` | the replicated state machine: the keyspace and its history, sessions, locks, alarms |
 //! | `raft` | the generic raft loop and its I/O |
 //! | `peer` | the address book, frames, the transport and the peer listener |
-//! | `disk` | the raft store, the data dir's marker and promise record |
+//! | `disk` | the raft store, the state engine, the data dir's marker and promise record |
 //! | `tls` | certificates and rustls set-ups |
 //! | `base` | clock, logger, budgets, limits, connection tables, metrics, options |
 //!
@@ -35,6 +37,7 @@ mod disk;
 mod etcd;
 mod http;
 mod nemesis;
+mod node;
 mod peer;
 mod raft;
 mod state;

@@ -116,7 +116,7 @@ fn bad_input_on_the_etcd_port_gets_etcds_codes_and_never_stops_a_node() {
 
 #[test]
 fn a_full_store_refuses_etcd_writes_until_compacted() {
-    let c = cluster::Cluster::start(1, &["--max-state-bytes", "2000000"]);
+    let c = cluster::Cluster::start(1, &["--quota-backend-bytes", "2000000"]);
     c.leader(&[1], 15);
     compat::runtime().block_on(attack::a_full_store(&c));
 }

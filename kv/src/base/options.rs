@@ -13,6 +13,9 @@ pub const MAX_ELECTION_MS: u64 = 86_400_000;
 /// The most raft groups a node hosts.
 pub const MAX_GROUPS: u32 = 100_000;
 
+/// The largest `--quota-backend-bytes` accepted.
+pub const MAX_QUOTA_BYTES: u64 = 64 << 30;
+
 /// How a node runs: its checked options.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
@@ -74,8 +77,8 @@ pub struct NodeOptions {
     pub log_engine: Option<crate::base::log_engine::LogEngine>,
     /// Join a running cluster through this member.
     pub join: Option<JoinTarget>,
-    /// Keys and values held at most (507 beyond).
-    pub max_state_bytes: u64,
+    /// etcd's space quota: bytes the keyspace may hold (NOSPACE, 507 beyond).
+    pub quota_backend_bytes: u64,
     /// Bytes of writes in flight at most (503 beyond).
     pub max_inflight_bytes: u64,
     /// UNSAFE test switch: the transport does not report lost messages to raft.
@@ -119,10 +122,10 @@ impl NodeOptions {
         })
     }
 
-    /// The largest message a peer may send: a snapshot of the largest state, with room for its
-    /// header and for the writes in flight.
+    /// The largest message a peer may send: a batch of raft messages carrying the writes in
+    /// flight, with room for their framing (snapshots travel in chunks of their own, whatever
+    /// the state's size).
     pub fn max_message_bytes(&self) -> usize {
-        (self.max_state_bytes + self.max_state_bytes / 4 + self.max_inflight_bytes + (16 << 20))
-            as usize
+        (self.max_inflight_bytes + (32 << 20)) as usize
     }
 }

@@ -9,7 +9,7 @@ use clap::Args;
 use crate::base::admin_token::AdminToken;
 use crate::base::limits::HttpLimits;
 use crate::base::log_engine::LogEngine;
-use crate::base::options::{JoinTarget, NodeOptions, MAX_ELECTION_MS, MAX_GROUPS};
+use crate::base::options::{JoinTarget, NodeOptions, MAX_ELECTION_MS, MAX_GROUPS, MAX_QUOTA_BYTES};
 use crate::peer::members::check_addr;
 
 /// One node's options.
@@ -163,10 +163,13 @@ pub struct NodeArgs {
     /// Worker threads for HTTP and peer I/O (async: a slow client holds none of them).
     #[arg(long, default_value_t = 2)]
     pub http_threads: usize,
-    /// Keys and values (with 64 bytes per key) held at most; a write beyond gets 507. Every
-    /// node of a cluster must have the same: it bounds the snapshot a node accepts.
-    #[arg(long, default_value_t = 256 << 20)]
-    pub max_state_bytes: u64,
+    /// etcd's space quota: bytes the keyspace may hold, its history included (keys and values,
+    /// with 64 bytes per version). A write beyond is refused: through etcd's API with "database
+    /// space exceeded" and the NOSPACE alarm raised (writes stay refused until it is disarmed),
+    /// through the HTTP API with 507. Give every node the same. 1 byte to 64 GiB (etcd's default
+    /// is 2 GiB, its recommended most 8 GiB).
+    #[arg(long, alias = "max-state-bytes", default_value_t = 2 << 30)]
+    pub quota_backend_bytes: u64,
     /// Bytes of writes waiting for the raft thread or for their entries to apply, at most; a
     /// write beyond gets 503 `overloaded` at once, before its body is read.
     #[arg(long, default_value_t = 64 << 20)]
@@ -254,8 +257,8 @@ impl NodeArgs {
         if self.cluster_id.is_empty() || self.cluster_id.len() > 128 {
             return Err("--cluster-id must be 1 to 128 bytes".into());
         }
-        if self.max_state_bytes == 0 || self.max_state_bytes > 1 << 30 {
-            return Err("--max-state-bytes must be 1 byte to 1 GiB".into());
+        if self.quota_backend_bytes == 0 || self.quota_backend_bytes > MAX_QUOTA_BYTES {
+            return Err("--quota-backend-bytes must be 1 byte to 64 GiB".into());
         }
         if self.max_inflight_bytes < 2 << 20 {
             return Err(
@@ -322,7 +325,7 @@ impl NodeArgs {
             snapshot_every: self.snapshot_every,
             log_engine: self.log_engine,
             join,
-            max_state_bytes: self.max_state_bytes,
+            quota_backend_bytes: self.quota_backend_bytes,
             max_inflight_bytes: self.max_inflight_bytes,
             no_transport_reports: self.no_transport_reports,
             no_admission_checks: self.no_admission_checks,

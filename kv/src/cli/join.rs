@@ -27,8 +27,8 @@ use serde_json::{json, Value};
 use slog::{info, warn, Logger};
 
 use crate::base::options::JoinTarget;
-use crate::http::app::App;
 use crate::http::client::Dialer;
+use crate::node::app::App;
 use crate::peer::members::{is_member, Addrs};
 
 /// Where the joiner is.

@@ -27,7 +27,7 @@ use crate::cli::args::NodeArgs;
 use crate::disk::marker::DirError;
 use crate::disk::promise_file::PromiseRecord;
 use crate::disk::storage::DiskStorage;
-use crate::http::app::App;
+use crate::node::app::App;
 use crate::peer::members::{Addrs, Members};
 use crate::peer::transport::{Transport, TransportConfig};
 use crate::raft::raft_loop::{LoopConfig, RaftLoop, Wiring};
@@ -359,8 +359,12 @@ fn start(
     let target = crate::state::kv_install::StateSnapshots {
         engine: boot.state.clone(),
     };
+    // A state within the quota streams in less than twice its logical bytes; four times leaves
+    // room for a quota lowered since the state grew.
+    let max_stream_bytes = opts.quota_backend_bytes.saturating_mul(4) + (256 << 20);
     tcfg.snapshots = Some(Arc::new(crate::peer::snapshot_recv::SnapshotInbox::new(
         Arc::new(target),
+        max_stream_bytes,
         log.clone(),
     )));
     let disk_stall = Arc::new(crate::base::disk_stall::DiskStall::default());

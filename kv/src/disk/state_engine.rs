@@ -141,6 +141,9 @@ struct Inner {
     writer: Mutex<()>,
     /// An engine in a temporary dir (tests) keeps it until dropped.
     _temp: Option<tempfile::TempDir>,
+    /// Names this opening of the engine: what an earlier process left half written carries
+    /// another (see `mvcc::generation`).
+    opening: u64,
 }
 
 /// The fjall state engine. Clones share the database.
@@ -335,8 +338,14 @@ impl StateEngine {
                 tables,
                 writer: Mutex::new(()),
                 _temp: temp,
+                opening: opening_id(),
             }),
         })
+    }
+
+    /// This opening of the engine's id: different in every process, and in every opening.
+    pub fn opening(&self) -> u64 {
+        self.inner.opening
     }
 
     /// A view of the state as last committed.
@@ -400,6 +409,16 @@ impl StateEngine {
         }
         Ok(self.file_bytes())
     }
+}
+
+/// An id for an opening of the engine: the time and the process, and a counter for openings
+/// within one process (unique enough to tell this process's writes from an earlier one's).
+fn opening_id() -> u64 {
+    static OPENINGS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let nanos = now.map_or(0, |d| d.as_nanos() as u64);
+    let n = OPENINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    nanos ^ (u64::from(std::process::id()) << 32) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 #[cfg(test)]

@@ -11,9 +11,10 @@ use tonic::Status;
 
 use crate::etcd::errors;
 use crate::etcd::forward::{Forwarder, FORWARDED};
-use crate::http::app::App;
+use crate::node::app::App;
 use crate::raft::requests::{ReadReply, Request, WriteReply};
 use crate::raft::shared::Shared;
+use crate::state::alarms::{Alarms, ALARMS_ROW, NOSPACE};
 use crate::state::command::{Command, Outcome, Refusal};
 use crate::state::kv_machine::KvCommand;
 use crate::state::kv_state::KvState;
@@ -218,19 +219,44 @@ impl EtcdApi {
 
     /// Room in the state for a transaction's `puts` and `dels` bytes (etcd's "database space
     /// exceeded" otherwise). As in etcd's no-space mode, what only deletes (or only reads) is
-    /// let through a full store, within an eighth more, so that a lock can still be released;
-    /// a compaction gives the room back.
-    pub fn check_space(&self, puts: u64, dels: u64) -> Result<(), Status> {
+    /// let through a full store, within an eighth more, so that a lock can still be released.
+    /// A write refused for space raises the NOSPACE alarm (as etcd's quota does): writes stay
+    /// refused, on every replica, until it is disarmed.
+    pub async fn check_space(&self, puts: u64, dels: u64) -> Result<(), Status> {
         let app = self.app();
-        let max = app.opts.max_state_bytes;
+        let max = app.opts.quota_backend_bytes;
         let held = self.keyspace().bytes() + app.inflight.used();
         let fits = match puts {
             0 => held + dels <= max + max / 8,
             _ => held + puts + dels <= max,
         };
-        match fits {
-            true => Ok(()),
-            false => Err(errors::mvcc(crate::state::mvcc::MvccError::NoSpace)),
+        if fits {
+            return Ok(());
+        }
+        let raised = self
+            .alarms()
+            .is_ok_and(|a| a.list(app.opts.id, NOSPACE).len() == 1);
+        if !raised {
+            let cmd = Command::EtcdAlarm {
+                activate: true,
+                member: app.opts.id,
+                alarm: NOSPACE,
+            };
+            // Refused either way; the alarm is raised unless leadership moved meanwhile.
+            let _ = self.propose(cmd, Vec::new()).await;
+        }
+        Err(errors::mvcc(crate::state::mvcc::MvccError::NoSpace))
+    }
+
+    /// The raised alarms as this node's state holds them now (not a linearizable read).
+    pub fn alarms(&self) -> Result<Alarms, Status> {
+        let row = self
+            .keyspace()
+            .read(|r| r.meta(ALARMS_ROW))
+            .map_err(errors::mvcc)?;
+        match row {
+            Some(row) => Alarms::decode(&row).map_err(|e| Status::internal(e.to_string())),
+            None => Ok(Alarms::default()),
         }
     }
 }

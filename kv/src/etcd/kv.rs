@@ -53,7 +53,7 @@ impl EtcdApi {
             .keyspace()
             .read(|m| m.growth_bytes(&t))
             .map_err(errors::mvcc)?;
-        self.check_space(puts, dels)?;
+        self.check_space(puts, dels).await?;
         match self.propose(Command::EtcdTxn {}, t.encode_to_vec()).await? {
             Outcome::Etcd(done) => done.map_err(errors::mvcc),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),

@@ -22,6 +22,7 @@ use crate::etcd::api::{EtcdApi, Route};
 use crate::etcd::errors;
 use crate::state::command::{Command, Outcome, Refusal};
 use crate::state::kv_state::session_config;
+use crate::state::mvcc::MvccError;
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -127,6 +128,9 @@ impl EtcdApi {
     }
 }
 
+/// What a lease grant is charged against the quota.
+const LEASE_COST_BYTES: u64 = 64;
+
 /// A stream of keep-alive answers.
 pub type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<KeepAliveResponse, Status>> + Send>>;
 
@@ -150,6 +154,8 @@ impl PbLeaseService for EtcdApi {
                 .unary(&addr, "/etcdserverpb.Lease/LeaseGrant", req.into_inner());
             return Ok(Response::new(resp.await?));
         }
+        // A lease is held in the state too (etcd charges a grant against its quota).
+        self.check_space(LEASE_COST_BYTES, 0).await?;
         let cmd = Command::SessionGrant {
             ttl_ms: ttl as u64 * 1000,
             now_ns: 0,
@@ -164,6 +170,7 @@ impl PbLeaseService for EtcdApi {
             Outcome::Refused(Refusal::BadTtl { .. }) => {
                 Err(Status::out_of_range("etcdserver: too large lease TTL"))
             }
+            Outcome::Refused(Refusal::NoSpace) => Err(errors::mvcc(MvccError::NoSpace)),
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
     }

@@ -1,23 +1,65 @@
-//! etcd's Maintenance service: `Status` (what `etcdctl endpoint status` prints), `Alarm` (none
-//! is ever raised: a full store refuses writes with etcd's "database space exceeded" instead),
-//! and `Defragment` (nothing to do). Snapshots, hashes and downgrades are not served; moving
-//! the leader stays on the admin API.
+//! etcd's Maintenance service: `Status` (what `etcdctl endpoint status` prints), `Alarm` (list,
+//! raise and disarm etcd's alarms, replicated: see `state::alarms`), and `Defragment` (rewrites
+//! this member's state engine tables so that the space compactions freed goes back to the file
+//! system). Snapshots, hashes and downgrades are not served; moving the leader stays on the
+//! admin API.
 
 use std::pin::Pin;
 
 use etcd_client::proto::{
-    PbAlarmRequest, PbAlarmResponse, PbDefragmentRequest, PbDefragmentResponse, PbDowngradeRequest,
-    PbDowngradeResponse, PbHashKvRequest, PbHashKvResponse, PbHashRequest, PbHashResponse,
-    PbMaintenanceService, PbMoveLeaderRequest, PbMoveLeaderResponse, PbSnapshotRequest,
-    PbSnapshotResponse, PbStatusRequest, PbStatusResponse,
+    PbAlarmMember, PbAlarmRequest, PbAlarmResponse, PbDefragmentRequest, PbDefragmentResponse,
+    PbDowngradeRequest, PbDowngradeResponse, PbHashKvRequest, PbHashKvResponse, PbHashRequest,
+    PbHashResponse, PbMaintenanceService, PbMoveLeaderRequest, PbMoveLeaderResponse,
+    PbSnapshotRequest, PbSnapshotResponse, PbStatusRequest, PbStatusResponse,
 };
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::etcd::api::EtcdApi;
-use crate::etcd::errors::{permission_denied, unimplemented};
+use crate::etcd::api::{EtcdApi, Route};
+use crate::etcd::errors::{self, permission_denied, unimplemented};
+use crate::state::alarms::{alarm_name, Alarms, ALARMS_ROW, CORRUPT};
+use crate::state::command::{Command, Outcome};
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// etcd's `AlarmAction`s.
+const GET: i32 = 0;
+const ACTIVATE: i32 = 1;
+const DEACTIVATE: i32 = 2;
+const ALARM_PATH: &str = "/etcdserverpb.Maintenance/Alarm";
+
+/// Alarms as etcd's answer lists them.
+fn members(alarms: Vec<(u64, i32)>) -> Vec<PbAlarmMember> {
+    let member = |(member_id, alarm)| PbAlarmMember { member_id, alarm };
+    alarms.into_iter().map(member).collect()
+}
+
+impl EtcdApi {
+    /// The raised alarms matching the request's member and type, read linearizably here, or
+    /// on the leader when this node cannot.
+    async fn alarm_get(&self, req: Request<PbAlarmRequest>) -> Reply<PbAlarmResponse> {
+        let read = |ks: &crate::state::mvcc::Keyspace| ks.read(|r| r.meta(ALARMS_ROW));
+        let row = match self.read(read).await? {
+            Some(row) => row.map_err(errors::mvcc)?,
+            None => match self.route(&req)? {
+                Route::Leader(addr) => {
+                    let fwd = self.0.fwd.unary(&addr, ALARM_PATH, req.into_inner());
+                    return Ok(Response::new(fwd.await?));
+                }
+                Route::Here => return Err(errors::no_leader()),
+            },
+        };
+        let alarms = match row {
+            Some(row) => Alarms::decode(&row).map_err(|e| Status::internal(e.to_string()))?,
+            None => Alarms::default(),
+        };
+        let r = req.get_ref();
+        Ok(Response::new(PbAlarmResponse {
+            header: self.header_now(),
+            alarms: members(alarms.list(r.member_id, r.alarm)),
+        }))
+    }
+}
 
 /// The version `Status` reports: the etcd API version this store speaks, and what it is (tools
 /// gate features on the etcd version; the build metadata names the server).
@@ -25,15 +67,53 @@ pub const VERSION: &str = concat!("3.4.0+raft-lease-kv.", env!("CARGO_PKG_VERSIO
 
 #[tonic::async_trait]
 impl PbMaintenanceService for EtcdApi {
-    async fn alarm(&self, _: Request<PbAlarmRequest>) -> Reply<PbAlarmResponse> {
-        Ok(Response::new(PbAlarmResponse {
-            header: self.header_now(),
-            alarms: Vec::new(),
-        }))
+    /// `GET` lists the raised alarms (a linearizable read); `ACTIVATE` and `DEACTIVATE` go
+    /// through raft on the leader and answer the alarm they changed (none when it was already
+    /// so), as etcd's.
+    async fn alarm(&self, req: Request<PbAlarmRequest>) -> Reply<PbAlarmResponse> {
+        let r = req.get_ref().clone();
+        let activate = match r.action {
+            GET => return self.alarm_get(req).await,
+            ACTIVATE => true,
+            DEACTIVATE => false,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "etcdserver: unknown alarm action {other}"
+                )))
+            }
+        };
+        if !(0..=CORRUPT).contains(&r.alarm) {
+            return Err(Status::invalid_argument(format!(
+                "etcdserver: unknown alarm type {}",
+                r.alarm
+            )));
+        }
+        if let Route::Leader(addr) = self.route(&req)? {
+            let fwd = self.0.fwd.unary(&addr, ALARM_PATH, req.into_inner());
+            return Ok(Response::new(fwd.await?));
+        }
+        let cmd = Command::EtcdAlarm {
+            activate,
+            member: r.member_id,
+            alarm: r.alarm,
+        };
+        match self.propose(cmd, Vec::new()).await? {
+            Outcome::Alarms(changed) => Ok(Response::new(PbAlarmResponse {
+                header: self.header_now(),
+                alarms: members(changed),
+            })),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
     }
 
     async fn status(&self, _: Request<PbStatusRequest>) -> Reply<PbStatusResponse> {
         let status = self.app().status();
+        let errors = self
+            .alarms()?
+            .list(0, 0)
+            .into_iter()
+            .map(|(m, a)| format!("memberID:{m} alarm:{} ", alarm_name(a)))
+            .collect();
         let db_size = self.keyspace().engine().file_bytes() as i64;
         let id = self.app().opts.id;
         Ok(Response::new(PbStatusResponse {
@@ -47,7 +127,8 @@ impl PbMaintenanceService for EtcdApi {
             db_size_in_use: db_size,
             is_learner: status.conf.learners.contains(&id),
             storage_version: "3.4.0".into(),
-            db_size_quota: self.app().opts.max_state_bytes as i64,
+            db_size_quota: self.app().opts.quota_backend_bytes as i64,
+            errors,
             ..Default::default()
         }))
     }

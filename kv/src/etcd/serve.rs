@@ -14,7 +14,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::etcd::api::{EtcdApi, KEY_ROOM_BYTES};
 use crate::etcd::forward::Forwarder;
-use crate::http::app::App;
+use crate::node::app::App;
 
 /// Streams (calls in flight) one connection may hold.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;

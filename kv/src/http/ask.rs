@@ -54,13 +54,13 @@ pub async fn ask<T>(
 
 /// Bytes for a write of a `len`-byte value to group `g`, from the in-flight budget (503 when used
 /// up), and room in the state for it (507 when full). Each group may hold an equal share of
-/// `--max-state-bytes` (keys spread evenly over the groups; summing every group's size on every
+/// `--quota-backend-bytes` (keys spread evenly over the groups; summing every group's size on every
 /// write would cost a pass over all of them).
 pub fn reserve(c: &Ctx<'_>, g: &Shared<KvState>, len: u64) -> Result<Ticket, Reply> {
     let app = c.app;
     // etcd's keyspace (its history included) shares the state's budget.
     let state = g.reader.bytes();
-    let share = app.opts.max_state_bytes / u64::from(app.groups.count());
+    let share = app.opts.quota_backend_bytes / u64::from(app.groups.count());
     if len > 0 && state + app.inflight.used() + len > share {
         let detail = match app.groups.count() {
             1 => format!("the store holds {state} bytes of at most {share}"),

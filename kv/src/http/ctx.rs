@@ -6,8 +6,8 @@ use hyper::Method;
 use serde_json::json;
 
 use crate::base::conns::Guard;
-use crate::http::app::App;
 use crate::http::reply::{error, error_with, Reply};
+use crate::node::app::App;
 use crate::raft::shared::Shared;
 use crate::state::keys::{self, NameError};
 use crate::state::kv_state::KvState;
@@ -113,7 +113,7 @@ pub fn not_leader(c: &Ctx<'_>, leader: Option<u64>) -> Reply {
 
 /// The leader hint every answer that sends a client elsewhere carries: `leader_id` and
 /// `leader_http` (both null unless this node heard from that leader lately, see
-/// [`App::live_leader`](crate::http::app::App::live_leader)) and `last_heard_ms`.
+/// [`App::live_leader`](crate::node::app::App::live_leader)) and `last_heard_ms`.
 pub fn leader_hint(c: &Ctx<'_>, leader: Option<u64>) -> serde_json::Value {
     LeaderHint::of(c, leader).json()
 }

@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 
-use crate::http::app::App;
 use crate::http::reply::{reply, Reply};
+use crate::node::app::App;
 use crate::peer::members::is_member;
 
 pub fn status(app: &App) -> Reply {

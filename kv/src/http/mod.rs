@@ -2,7 +2,6 @@
 //! `/admin`), and a small blocking client for the node's own tools.
 
 pub mod admin;
-pub mod app;
 pub mod ask;
 pub mod body;
 pub mod client;

@@ -19,7 +19,7 @@ pub fn outcome_reply(o: Outcome) -> Reply {
         Outcome::Housekeeping => reply(200, json!({})),
         Outcome::Refused(r) => refusal_reply(r),
         // Proposed only by the etcd front end, which answers them itself.
-        Outcome::Etcd(_) | Outcome::EtcdCompacted(_) => {
+        Outcome::Etcd(_) | Outcome::EtcdCompacted(_) | Outcome::Alarms(_) => {
             error(500, "internal", "an etcd API outcome reached the HTTP API")
         }
     }
@@ -60,6 +60,11 @@ fn refusal_reply(r: Refusal) -> Reply {
             "bad_ttl",
             format!("ttl_ms must be 1 to {max_ttl_ms}"),
             json!({"ttl_ms": ttl_ms, "max_ttl_ms": max_ttl_ms}),
+        ),
+        Refusal::NoSpace => error(
+            507,
+            "state_full",
+            "etcd's NOSPACE alarm is raised: free space (delete, compact), then disarm it",
         ),
         Refusal::BadName(why) => error(400, "bad_key", why),
         Refusal::Undecodable(why) => error(400, "bad_command", why),

@@ -17,10 +17,10 @@ use hyper::body::Incoming;
 use hyper::{Method, Request as HttpRequest, Response};
 
 use crate::base::conns::Guard;
-use crate::http::app::App;
 use crate::http::ctx::{check_query, leader_only_in, method_not_allowed, name, Ctx};
 use crate::http::reply::{error, Reply};
 use crate::http::{admin, ask, info, kv, sessions};
+use crate::node::app::App;
 use crate::state::command::Command;
 use crate::state::keys;
 

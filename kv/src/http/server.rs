@@ -24,9 +24,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::base::conns::{Admission, Guard, Phase};
 use crate::base::limits::HANDSHAKE_TIMEOUT;
-use crate::http::app::App;
 use crate::http::errors::{HeadRequest, ShapedIo};
 use crate::http::spin_io::SpinIo;
+use crate::node::app::App;
 
 /// Accept connections until `stop` changes.
 pub async fn serve(

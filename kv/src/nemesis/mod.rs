@@ -13,6 +13,7 @@ mod etcd_clients;
 mod faults;
 mod membership;
 mod ops;
+mod preload;
 mod procs;
 mod report;
 mod schedule;
@@ -99,6 +100,10 @@ pub struct NemesisArgs {
     /// Keep the cluster's data and logs in this dir (default: a temporary dir, removed).
     #[arg(long)]
     pub keep_dir: Option<PathBuf>,
+    /// With --etcd: load this many keys of 256 bytes before the faults start (every snapshot
+    /// then streams them all), and check after the run that every one is still there.
+    #[arg(long, requires = "etcd")]
+    pub preload_keys: Option<u64>,
 }
 
 fn parse_nodes(s: &str) -> Result<u64, String> {
@@ -238,6 +243,9 @@ fn rerun_line(a: &NemesisArgs, seed: u64, nodes: u64, duration: Duration) -> Str
     if let Some(r) = a.clock_rate {
         rerun.push_str(&format!(" --clock-rate {r}"));
     }
+    if let Some(n) = a.preload_keys {
+        rerun.push_str(&format!(" --preload-keys {n}"));
+    }
     if a.groups > 1 {
         rerun.push_str(&format!(" --groups {}", a.groups));
     }
@@ -259,6 +267,19 @@ fn run_with(
             eprintln!("node {id}:\n{}", nem.procs.lock().log_tail(id, 10));
         }
         return 2;
+    }
+    let etcd_addrs = || {
+        let procs = nem.procs.lock();
+        (1..=nodes).map(|id| procs.etcd(id)).collect::<Vec<_>>()
+    };
+    if let Some(keys) = a.preload_keys {
+        match preload::load(&etcd_addrs(), keys) {
+            Ok(rate) => println!("preloaded {keys} keys ({rate:.0} keys/s)"),
+            Err(e) => {
+                eprintln!("error: preload: {e}; seed {seed}");
+                return 2;
+            }
+        }
     }
     let shared = Shared {
         rec: Recorder::new(nem.start),
@@ -313,6 +334,19 @@ fn run_with(
         if let Err(e) = std::fs::write(path, text) {
             eprintln!("error: {}: {e}", path.display());
             return 2;
+        }
+    }
+    if let Some(keys) = a.preload_keys {
+        match preload::count(&etcd_addrs()) {
+            Ok(n) if n == keys => println!("every preloaded key is there ({n})"),
+            Ok(n) => {
+                println!("FAILED: {n} of the {keys} preloaded keys are there; rerun: {rerun}");
+                return 1;
+            }
+            Err(e) => {
+                println!("FAILED: preloaded keys not counted: {e}; rerun: {rerun}");
+                return 1;
+            }
         }
     }
     verdict_code(a, &verdict, &node_exits, seed, &rerun)

@@ -58,15 +58,24 @@ struct Stream {
 pub struct SnapshotInbox {
     target: Arc<dyn SnapshotTarget>,
     logger: slog::Logger,
+    /// A stream longer than this is refused (more than any state within the quota holds): a
+    /// peer's stream cannot fill the disk.
+    max_stream_bytes: u64,
     streams: Mutex<HashMap<(u64, u64, u64), Stream>>,
 }
 
 impl SnapshotInbox {
-    /// An inbox writing into `target`, logging to `logger`.
-    pub fn new(target: Arc<dyn SnapshotTarget>, logger: slog::Logger) -> Self {
+    /// An inbox writing into `target`, refusing streams past `max_stream_bytes`, logging to
+    /// `logger`.
+    pub fn new(
+        target: Arc<dyn SnapshotTarget>,
+        max_stream_bytes: u64,
+        logger: slog::Logger,
+    ) -> Self {
         SnapshotInbox {
             target,
             logger,
+            max_stream_bytes,
             streams: Mutex::new(HashMap::new()),
         }
     }
@@ -112,6 +121,7 @@ impl SnapshotInbox {
         let (target, log) = (self.target.clone(), self.logger.clone());
         let broken = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let broken_w = broken.clone();
+        let max_bytes = self.max_stream_bytes;
         std::thread::spawn(move || {
             let started = Instant::now();
             let mut received = 0u64;
@@ -119,6 +129,11 @@ impl SnapshotInbox {
                 let mut w = target.begin(group, id)?;
                 while let Some(bytes) = rx.blocking_recv() {
                     received += bytes.len() as u64;
+                    if received > max_bytes {
+                        return Err(format!(
+                            "the stream passed {max_bytes} bytes, more than a state within the quota holds"
+                        ));
+                    }
                     w.feed(&bytes)?;
                 }
                 if broken_w.load(std::sync::atomic::Ordering::SeqCst) {
@@ -233,7 +248,7 @@ mod tests {
         let target = Keep::default();
         let kept = target.0.clone();
         let log = slog::Logger::root(slog::Discard, slog::o!());
-        let inbox = SnapshotInbox::new(Arc::new(target), log);
+        let inbox = SnapshotInbox::new(Arc::new(target), 1 << 30, log);
         rt().block_on(async {
             inbox.on_chunk(chunk(1, 0, false, b"ab")).await;
             inbox.on_chunk(chunk(1, 1, true, b"cd")).await;

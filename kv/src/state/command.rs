@@ -97,6 +97,16 @@ pub enum Command {
         /// The revision to compact to.
         revision: i64,
     },
+    /// Raise (`activate`) or lower etcd's alarm `alarm` for member `member` (see
+    /// `state::alarms`).
+    EtcdAlarm {
+        /// Raise it; `false`: lower it.
+        activate: bool,
+        /// The member it is raised for.
+        member: u64,
+        /// etcd's alarm type (`NOSPACE` 1, `CORRUPT` 2).
+        alarm: i32,
+    },
     /// The time each of `remaining`'s sessions had left at `now_ns` on the leader of `term`, for
     /// the next takeover ([`Sessions::checkpoint`]): only sessions with no keep-alive for half
     /// their TTL, so that a client renewing on time never needs a raft entry.
@@ -188,6 +198,8 @@ pub enum Outcome {
     Etcd(Result<crate::state::mvcc::txn::TxnDone, crate::state::mvcc::MvccError>),
     /// etcd's keyspace was compacted (the revision it is at now), or why not.
     EtcdCompacted(Result<i64, crate::state::mvcc::MvccError>),
+    /// The alarms an `EtcdAlarm` changed: (member, type), empty when it changed none.
+    Alarms(Vec<(u64, i32)>),
 }
 
 /// Why a command was refused (deterministically, on every replica; or by the leader before it
@@ -229,6 +241,9 @@ pub enum Refusal {
     Undecodable(String),
     /// The key does not exist.
     NotFound,
+    /// etcd's `NOSPACE` alarm is raised: nothing that adds to the keyspace is applied until it
+    /// is disarmed (see `state::alarms`).
+    NoSpace,
     /// A new leader whose sessions are not on its clock yet: retry shortly (never proposed).
     NotReady,
 }

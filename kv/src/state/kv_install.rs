@@ -208,7 +208,7 @@ impl KvState {
         if stale {
             generation::drop_installs(&engine, group, |_, index| index > applied).map_err(fatal)?;
         }
-        if generation::dead_left(&view).map_err(fatal)? {
+        if generation::dead_left(&engine).map_err(fatal)? {
             generation::collect_dead(&engine, COLLECT_BUDGET).map_err(fatal)?;
             return Ok(true);
         }

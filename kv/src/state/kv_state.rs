@@ -21,6 +21,7 @@ use std::collections::BTreeSet;
 use raft_lease::grant::{SessionError, SessionId, Sessions, SessionsCheckpoint};
 
 use crate::disk::state_engine::{EngineError, StateEngine};
+use crate::state::alarms::{Alarms, ALARMS_ROW, NOSPACE};
 use crate::state::command::{check_names, decode, Command, Outcome, Refusal};
 use crate::state::mvcc::{Batch, Keyspace, MvccError};
 pub use crate::state::sessions_row::session_config;
@@ -63,8 +64,12 @@ pub struct KvState {
     pub checkpoint_in_flight: BTreeSet<u64>,
     /// The leader's own: when (its clock) to propose the next checkpoint.
     pub next_checkpoint_ns: u64,
+    /// etcd's raised alarms (the same on every replica at the same index).
+    pub alarms: Alarms,
     /// The sessions changed in the batch being applied: the batch writes their row.
     sessions_dirty: bool,
+    /// The alarms changed in the batch being applied: the batch writes their row.
+    alarms_dirty: bool,
     /// The last applied index that is durable in the engine: the raft log is never cut past it.
     durable: u64,
 }
@@ -85,7 +90,9 @@ impl KvState {
             checkpointed: BTreeSet::new(),
             checkpoint_in_flight: BTreeSet::new(),
             next_checkpoint_ns: 0,
+            alarms: Alarms::default(),
             sessions_dirty: false,
+            alarms_dirty: false,
             durable: 0,
         };
         s.reload()?;
@@ -96,10 +103,14 @@ impl KvState {
     /// Read the applied index and the sessions from the engine again (after a snapshot was
     /// installed under a new generation).
     pub fn reload(&mut self) -> Result<(), String> {
-        let (counters, row) = self
+        let (counters, row, alarms) = self
             .keyspace
-            .read(|r| Ok((r.counters(), r.meta(SESSIONS_ROW)?)))
+            .read(|r| Ok((r.counters(), r.meta(SESSIONS_ROW)?, r.meta(ALARMS_ROW)?)))
             .map_err(|e| e.to_string())?;
+        self.alarms = match alarms {
+            Some(row) => Alarms::decode(&row).map_err(|e| e.to_string())?,
+            None => Alarms::default(),
+        };
         let st = match row {
             Some(row) => decode_sessions(&row)?,
             None => Default::default(),
@@ -161,6 +172,10 @@ impl KvState {
                     SessionsState::encode(&self.sessions, self.sessions_term, &self.checkpointed);
                 b.set_meta(SESSIONS_ROW, &row).map_err(fatal)?;
             }
+            if std::mem::take(&mut self.alarms_dirty) {
+                b.set_meta(ALARMS_ROW, &self.alarms.encode())
+                    .map_err(fatal)?;
+            }
             Ok((outcomes, b.finish(self.applied).map_err(fatal)?))
         })?;
         self.keyspace.publish(&counters);
@@ -201,6 +216,12 @@ impl KvState {
             Err(why) => return Ok(Outcome::Refused(Refusal::Undecodable(why))),
         };
         let _ = index;
+        if self.alarms.any(NOSPACE) && adds_to_keyspace(&cmd, value) {
+            return Ok(match cmd {
+                Command::EtcdTxn {} => Outcome::Etcd(Err(MvccError::NoSpace)),
+                _ => Outcome::Refused(Refusal::NoSpace),
+            });
+        }
         if let Command::EtcdTxn {} = cmd {
             return match self.etcd_txn(b, value) {
                 Err(MvccError::Storage(e)) => Err(EngineError::Io(e)),
@@ -212,7 +233,10 @@ impl KvState {
         }
         let session_change = !matches!(
             cmd,
-            Command::Put { .. } | Command::Delete { .. } | Command::EtcdCompact { .. }
+            Command::Put { .. }
+                | Command::Delete { .. }
+                | Command::EtcdCompact { .. }
+                | Command::EtcdAlarm { .. }
         );
         self.sessions_dirty |= session_change;
         self.apply_command(b, cmd, value).map_err(fatal)
@@ -266,6 +290,11 @@ impl KvState {
                 Err(MvccError::Storage(e)) => return Err(MvccError::Storage(e)),
                 Err(e) => Outcome::EtcdCompacted(Err(e)),
             },
+            Command::EtcdAlarm {
+                activate,
+                member,
+                alarm,
+            } => self.alarm(activate, member, alarm),
             Command::Takeover { term, now_ns } => {
                 self.sessions.takeover(now_ns);
                 self.sessions_term = term;
@@ -338,6 +367,20 @@ impl KvState {
         }
     }
 
+    /// Raise or lower an alarm; what it changed (an alarm of type `NONE` changes nothing).
+    fn alarm(&mut self, activate: bool, member: u64, alarm: i32) -> Outcome {
+        let changed = match (alarm, activate) {
+            (0, _) => false,
+            (_, true) => self.alarms.raise(member, alarm),
+            (_, false) => self.alarms.lower(member, alarm),
+        };
+        self.alarms_dirty |= changed;
+        Outcome::Alarms(match changed {
+            true => vec![(member, alarm)],
+            false => Vec::new(),
+        })
+    }
+
     fn grant(&mut self, ttl_ms: u64, now_ns: u64) -> Outcome {
         match self.sessions.grant(ttl_ms, now_ns) {
             Ok(id) => Outcome::Session(id.0),
@@ -390,6 +433,18 @@ impl KvState {
         let mut w = b.write();
         w.put(key.as_bytes(), value.to_vec(), session.unwrap_or(0) as i64)?;
         Ok(Outcome::Revision(w.commit() as u64))
+    }
+}
+
+/// Whether applying `cmd` (with `value`) may add to the keyspace or its leases: what etcd's
+/// no-space mode refuses. A transaction that does not decode is let through (it is refused when
+/// applied, writing nothing).
+fn adds_to_keyspace(cmd: &Command, value: &[u8]) -> bool {
+    match cmd {
+        Command::Put { .. } | Command::SessionGrant { .. } => true,
+        Command::EtcdTxn {} => <etcd_client::proto::PbTxnRequest as prost::Message>::decode(value)
+            .is_ok_and(|t| crate::state::mvcc::txn::has_puts(&t)),
+        _ => false,
     }
 }
 
@@ -496,5 +551,81 @@ mod tests {
             Ok(n)
         });
         assert_eq!(all, Ok(1));
+    }
+
+    #[test]
+    fn a_raised_nospace_alarm_refuses_what_adds_and_lets_deletes_through_until_disarmed() {
+        use crate::state::alarms::NOSPACE;
+        use etcd_client::proto::{PbPutRequest, PbTxnRequest, PbTxnRequestOp};
+        let engine = StateEngine::in_memory();
+        let mut s = KvState::open(engine.clone(), 0).unwrap();
+        let put = |k: &str| Command::Put {
+            key: k.into(),
+            session: None,
+            fence: None,
+            now_ns: 0,
+        };
+        assert!(matches!(s.apply(1, put("a"), b"1"), Outcome::Revision(_)));
+        let raise = Command::EtcdAlarm {
+            activate: true,
+            member: 7,
+            alarm: NOSPACE,
+        };
+        assert_eq!(
+            s.apply(2, raise.clone(), b""),
+            Outcome::Alarms(vec![(7, NOSPACE)])
+        );
+        assert_eq!(
+            s.apply(3, raise, b""),
+            Outcome::Alarms(vec![]),
+            "raised already"
+        );
+        assert_eq!(
+            s.apply(4, put("b"), b"2"),
+            Outcome::Refused(Refusal::NoSpace)
+        );
+        let grant = Command::SessionGrant {
+            ttl_ms: 1_000,
+            now_ns: 0,
+        };
+        assert_eq!(s.apply(5, grant, b""), Outcome::Refused(Refusal::NoSpace));
+        let op = etcd_client::proto::PbTxnOpRequest::RequestPut(PbPutRequest {
+            key: b"c".to_vec(),
+            value: b"3".to_vec(),
+            ..Default::default()
+        });
+        let t = PbTxnRequest {
+            failure: vec![PbTxnRequestOp { request: Some(op) }],
+            ..Default::default()
+        };
+        let t = prost::Message::encode_to_vec(&t);
+        let refused = s.apply(6, Command::EtcdTxn {}, &t);
+        assert_eq!(
+            refused,
+            Outcome::Etcd(Err(MvccError::NoSpace)),
+            "a put in either branch"
+        );
+        let del = s.apply(7, Command::Delete { key: "a".into() }, b"");
+        assert!(
+            matches!(del, Outcome::Revision(_)),
+            "a delete passes: {del:?}"
+        );
+        // Every replica has the alarm from the engine: a reopened state still refuses.
+        let mut s = KvState::open(engine, 0).unwrap();
+        assert_eq!(
+            s.apply(8, put("b"), b"2"),
+            Outcome::Refused(Refusal::NoSpace)
+        );
+        let lower = Command::EtcdAlarm {
+            activate: false,
+            member: 7,
+            alarm: NOSPACE,
+        };
+        assert_eq!(s.apply(9, lower, b""), Outcome::Alarms(vec![(7, NOSPACE)]));
+        assert!(matches!(s.apply(10, put("b"), b"2"), Outcome::Revision(_)));
+        assert!(matches!(
+            s.apply(11, Command::EtcdTxn {}, &t),
+            Outcome::Etcd(Ok(_))
+        ));
     }
 }

@@ -1,6 +1,7 @@
 //! The replicated state machine: keys, sessions and locks, the commands that change them, and
 //! the leader's side of sessions (keep-alives under the lease, housekeeping).
 
+pub mod alarms;
 pub mod command;
 pub mod keys;
 pub mod kv_install;

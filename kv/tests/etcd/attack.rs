@@ -5,7 +5,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use etcd_client::{Client, LeaseGrantOptions, PutOptions, WatchOptions};
+use etcd_client::{
+    AlarmAction, AlarmOptions, AlarmType, Client, LeaseGrantOptions, PutOptions, WatchOptions,
+};
 
 use crate::cluster::Cluster;
 
@@ -70,8 +72,10 @@ pub async fn refusals(c: &Cluster) {
     still_serves(&ep).await;
 }
 
-/// The store refuses writes past `--max-state-bytes` with etcd's "database space exceeded",
-/// lets a delete through, and a compaction gives the room back.
+/// The store refuses writes past `--quota-backend-bytes` with etcd's "database space exceeded"
+/// and raises the NOSPACE alarm, as etcd does: a delete and a compaction still pass, writes and
+/// lease grants stay refused while the alarm is raised (room or not), and `alarm disarm` lets
+/// them through again.
 pub async fn a_full_store(c: &Cluster) {
     let ep = format!("127.0.0.1:{}", c.etcd_port(1));
     let mut cl = Client::connect([ep.as_str()], None).await.unwrap();
@@ -84,12 +88,22 @@ pub async fn a_full_store(c: &Cluster) {
         }
         assert!(puts < 10_000, "never full");
     };
-    assert_eq!(
-        full,
-        (
-            tonic::Code::ResourceExhausted,
-            "etcdserver: mvcc: database space exceeded".into()
-        )
+    let no_space = (
+        tonic::Code::ResourceExhausted,
+        "etcdserver: mvcc: database space exceeded".to_string(),
+    );
+    assert_eq!(full, no_space);
+    let raised = cl
+        .alarm(AlarmAction::Get, AlarmType::None, None)
+        .await
+        .unwrap();
+    let raised: Vec<_> = raised.alarms().iter().map(|a| a.alarm()).collect();
+    assert_eq!(raised, vec![AlarmType::Nospace], "the quota raised NOSPACE");
+    let st = cl.status().await.unwrap();
+    assert!(
+        st.errors().iter().any(|e| e.contains("alarm:NOSPACE")),
+        "{:?}",
+        st.errors()
     );
     // As in etcd's no-space mode, a delete still passes (a lock can be released).
     let del = cl
@@ -98,9 +112,48 @@ pub async fn a_full_store(c: &Cluster) {
         .expect("a delete passes a full store");
     let last = del.header().unwrap().revision();
     cl.compact(last, None).await.unwrap();
+    // Room again, but the alarm holds every write back until it is disarmed.
+    let held = cl.put("same-key", "small", None).await.unwrap_err();
+    assert_eq!(status(held), no_space, "a put while NOSPACE is raised");
+    let grant = cl.lease_grant(10, None).await.unwrap_err();
+    assert_eq!(
+        status(grant),
+        no_space,
+        "a lease grant while NOSPACE is raised"
+    );
+    // `etcdctl alarm disarm`: each raised alarm deactivated for its member.
+    let member = raised_member(&mut cl).await;
+    let opts = Some(member_of(member));
+    let disarm = cl.alarm(AlarmAction::Deactivate, AlarmType::Nospace, opts);
+    assert_eq!(
+        disarm.await.unwrap().alarms().len(),
+        1,
+        "the disarm lowered it"
+    );
+    let left = cl
+        .alarm(AlarmAction::Get, AlarmType::None, None)
+        .await
+        .unwrap();
+    assert!(left.alarms().is_empty());
     cl.put("same-key", value, None)
         .await
-        .expect("room again after a compaction");
+        .expect("room again once disarmed");
+}
+
+/// The member that raised the NOSPACE alarm.
+async fn raised_member(cl: &mut Client) -> u64 {
+    let got = cl
+        .alarm(AlarmAction::Get, AlarmType::Nospace, None)
+        .await
+        .unwrap();
+    got.alarms()[0].member_id()
+}
+
+/// Alarm options naming `member`.
+fn member_of(member: u64) -> AlarmOptions {
+    let mut o = AlarmOptions::new();
+    o.with_member(member);
+    o
 }
 
 /// A stream may hold at most 1024 watchers: the next is canceled with the reason.

@@ -196,7 +196,7 @@ fn peer_reassembly_of_all_connections_is_bounded_by_one_budget() {
         1,
         &[
             "--insecure-peers",
-            "--max-state-bytes",
+            "--quota-backend-bytes",
             "16777216",
             "--max-inflight-bytes",
             "4194304",

@@ -190,7 +190,13 @@ impl Cluster {
 
     /// Start node `id` with `cmd`, its stderr to its log file.
     fn spawn_command(&mut self, id: u64, mut cmd: Command) {
-        let log = std::fs::File::create(self.log_path(id)).unwrap();
+        // For a post-mortem, a restarted node's log follows its earlier runs'.
+        let keep = std::env::var("KV_TEST_KEEP_DIR").is_ok();
+        let log = (std::fs::OpenOptions::new().create(true).write(true))
+            .append(keep)
+            .truncate(!keep)
+            .open(self.log_path(id))
+            .unwrap();
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -415,6 +421,14 @@ impl Drop for Cluster {
             unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGCONT) };
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // A failed test's data dirs and logs, kept for a post-mortem when asked.
+        if let (true, Ok(to)) = (std::thread::panicking(), std::env::var("KV_TEST_KEEP_DIR")) {
+            let to = format!("{to}/{}-{}", std::process::id(), self.peer_ports[0]);
+            let copied = std::process::Command::new("cp")
+                .args(["-a", &self.data.display().to_string(), &to])
+                .status();
+            eprintln!("data dirs kept in {to}: {copied:?}");
         }
     }
 }

@@ -32,7 +32,7 @@ pub enum MvccError {
     /// A revision above the current one.
     #[error("etcdserver: mvcc: required revision is a future revision")]
     FutureRev,
-    /// The keyspace would pass its share of `--max-state-bytes`.
+    /// The keyspace would pass its share of `--quota-backend-bytes`.
     #[error("etcdserver: mvcc: database space exceeded")]
     NoSpace,
     /// A request too large (a key or value over the limits).

@@ -4,16 +4,31 @@
 //! the group's and marks the old one dead. Rows of dead generations are removed later, a bounded
 //! batch at a time. A crash at any point leaves either the old generation current (the new one
 //! dead, to be removed) or the new one: never a mix.
+//!
+//! **A generation being written is not dead**: it carries a staging mark naming the engine's
+//! opening that writes it, and only a mark of an earlier opening (a process that died while
+//! it wrote) or a stream given up (the mark turned dead when its writer is dropped) makes its
+//! rows collectable. Collecting the rows of a stream still being written, and sealing what is
+//! left, would install a state missing them.
 
-use crate::disk::state_engine::{EngineRead, EngineWrite, StateEngine, Table};
+use crate::disk::state_engine::{EngineError, EngineRead, EngineWrite, StateEngine, Table};
 use crate::state::mvcc::counters::{counters_of, gen_of, next_gen, storage};
 use crate::state::mvcc::{layout, MvccError};
 use crate::state::stream::{Row, GROUP_TABLES};
 
 const DEAD: &[u8] = b"dead";
+const STAGING: &[u8] = b"staging";
 
 fn dead_key(gen: u64) -> Vec<u8> {
-    let mut k = DEAD.to_vec();
+    marked(DEAD, gen)
+}
+
+fn staging_key(gen: u64) -> Vec<u8> {
+    marked(STAGING, gen)
+}
+
+fn marked(mark: &[u8], gen: u64) -> Vec<u8> {
+    let mut k = mark.to_vec();
     k.extend_from_slice(&gen.to_be_bytes());
     k
 }
@@ -24,15 +39,20 @@ pub struct Staging {
     group: u64,
     gen: u64,
     rows: u64,
+    /// Sealed: its mark is gone, and dropping it changes nothing.
+    sealed: bool,
 }
 
 impl Staging {
-    /// Begin a new generation for `group`: dead until [`Staging::finish`] makes it the group's.
+    /// Begin a new generation for `group`, marked as staged by this opening of the engine:
+    /// its rows are never collected while it is written; given up (dropped unsealed) or left
+    /// by an earlier process, it is dead.
     pub fn begin(engine: &StateEngine, group: u64) -> Result<Self, MvccError> {
+        let opening = layout::encode_u64(engine.opening());
         let gen = engine
             .write(false, |w| {
                 let gen = next_gen(w).map_err(to_engine)?;
-                w.put(Table::Groups, &dead_key(gen), &[])?;
+                w.put(Table::Groups, &staging_key(gen), &opening)?;
                 Ok(gen)
             })
             .map_err(storage)?;
@@ -41,6 +61,7 @@ impl Staging {
             group,
             gen,
             rows: 0,
+            sealed: false,
         })
     }
 
@@ -67,24 +88,45 @@ impl Staging {
     /// is no longer dead), and [`complete_install`] then makes it the group's. Between the two
     /// the caller makes the raft log take the snapshot; a crash in between is settled at the
     /// next start by [`settle_install`]. Returns the index the state is at.
-    pub fn seal(self, id: u64, expect: Option<u64>) -> Result<u64, MvccError> {
+    pub fn seal(mut self, id: u64, expect: Option<u64>) -> Result<u64, MvccError> {
         let (group, gen) = (self.group, self.gen);
-        let counters = counters_of(&self.engine.view().map_err(storage)?, gen)?;
-        let applied = counters.applied;
-        if expect.is_some_and(|e| e != applied) || applied == 0 {
-            return Err(MvccError::Storage(format!(
-                "a snapshot for index {expect:?} holds the state at {applied}"
-            )));
-        }
-        let mut intent = layout::encode_u64(gen).to_vec();
-        intent.extend_from_slice(&layout::encode_u64(applied));
-        self.engine
+        let opening = layout::encode_u64(self.engine.opening());
+        let applied = self
+            .engine
             .write(true, |w| {
-                w.delete(Table::Groups, &dead_key(gen))?;
-                w.put(Table::Groups, &intent_key(group, id), &intent)
+                // Checked in the batch that seals: nothing can change the generation between.
+                if w.get(Table::Groups, &staging_key(gen))?.as_deref() != Some(&opening[..]) {
+                    return Err(EngineError::Io(format!("generation {gen} was given up")));
+                }
+                let applied = counters_of(&*w, gen).map_err(to_engine)?.applied;
+                if expect.is_some_and(|e| e != applied) || applied == 0 {
+                    return Err(EngineError::Io(format!(
+                        "a snapshot for index {expect:?} holds the state at {applied}"
+                    )));
+                }
+                let mut intent = layout::encode_u64(gen).to_vec();
+                intent.extend_from_slice(&layout::encode_u64(applied));
+                w.delete(Table::Groups, &staging_key(gen))?;
+                w.put(Table::Groups, &intent_key(group, id), &intent)?;
+                Ok(applied)
             })
             .map_err(storage)?;
+        self.sealed = true;
         Ok(applied)
+    }
+}
+
+impl Drop for Staging {
+    /// A generation given up (its stream failed, was cut or forged) is dead: its rows go.
+    fn drop(&mut self) {
+        if self.sealed {
+            return;
+        }
+        let gen = self.gen;
+        let _ = self.engine.write(false, |w| {
+            w.delete(Table::Groups, &staging_key(gen))?;
+            w.put(Table::Groups, &dead_key(gen), &[])
+        });
     }
 }
 
@@ -205,31 +247,45 @@ fn to_engine(e: MvccError) -> crate::disk::state_engine::EngineError {
     crate::disk::state_engine::EngineError::Io(e.to_string())
 }
 
-/// Whether any dead generation has rows left.
-pub fn dead_left(r: &dyn EngineRead) -> Result<bool, MvccError> {
-    let mut any = false;
-    let end = layout::prefix_end(DEAD);
-    r.scan(Table::Groups, DEAD, end.as_deref(), false, &mut |_, _| {
-        any = true;
-        false
-    })
-    .map_err(storage)?;
-    Ok(any)
+/// The generations whose rows may go (at most `max`): every dead one, and every one staged by
+/// an earlier opening of the engine (its writer died with its process). Each with its mark.
+fn collectable(
+    r: &dyn EngineRead,
+    opening: u64,
+    max: usize,
+) -> Result<Vec<(u64, Vec<u8>)>, EngineError> {
+    let mut out = Vec::new();
+    for mark in [DEAD, STAGING] {
+        let end = layout::prefix_end(mark);
+        r.scan(Table::Groups, mark, end.as_deref(), false, &mut |k, v| {
+            let gen = k.get(mark.len()..).and_then(layout::decode_u64);
+            let stale = mark == DEAD || layout::decode_u64(v) != Some(opening);
+            if let (Some(gen), true) = (gen, stale) {
+                out.push((gen, k.to_vec()));
+            }
+            out.len() < max
+        })?;
+    }
+    Ok(out)
 }
 
-/// Remove up to `budget` rows of dead generations, in one batch; a generation with no rows
-/// left is forgotten. Returns how many rows went.
+/// Whether any generation has rows to collect.
+pub fn dead_left(engine: &StateEngine) -> Result<bool, MvccError> {
+    let view = engine.view().map_err(storage)?;
+    Ok(!collectable(&view, engine.opening(), 1)
+        .map_err(storage)?
+        .is_empty())
+}
+
+/// Remove up to `budget` rows of collectable generations (dead ones, and ones an earlier
+/// process staged), in one batch; a generation with no rows left is forgotten. Returns how many
+/// rows went.
 pub fn collect_dead(engine: &StateEngine, budget: usize) -> Result<usize, MvccError> {
+    let opening = engine.opening();
     engine
         .write(false, |w| {
-            let mut dead = Vec::new();
-            let end = layout::prefix_end(DEAD);
-            w.scan(Table::Groups, DEAD, end.as_deref(), false, &mut |k, _| {
-                dead.push(u64::from_be_bytes(k[4..12].try_into().expect("8 bytes")));
-                dead.len() < 16
-            })?;
             let mut removed = 0;
-            for gen in dead {
+            for (gen, mark) in collectable(&*w, opening, 16)? {
                 let prefix = layout::gen_prefix(gen);
                 let end = layout::prefix_end(&prefix);
                 let mut keys: Vec<(Table, Vec<u8>)> = Vec::new();
@@ -245,7 +301,7 @@ pub fn collect_dead(engine: &StateEngine, budget: usize) -> Result<usize, MvccEr
                     w.delete(t, &k)?;
                 }
                 if emptied {
-                    w.delete(Table::Groups, &dead_key(gen))?;
+                    w.delete(Table::Groups, &mark)?;
                 }
                 if removed >= budget {
                     break;
@@ -316,11 +372,65 @@ mod tests {
         assert_eq!(ks.read(|r| Ok(r.counters().applied)).unwrap(), 9);
         assert!(ks.read(|r| r.latest(b"new")).unwrap().is_some());
         assert!(ks.read(|r| r.latest(b"old")).unwrap().is_none());
-        assert!(dead_left(&e.view().unwrap()).unwrap());
+        assert!(dead_left(&e).unwrap());
         while collect_dead(&e, 2).unwrap() > 0 {}
-        assert!(!dead_left(&e.view().unwrap()).unwrap());
+        assert!(!dead_left(&e).unwrap());
         assert!(
             ks.read(|r| r.latest(b"new")).unwrap().is_some(),
+            "the live one stays"
+        );
+    }
+
+    #[test]
+    fn a_generation_being_written_is_never_collected_and_one_given_up_is() {
+        let e = StateEngine::in_memory();
+        put(&e, 0, b"live", 5);
+        let source = StateEngine::in_memory();
+        put(&source, 0, b"streamed", 9);
+        let v = source.view().unwrap();
+        let mut rows = Vec::new();
+        for t in GROUP_TABLES {
+            v.scan(t, &[], None, false, &mut |k, val| {
+                let (table, key, value) = (t, k[8..].to_vec(), val.to_vec());
+                rows.push(Row { table, key, value });
+                true
+            })
+            .unwrap();
+        }
+        // Upkeep runs between every batch of a stream: none of its rows may go.
+        let mut s = Staging::begin(&e, 0).unwrap();
+        for r in &rows {
+            s.put_rows(std::slice::from_ref(r)).unwrap();
+            while collect_dead(&e, 1).unwrap() > 0 {}
+        }
+        assert_eq!(s.seal(1, Some(9)).unwrap(), 9);
+        assert!(complete_install(&e, 0, 1).unwrap());
+        while collect_dead(&e, 1).unwrap() > 0 {}
+        let ks = Keyspace::open(e.clone(), 0).unwrap();
+        assert!(
+            ks.read(|r| r.latest(b"streamed")).unwrap().is_some(),
+            "every streamed row"
+        );
+        assert_eq!(ks.read(|r| Ok(r.counters().applied)).unwrap(), 9);
+        // A stream given up is dead; one an earlier process left (another opening) is too.
+        let mut given_up = Staging::begin(&e, 0).unwrap();
+        given_up.put_rows(&rows).unwrap();
+        drop(given_up);
+        assert!(dead_left(&e).unwrap());
+        while collect_dead(&e, 1).unwrap() > 0 {}
+        assert!(!dead_left(&e).unwrap());
+        let left = Staging::begin(&e, 0).unwrap();
+        let gen = left.gen;
+        std::mem::forget(left); // its process died: no drop ran
+        e.write(false, |w| {
+            w.put(Table::Groups, &staging_key(gen), &layout::encode_u64(1))
+        })
+        .unwrap();
+        assert!(dead_left(&e).unwrap(), "staged by another opening");
+        while collect_dead(&e, 1).unwrap() > 0 {}
+        assert!(!dead_left(&e).unwrap());
+        assert!(
+            ks.read(|r| r.latest(b"streamed")).unwrap().is_some(),
             "the live one stays"
         );
     }

@@ -56,6 +56,19 @@ pub fn check(t: &TxnRequest) -> Result<(), MvccError> {
     }
 }
 
+/// Whether `t` puts a key in either branch (nested transactions included): what etcd's no-space
+/// mode refuses (a transaction that only deletes or reads passes).
+pub fn has_puts(t: &TxnRequest) -> bool {
+    t.success
+        .iter()
+        .chain(&t.failure)
+        .any(|op| match &op.request {
+            Some(Op::RequestPut(_)) => true,
+            Some(Op::RequestTxn(n)) => has_puts(n),
+            _ => false,
+        })
+}
+
 /// Compares and operations in `t`, nested transactions' included.
 fn size(t: &TxnRequest) -> usize {
     let nested = |ops: &[etcd_client::proto::PbTxnRequestOp]| -> usize {

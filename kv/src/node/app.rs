@@ -1,4 +1,4 @@
-//! What the HTTP side of a node holds: the raft loop's shared state, the options, limits,
+//! What a node's front ends hold in common: the raft loop's shared state, the options, limits,
 //! budgets and counters.
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use crate::raft::shared::{Groups, Shared};
 use crate::raft::status::Status;
 use crate::state::kv_state::KvState;
 
-/// The HTTP side's view of a node.
+/// A node as its front ends (the HTTP API and etcd's) see it.
 pub struct App {
     /// Every group's shared state.
     pub groups: Arc<Groups<KvState>>,
