@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 
 /// The folders of `src/`, lowest first.
 const LAYERS: &[&str] = &[
-    "base", "tls", "disk", "peer", "raft", "state", "http", "etcd", "cli", "bench", "nemesis",
+    "base", "tls", "disk", "peer", "raft", "state", "node", "http", "etcd", "cli", "bench",
+    "nemesis",
 ];
 
 type Module = Vec<String>;
