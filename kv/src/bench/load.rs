@@ -83,13 +83,26 @@ pub struct BenchArgs {
     /// gRPC API with one client (see `bench::etcd`).
     #[arg(long)]
     vs_etcd: bool,
-    /// With `--vs-etcd`: the etcd binary (default: `$ETCD_BIN`, else `etcd` on the PATH).
+    /// Instead of the HTTP cells: the data-scale scenario (bulk load, restarts, a member
+    /// replaced, whole-keyspace ranges) on the store, then on a 3-member etcd 3.4 (see
+    /// `bench::datascale`).
+    #[arg(long, conflicts_with = "vs_etcd")]
+    data_scale: bool,
+    /// With `--data-scale`: keys to load.
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u64,
+    /// With `--data-scale`: runs of the whole scenario on both systems (medians reported).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// With `--vs-etcd` or `--data-scale`: the etcd binary (default: `$ETCD_BIN`, else `etcd`
+    /// on the PATH).
     #[arg(long)]
     etcd_bin: Option<PathBuf>,
     /// With `--vs-etcd`: the operations to run (default: all of them; see `bench::etcd::ops`).
     #[arg(long, value_delimiter = ',')]
     ops: Vec<String>,
-    /// With `--vs-etcd`: a flag for the store's nodes (`kv node`'s), repeatable, such as
+    /// With `--vs-etcd` or `--data-scale`: a flag for the store's nodes (`kv node`'s),
+    /// repeatable, such as
     /// `--node-arg=--log-engine --node-arg=redb`.
     #[arg(long, allow_hyphen_values = true)]
     node_arg: Vec<String>,
@@ -179,6 +192,17 @@ fn all(args: &BenchArgs, dir: &std::path::Path) -> Result<(), (i32, String)> {
     }
     if args.follower_leases_ms.is_some() {
         return Err((2, "--follower-leases-ms goes with --groups".into()));
+    }
+    if args.data_scale {
+        let ds = crate::bench::datascale::DataScale {
+            keys: args.keys,
+            runs: args.runs,
+            base_port: args.base_port,
+            etcd_bin: args.etcd_bin.clone(),
+            json: args.json.clone(),
+            node_args: args.node_arg.clone(),
+        };
+        return crate::bench::datascale::run(&ds, dir);
     }
     if args.vs_etcd {
         let vs = crate::bench::etcd::VsEtcd {

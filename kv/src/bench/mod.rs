@@ -2,6 +2,7 @@
 //! log engine, the CPU each operation costs, and the disk's own fsync latency.
 
 pub mod cpu;
+pub mod datascale;
 pub mod etcd;
 pub mod fsync;
 pub mod groups;

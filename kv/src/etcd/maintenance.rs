@@ -71,7 +71,7 @@ impl PbMaintenanceService for EtcdApi {
     /// through raft on the leader and answer the alarm they changed (none when it was already
     /// so), as etcd's.
     async fn alarm(&self, req: Request<PbAlarmRequest>) -> Reply<PbAlarmResponse> {
-        let r = req.get_ref().clone();
+        let r = *req.get_ref();
         let activate = match r.action {
             GET => return self.alarm_get(req).await,
             ACTIVATE => true,

@@ -30,7 +30,25 @@ pub struct EtcdTls {
     pub ca_pem: Vec<u8>,
 }
 
-/// Serve the etcd API on `listener` until `stop` turns true.
+/// Wait until this node leads group 0 or hears from its leader; `false` if `stop` came first.
+async fn ready(api: &EtcdApi, stop: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    loop {
+        if *stop.borrow() {
+            return false;
+        }
+        let (leads, leader) = api.group().leadership.get();
+        if leads || api.app().live_leader(leader).is_some() {
+            return true;
+        }
+        tokio::select! {
+            _ = stop.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
+}
+
+/// Serve the etcd API on `listener` until `stop` turns true, from the moment the node is ready
+/// (see [`ready`]); until then connections wait in the listener's queue.
 pub async fn serve(
     app: Arc<App>,
     listener: TcpListener,
@@ -57,6 +75,12 @@ pub async fn serve(
         server = server
             .tls_config(ServerTlsConfig::new().identity(identity))
             .map_err(|e| format!("etcd API TLS: {e}"))?;
+    }
+    // As etcd: the port is bound from the start, but nothing is served until the member is
+    // ready (it knows a live leader): a client waits, or goes on to another endpoint, instead
+    // of getting "no leader" from a member that just started or joined.
+    if !ready(&api, &mut stop).await {
+        return Ok(());
     }
     info!(log, "etcd API listening"; "addr" => %addr, "tls" => tls.is_some());
     let router = server

@@ -68,7 +68,7 @@ impl Alarms {
 
     /// The set a row holds.
     pub fn decode(row: &[u8]) -> Result<Self, AlarmsRowError> {
-        if row.len() % 12 != 0 {
+        if !row.len().is_multiple_of(12) {
             return Err(AlarmsRowError("not a whole number of alarms"));
         }
         let mut raised = BTreeSet::new();

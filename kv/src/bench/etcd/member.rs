@@ -42,9 +42,6 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Start three members in `dir`, clients on `base_port`+1..=3, peers on `base_port`+11..=13.
     pub fn start(bin: &Path, dir: &Path, base_port: u16) -> Result<EtcdCluster, String> {
-        let peer = |i: u16| format!("http://127.0.0.1:{}", base_port + 11 + i);
-        let client = |i: u16| format!("http://127.0.0.1:{}", base_port + 1 + i);
-        let initial: Vec<String> = (0..3).map(|i| format!("m{i}={}", peer(i))).collect();
         let mut cluster = EtcdCluster {
             endpoints: (0..3)
                 .map(|i| format!("127.0.0.1:{}", base_port + 1 + i))
@@ -52,25 +49,7 @@ impl EtcdCluster {
             members: Vec::new(),
         };
         for i in 0..3u16 {
-            let log = std::fs::File::create(dir.join(format!("etcd{i}.log")))
-                .map_err(|e| format!("{}: {e}", dir.display()))?;
-            let child = Command::new(bin)
-                .args(["--name", &format!("m{i}")])
-                .arg("--data-dir")
-                .arg(dir.join(format!("m{i}")))
-                .args(["--listen-client-urls", &client(i)])
-                .args(["--advertise-client-urls", &client(i)])
-                .args(["--listen-peer-urls", &peer(i)])
-                .args(["--initial-advertise-peer-urls", &peer(i)])
-                .args(["--initial-cluster", &initial.join(",")])
-                .args(["--initial-cluster-state", "new"])
-                .args(["--initial-cluster-token", "kv-bench"])
-                .args(["--logger", "zap", "--log-level", "warn"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
+            let child = spawn_member(bin, dir, base_port, i, "new", &[])?;
             cluster.members.push(child);
         }
         Ok(cluster)
@@ -80,6 +59,47 @@ impl EtcdCluster {
     pub fn pids(&self) -> Vec<u32> {
         self.members.iter().map(Child::id).collect()
     }
+}
+
+/// Start member `i` (0..=2) of the cluster [`EtcdCluster::start`] lays out in `dir` from
+/// `base_port`, data in `dir/m{i}`, standard error appended to `dir/etcd{i}.log`, with
+/// `--initial-cluster-state` `state` (`new`, or `existing` for a member added to a running
+/// cluster) and the flags `extra` after the others.
+pub(crate) fn spawn_member(
+    bin: &Path,
+    dir: &Path,
+    base_port: u16,
+    i: u16,
+    state: &str,
+    extra: &[String],
+) -> Result<Child, String> {
+    let peer = |i: u16| format!("http://127.0.0.1:{}", base_port + 11 + i);
+    let client = format!("http://127.0.0.1:{}", base_port + 1 + i);
+    let initial: Vec<String> = (0..3).map(|i| format!("m{i}={}", peer(i))).collect();
+    let log_path = dir.join(format!("etcd{i}.log"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+    Command::new(bin)
+        .args(["--name", &format!("m{i}")])
+        .arg("--data-dir")
+        .arg(dir.join(format!("m{i}")))
+        .args(["--listen-client-urls", &client])
+        .args(["--advertise-client-urls", &client])
+        .args(["--listen-peer-urls", &peer(i)])
+        .args(["--initial-advertise-peer-urls", &peer(i)])
+        .args(["--initial-cluster", &initial.join(",")])
+        .args(["--initial-cluster-state", state])
+        .args(["--initial-cluster-token", "kv-bench"])
+        .args(["--logger", "zap", "--log-level", "warn"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("spawn {}: {e}", bin.display()))
 }
 
 /// The client address among `endpoints` of the member that says it leads (within 30 s): etcd's

@@ -322,7 +322,7 @@ fn client_thread(
 }
 
 /// `uptime`'s line (the machine's load), or why there is none.
-fn uptime() -> String {
+pub(crate) fn uptime() -> String {
     match std::process::Command::new("uptime").output() {
         Ok(o) => String::from_utf8_lossy(&o.stdout).trim().to_string(),
         Err(e) => format!("uptime: {e}"),
