@@ -70,6 +70,9 @@ pub struct NodeOptions {
     pub unsafe_cut_past_durable: bool,
     /// etcd watches start one revision late (unsafe, the negative control for watches).
     pub unsafe_watch_off_by_one: bool,
+    /// A follower's linearizable etcd read does not wait to have the leader's revision (unsafe,
+    /// the negative control for follower reads).
+    pub unsafe_follower_read_unwaited: bool,
     /// Snapshot and compact every this many applied entries.
     pub snapshot_every: u64,
     /// The engine for a new data dir's raft log; `None`: the dir's own (the default for a new

@@ -133,9 +133,15 @@ pub struct NodeArgs {
     /// a watcher that reconnects misses an event (the etcd-API nemesis must find it).
     #[arg(long, hide = true)]
     pub unsafe_watch_off_by_one: bool,
-    /// Snapshot and compact the raft log every this many applied entries (or after as many bytes
-    /// of entries as the last snapshot held, 64 MiB at least, whichever comes first). A snapshot copies the whole state, so its cost per write is the
-    /// state's size over this number.
+    /// NEGATIVE CONTROL (hidden): a follower serves a linearizable etcd read from its own state
+    /// as soon as the leader gave its revision, without waiting to have applied that far (the
+    /// etcd-API nemesis must find a stale read).
+    #[arg(long, hide = true)]
+    pub unsafe_follower_read_unwaited: bool,
+    /// Cut the raft log every this many applied entries (or after as many bytes of entries as
+    /// the last cut's state held, 64 MiB at least, whichever comes first), up to what the state
+    /// engine has made durable. A cut copies nothing: a follower behind the log gets a snapshot
+    /// streamed from a view of the state engine.
     #[arg(long, default_value_t = 100_000)]
     pub snapshot_every: u64,
     /// The engine for the raft log: raft-engine (the default for a new data dir) or redb. A dir
@@ -322,6 +328,7 @@ impl NodeArgs {
             unsafe_apply_to_commit: self.unsafe_apply_to_commit,
             unsafe_cut_past_durable: self.unsafe_cut_past_durable,
             unsafe_watch_off_by_one: self.unsafe_watch_off_by_one,
+            unsafe_follower_read_unwaited: self.unsafe_follower_read_unwaited,
             snapshot_every: self.snapshot_every,
             log_engine: self.log_engine,
             join,

@@ -234,22 +234,23 @@ struct Listeners {
     etcd: Option<TcpListener>,
 }
 
-fn bind(rt: &tokio::runtime::Runtime, o: &NodeOptions) -> Result<Listeners, Exit> {
+fn bind(rt: &Runtimes, o: &NodeOptions) -> Result<Listeners, Exit> {
     let own = &o.peers[&o.id];
     let peer_addr = own
         .to_socket_addrs()
         .map_err(|e| fatal(format!("peer address {own}: {e}")))?
         .next()
         .ok_or_else(|| fatal(format!("peer address {own} resolves to nothing")))?;
-    let peer = rt
+    let peer = (rt.peer)
         .block_on(TcpListener::bind(peer_addr))
         .map_err(|e| fatal(format!("peer listen {peer_addr}: {e}")))?;
-    let http = rt
+    let http = (rt.io)
         .block_on(TcpListener::bind(o.http))
         .map_err(|e| fatal(format!("http listen {}: {e}", o.http)))?;
     let etcd = match o.etcd_listen {
         Some(addr) => Some(
-            rt.block_on(TcpListener::bind(addr))
+            (rt.io)
+                .block_on(TcpListener::bind(addr))
                 .map_err(|e| fatal(format!("etcd API listen {addr}: {e}")))?,
         ),
         None => None,
@@ -333,15 +334,16 @@ fn start(
     args: &NodeArgs,
     opts: NodeOptions,
     boot: Boot,
-    rt: &tokio::runtime::Runtime,
+    runtimes: &Runtimes,
     log: &Logger,
 ) -> Result<(RaftLoop<KvState>, Running), Exit> {
+    let rt = &runtimes.io;
     let tls = peer_tls(args, log)?;
     let http_tls = match (&args.http_cert, &args.http_key) {
         (Some(c), Some(k)) => Some(crate::tls::config::http_acceptor(c, k).map_err(config)?),
         _ => None,
     };
-    let listeners = bind(rt, &opts)?;
+    let listeners = bind(runtimes, &opts)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, stop.clone()).map_err(fatal)?;
@@ -372,9 +374,9 @@ fn start(
     let (inbox_tx, inbox) = crossbeam_channel::bounded(8192);
     let (reports_tx, reports) = crossbeam_channel::bounded(8192);
     let reports_tx = (!opts.no_transport_reports).then_some(reports_tx);
-    let transport = Transport::new(&tcfg, rt.handle(), reports_tx);
+    let transport = Transport::new(&tcfg, runtimes.peer.handle(), reports_tx);
     let (stop_tx, stop_rx) = watch::channel(false);
-    rt.spawn(crate::peer::listen::listen(
+    runtimes.peer.spawn(crate::peer::listen::listen(
         listeners.peer,
         inbox_tx,
         tcfg.clone(),
@@ -517,12 +519,20 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
                                                        // A file-size limit (or a full disk) must be a storage error, not a silent kill.
                                                        // SAFETY: ignoring a signal has no preconditions.
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.http_threads.max(1))
-        .thread_name("kv-io")
-        .enable_all()
-        .build()
-        .map_err(fatal)?;
+    let rt = Runtimes {
+        io: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.http_threads.max(1))
+            .thread_name("kv-io")
+            .enable_all()
+            .build()
+            .map_err(fatal)?,
+        peer: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(PEER_THREADS)
+            .thread_name("kv-peer")
+            .enable_all()
+            .build()
+            .map_err(fatal)?,
+    };
     let (raft_loop, running) = start(args, opts.clone(), boot, &rt, &log)?;
     if let Some(join) = opts.join.clone() {
         let (app, stop, log) = (running.app.clone(), running.stop.clone(), log.clone());
@@ -542,13 +552,27 @@ pub fn run(args: &NodeArgs, root: &Logger) -> Result<(), Exit> {
     }
 }
 
+/// The node's async runtimes. Peer I/O (raft messages, heartbeats, snapshot chunks) runs on a
+/// runtime of its own, so that clients (a scan of a whole keyspace, thousands of connections)
+/// never hold the threads that carry the messages the leases live on.
+struct Runtimes {
+    /// HTTP, etcd's API and their forwarding.
+    io: tokio::runtime::Runtime,
+    /// The peer transport and listener.
+    peer: tokio::runtime::Runtime,
+}
+
+/// Worker threads of the peer runtime.
+const PEER_THREADS: usize = 1;
+
 /// Stop the I/O side: accept loops at once, connections after the request in hand.
-fn stop(rt: tokio::runtime::Runtime, running: Running) {
+fn stop(rt: Runtimes, running: Running) {
     running.stop.store(true, Ordering::Relaxed);
     let _ = running.stop_tx.send(true);
     let deadline = Instant::now() + Duration::from_secs(2);
     while running.app.conns.len() > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5)); // polls a condition, with a deadline
     }
-    rt.shutdown_timeout(Duration::from_millis(200));
+    rt.io.shutdown_timeout(Duration::from_millis(200));
+    rt.peer.shutdown_timeout(Duration::from_millis(200));
 }

@@ -18,7 +18,7 @@ use crate::state::alarms::{Alarms, ALARMS_ROW, NOSPACE};
 use crate::state::command::{Command, Outcome, Refusal};
 use crate::state::kv_machine::KvCommand;
 use crate::state::kv_state::KvState;
-use crate::state::mvcc::Keyspace;
+use crate::state::mvcc::Pinned;
 
 /// How long a request waits for the raft thread.
 const WAIT: Duration = Duration::from_secs(5);
@@ -93,7 +93,7 @@ impl EtcdApi {
     }
 
     /// Where a request for the leader goes from here: this node, or the leader's address when
-    /// it is known, heard from lately and this request was not forwarded already.
+    /// raft knows one and this request was not forwarded already.
     pub fn route<T>(&self, req: &tonic::Request<T>) -> Result<Route, Status> {
         let (leads, leader) = self.group().leadership.get();
         if leads {
@@ -102,9 +102,13 @@ impl EtcdApi {
         if req.metadata().get(FORWARDED).is_some() {
             return Err(errors::leader_changed());
         }
+        // The leader raft knows, even if nothing came from it for a while (a leader busy with
+        // a large batch is late, not gone): as etcd's followers, forward to it; a deposed one
+        // answers that it does not lead.
         let live = self
             .app()
             .live_leader(leader)
+            .or(leader)
             .ok_or_else(errors::no_leader)?;
         let addr = self.app().etcd_of(live).ok_or_else(|| {
             Status::unavailable(format!(
@@ -163,34 +167,55 @@ impl EtcdApi {
         }
     }
 
-    /// Read `f` of the state linearizably on this node: under the lease (on the leader) or a
-    /// follower read lease, else (on the leader) after a ReadIndex round. `None`: this node
-    /// cannot (it does not lead and holds no read lease): forward.
+    /// Read `f` of the state linearizably on this node: a view of the state is pinned under the
+    /// lease (on the leader) or a follower read lease, else (on the leader) after a ReadIndex
+    /// round, and `f` reads it on a blocking thread, so that a long scan neither outlives the
+    /// lease it began under nor holds a worker the peer transport and other clients need.
+    /// `None`: this node cannot (it does not lead and holds no read lease): forward.
     pub async fn read<T: Send + 'static>(
         &self,
-        f: impl Fn(&Keyspace) -> T + Send + Sync + Clone + 'static,
+        f: impl FnOnce(&Pinned) -> T + Send + 'static,
     ) -> Result<Option<T>, Status> {
+        let Some(pinned) = self.pin_linearizable().await? else {
+            return Ok(None);
+        };
+        let done = tokio::task::spawn_blocking(move || f(&pinned)).await;
+        done.map(Some)
+            .map_err(|e| Status::internal(format!("a read's thread: {e}")))
+    }
+
+    /// Read `f` of the state as this node has it now (serializable), on a blocking thread.
+    pub async fn read_here<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Pinned) -> T + Send + 'static,
+    ) -> Result<T, Status> {
+        let pinned = self.keyspace().pin().map_err(errors::mvcc)?;
+        let done = tokio::task::spawn_blocking(move || f(&pinned)).await;
+        done.map_err(|e| Status::internal(format!("a read's thread: {e}")))
+    }
+
+    /// A view of the state pinned at a linearizable point (see [`EtcdApi::read`]).
+    async fn pin_linearizable(&self) -> Result<Option<Pinned>, Status> {
         let g = self.group().clone();
         let handle = g.handle.clone();
         let app = self.app();
         if !app.opts.unsafe_lease_based {
-            let read = f.clone();
             let g2 = g.clone();
-            let state = move || read(&g2.reader);
+            let state = move || g2.reader.pin();
             if let Ok(v) = handle.try_read(state.clone()) {
-                return Ok(Some(v));
+                return v.map(Some).map_err(errors::mvcc);
             }
             if handle.lease_held() {
                 if let Ok(v) = tokio::task::block_in_place(|| handle.read(state)) {
-                    return Ok(Some(v));
+                    return v.map(Some).map_err(errors::mvcc);
                 }
             }
         }
         if !g.leadership.get().0 {
-            return Ok(None);
+            return Ok(self.pin_after_leader().await);
         }
         // ReadIndex: once the raft thread answers, this node has applied everything committed
-        // when the read began; reading the state after that is linearizable.
+        // when the read began; a view taken after that is linearizable.
         let (tx, rx) = oneshot::channel();
         let mode = match app.opts.unsafe_lease_based {
             true => ReadMode::Auto,
@@ -202,11 +227,42 @@ impl EtcdApi {
             reply: tx,
         };
         match self.ask(req, rx).await? {
-            ReadReply::Value { .. } => Ok(Some(f(&g.reader))),
+            ReadReply::Value { .. } => g.reader.pin().map(Some).map_err(errors::mvcc),
             ReadReply::NotLeader { .. } => Ok(None),
             ReadReply::LeaseNotHeld => Err(errors::no_leader()),
             ReadReply::ShuttingDown => Err(errors::stopping()),
         }
+    }
+
+    /// On a follower: a view of this node's state once it has the leader's revision at a
+    /// linearizable point taken now (etcd's follower reads: the leader confirms a read index,
+    /// the follower reads locally once it applied that far). Every write answered before the
+    /// read began has a revision at most the leader's, so the view has it; the scan then costs
+    /// the leader nothing. `None`: no leader to ask, no answer, or this node did not catch up
+    /// within the wait (the caller forwards the request whole).
+    async fn pin_after_leader(&self) -> Option<Pinned> {
+        let (_, leader) = self.group().leadership.get();
+        let id = self.app().live_leader(leader).or(leader)?;
+        let addr = self.app().etcd_of(id)?;
+        // The smallest linearizable read there is: a count of one key, for its header.
+        let probe = etcd_client::proto::PbRangeRequest {
+            key: vec![0],
+            count_only: true,
+            ..Default::default()
+        };
+        let path = "/etcdserverpb.KV/Range";
+        let got: etcd_client::proto::PbRangeResponse =
+            self.0.fwd.unary(&addr, path, probe).await.ok()?;
+        let leader_rev = got.header?.revision;
+        let deadline = Instant::now() + WAIT;
+        let unwaited = self.app().opts.unsafe_follower_read_unwaited;
+        while self.keyspace().rev() < leader_rev && !unwaited {
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        self.keyspace().pin().ok()
     }
 
     /// Whether a request of `bytes` fits the HTTP API's body limit (with room for its framing).

@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status};
 use crate::etcd::api::{EtcdApi, Route};
 use crate::etcd::errors;
 use crate::state::command::{Command, Outcome};
-use crate::state::mvcc::{range, txn, txn::TxnDone, MvccError, Reader};
+use crate::state::mvcc::{range, txn, txn::TxnDone, MvccError, Pinned, Reader};
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -26,12 +26,10 @@ impl EtcdApi {
         range::check(r).map_err(errors::mvcc)?;
         let read = {
             let r = r.clone();
-            move |ks: &crate::state::mvcc::Keyspace| {
-                ks.read(|m| m.range(&r, m.rev()).map(|got| (got, m.rev())))
-            }
+            move |p: &Pinned| p.read(|m| m.range(&r, m.rev()).map(|got| (got, m.rev())))
         };
         let got = match r.serializable {
-            true => Some(read(self.keyspace())),
+            true => Some(self.read_here(read).await?),
             false => self.read(read).await?,
         };
         let Some(got) = got else { return Ok(None) };
@@ -65,7 +63,7 @@ impl EtcdApi {
     async fn txn_read_here(&self, t: &TxnRequest) -> Result<Option<TxnResponse>, Status> {
         txn::check(t).map_err(errors::mvcc)?;
         let t = t.clone();
-        let read = move |ks: &crate::state::mvcc::Keyspace| ks.read(|m| m.txn_read(&t));
+        let read = move |p: &Pinned| p.read(|m| m.txn_read(&t));
         let Some(done) = self.read(read).await? else {
             return Ok(None);
         };

@@ -38,7 +38,7 @@ impl EtcdApi {
     /// The raised alarms matching the request's member and type, read linearizably here, or
     /// on the leader when this node cannot.
     async fn alarm_get(&self, req: Request<PbAlarmRequest>) -> Reply<PbAlarmResponse> {
-        let read = |ks: &crate::state::mvcc::Keyspace| ks.read(|r| r.meta(ALARMS_ROW));
+        let read = |p: &crate::state::mvcc::Pinned| p.read(|r| r.meta(ALARMS_ROW));
         let row = match self.read(read).await? {
             Some(row) => row.map_err(errors::mvcc)?,
             None => match self.route(&req)? {

@@ -81,6 +81,10 @@ pub struct NemesisArgs {
     /// anomalies expected).
     #[arg(long, requires = "etcd")]
     pub unsafe_watch_off_by_one: bool,
+    /// NEGATIVE CONTROL: with --etcd, a follower serves a linearizable read without waiting to
+    /// have applied up to the leader's revision (stale reads expected).
+    #[arg(long, requires = "etcd")]
+    pub unsafe_follower_read_unwaited: bool,
     /// Succeed only if the run shows at least one watch anomaly (the watch control in CI).
     #[arg(long, requires = "etcd")]
     pub expect_watch_anomalies: bool,
@@ -195,6 +199,9 @@ fn node_args(a: &NemesisArgs) -> Vec<String> {
     if a.unsafe_watch_off_by_one {
         node_args.push("--unsafe-watch-off-by-one".to_string());
     }
+    if a.unsafe_follower_read_unwaited {
+        node_args.push("--unsafe-follower-read-unwaited".to_string());
+    }
     node_args
 }
 
@@ -228,6 +235,10 @@ fn rerun_line(a: &NemesisArgs, seed: u64, nodes: u64, duration: Duration) -> Str
         (a.unsafe_lease_based, " --unsafe-lease-based"),
         (a.unsafe_apply_to_commit, " --unsafe-apply-to-commit"),
         (a.unsafe_watch_off_by_one, " --unsafe-watch-off-by-one"),
+        (
+            a.unsafe_follower_read_unwaited,
+            " --unsafe-follower-read-unwaited",
+        ),
         (a.netns, " --netns"),
     ] {
         if on {

@@ -105,12 +105,41 @@ impl Keyspace {
         &self,
         f: impl FnOnce(&Reader<'_>) -> Result<T, MvccError>,
     ) -> Result<T, MvccError> {
+        self.pin()?.read(f)
+    }
+
+    /// The state as last committed, pinned: reads on it see this instant's state however long
+    /// they take and on whatever thread (a linearizable read takes its view under the lease,
+    /// then scans it after).
+    pub fn pin(&self) -> Result<Pinned, MvccError> {
         let view = self.engine.view().map_err(storage)?;
         let gen = gen_of(&view, self.group)?;
-        let c = counters_of(&view, gen)?;
-        f(&Reader {
-            e: &view,
+        let counters = counters_of(&view, gen)?;
+        Ok(Pinned {
+            view,
             gen,
+            counters,
+        })
+    }
+}
+
+/// One group's keyspace at one instant, owned (see [`Keyspace::pin`]).
+pub struct Pinned {
+    view: crate::disk::state_engine::StateView,
+    gen: u64,
+    counters: Counters,
+}
+
+impl Pinned {
+    /// Run `f` on the pinned state.
+    pub fn read<T>(
+        &self,
+        f: impl FnOnce(&Reader<'_>) -> Result<T, MvccError>,
+    ) -> Result<T, MvccError> {
+        let c = self.counters;
+        f(&Reader {
+            e: &self.view,
+            gen: self.gen,
             rev: c.rev,
             compacted: c.compacted,
             counters: c,

@@ -263,3 +263,34 @@ fn events_come_in_revision_order_with_the_version_before_them() {
         8
     );
 }
+
+#[test]
+fn a_watch_behind_a_long_history_of_other_keys_is_read_in_bounded_passes() {
+    let mut m = Store::new();
+    let others = crate::state::mvcc::watch::SCAN_BUDGET_ROWS * 3;
+    for i in 0..others / 100 {
+        let batch = PbTxnRequest {
+            success: (0..100)
+                .map(|j| put(format!("other/{i}/{j}").as_bytes(), b"v"))
+                .collect(),
+            ..Default::default()
+        };
+        m.txn(&batch, NO_LEASES).unwrap();
+    }
+    m.txn(&one(put(b"watched", b"1")), NO_LEASES).unwrap();
+    let (mut from, mut passes, mut seen) = (1, 0, Vec::new());
+    while from <= m.rev() {
+        let ev =
+            m.ks.read(|v| v.events(b"watched", b"", from, false, 100))
+                .unwrap();
+        assert!(ev.through >= from, "every pass moves on");
+        seen.extend(ev.events);
+        from = ev.through + 1;
+        passes += 1;
+    }
+    assert_eq!(seen.len(), 1, "the one change of the watched key");
+    assert!(
+        passes >= 3,
+        "{others} changes of other keys read in passes: {passes}"
+    );
+}

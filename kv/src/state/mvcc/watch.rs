@@ -11,6 +11,9 @@ pub const EVENT_PUT: i32 = 0;
 /// A delete.
 pub const EVENT_DELETE: i32 = 1;
 
+/// Changes a call of [`Reader::events`] looks at, about (it ends at a revision's end).
+pub const SCAN_BUDGET_ROWS: usize = 10_000;
+
 /// The changes a watch of `key`..`end` sees.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Events {
@@ -22,7 +25,9 @@ pub struct Events {
 
 impl Reader<'_> {
     /// The events of `key`..`end` with revisions from `from` to `through` (at most `max`
-    /// events, ending at a revision's end), each with the version before it when `prev_kv`.
+    /// events, ending at a revision's end, after looking at about [`SCAN_BUDGET_ROWS`] changes
+    /// at most, so that a watch of a few keys behind a long history of others is read in
+    /// bounded passes), each with the version before it when `prev_kv`.
     /// `Compacted` when `from` is below the compacted revision: events below it are gone (a
     /// change at the compacted revision itself is kept while its version is).
     pub fn events(
@@ -41,7 +46,7 @@ impl Reader<'_> {
         let mut changes: Vec<(i64, Vec<u8>)> = Vec::new();
         let start = layout::changes_from(self.gen, from);
         let stop = layout::changes_from(self.gen, self.rev + 1);
-        let mut count = 0usize;
+        let (mut count, mut scanned) = (0usize, 0usize);
         let mut last = None;
         self.e
             .scan(
@@ -51,11 +56,13 @@ impl Reader<'_> {
                 false,
                 &mut |row_key, k| {
                     let rev = layout::rev_of_change(row_key);
-                    if count >= max && last != Some(rev) {
+                    // At a revision's first change only: every change before it was looked at.
+                    let full = count >= max || scanned >= SCAN_BUDGET_ROWS;
+                    if full && last != Some(rev) {
                         through = rev - 1;
                         return false;
                     }
-                    last = Some(rev);
+                    (last, scanned) = (Some(rev), scanned + 1);
                     if in_range(k, key, end) {
                         count += 1;
                         changes.push((rev, k.to_vec()));
