@@ -29,8 +29,10 @@ use thiserror::Error;
 pub const STATE_FILE: &str = "state";
 
 /// The engine's block cache: what the node's resident memory holds of the state at most, beside
-/// its write buffers and what reads and writes in flight hold.
-pub const STATE_CACHE_BYTES: usize = 256 << 20;
+/// its write buffers and what reads and writes in flight hold. Small: the operating system's
+/// page cache holds the engine's files too, and a scan of a whole keyspace would otherwise leave
+/// the cache full of blocks no point read needs.
+pub const STATE_CACHE_BYTES: usize = 64 << 20;
 
 /// The journal's size at most: bounds what a start replays.
 const MAX_JOURNAL_BYTES: u64 = 64 << 20;
