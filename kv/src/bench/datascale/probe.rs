@@ -188,7 +188,8 @@ async fn put_loop(
 }
 
 /// Put number `n`, to member `n` mod 3 first and on to the next while one refuses the
-/// connection: why it failed (`None`: it did not), and how many members refused it.
+/// connection or the connection breaks under the put (its member died): why it failed
+/// (`None`: it did not), and how many members it was sent to before.
 async fn put_once(members: &mut [KvClient], n: u64) -> (Option<String>, u32) {
     let count = members.len().max(1);
     let mut refused = 0u32;
@@ -200,7 +201,8 @@ async fn put_once(members: &mut [KvClient], n: u64) -> (Option<String>, u32) {
         let put = kv.put(PROBE_KEY, n.to_string(), None);
         match tokio::time::timeout(Duration::from_millis(PUT_TIMEOUT_MS), put).await {
             Ok(Ok(_)) => return (None, refused),
-            Ok(Err(e)) if view::refused(&e) => {
+            // Refused, or cut by the member's death: sent again to the next member.
+            Ok(Err(e)) if view::refused(&e) || view::connection_lost(&e) => {
                 refused += 1;
                 why = e.to_string();
             }

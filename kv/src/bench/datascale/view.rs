@@ -45,6 +45,22 @@ pub fn refused(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// Whether `e` says the connection to the member broke while the request was in flight (the
+/// client's own status for a reset or closed connection, not an answer from a server): the
+/// member died under it, as when the bench kills it. Such a put's outcome is unknown, and a
+/// client sends it again elsewhere (a put of the same key and value).
+pub fn connection_lost(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => match s.code() {
+            tonic::Code::Unknown => s.message() == "transport error",
+            tonic::Code::Cancelled => s.message().contains("operation was canceled"),
+            _ => false,
+        },
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
 /// `fut` within `ms` milliseconds, its error and the timeout's as text.
 pub async fn within<T, E: std::fmt::Display>(
     ms: u64,
