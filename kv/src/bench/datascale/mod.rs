@@ -196,7 +196,9 @@ fn one_system(
 async fn measure(sys: &mut System, keys: u64) -> Result<Vec<Phase>, String> {
     view::view(sys.endpoints(), FIRST_LEADER_WAIT).await?;
     let probe = Probe::start(sys.endpoints().to_vec());
-    let phases = phases::run_all(sys, &probe, keys).await;
+    let name = sys.name;
+    let print = |p: &Phase| println!("  {}: {}", name, report::phase_line(p));
+    let phases = phases::run_all(sys, &probe, keys, &print).await;
     let stopped = probe.stop();
     let phases = phases?;
     stopped?;

@@ -172,8 +172,14 @@ impl Phase {
     }
 }
 
-/// Run every phase on `sys`, the probe tagging its puts with each in turn.
-pub async fn run_all(sys: &mut System, probe: &Probe, keys: u64) -> Result<Vec<Phase>, String> {
+/// Run every phase on `sys`, the probe tagging its puts with each in turn; `on_end` sees
+/// each phase as it ends.
+pub async fn run_all(
+    sys: &mut System,
+    probe: &Probe,
+    keys: u64,
+    on_end: &dyn Fn(&Phase),
+) -> Result<Vec<Phase>, String> {
     let mut phases = Vec::new();
     for (i, &name) in NAMES.iter().enumerate() {
         let endpoints = sys.endpoints().to_vec();
@@ -203,11 +209,7 @@ pub async fn run_all(sys: &mut System, probe: &Probe, keys: u64) -> Result<Vec<P
             ranges: out.ranges,
             notes: out.notes,
         };
-        println!(
-            "  {}: {}",
-            sys.name,
-            crate::bench::datascale::report::phase_line(&phase)
-        );
+        on_end(&phase);
         phases.push(phase);
     }
     Ok(phases)
