@@ -6,6 +6,8 @@
 
 #[path = "etcd/attack.rs"]
 mod attack;
+#[path = "etcd/authority.rs"]
+mod authority;
 #[path = "etcd/bench.rs"]
 mod bench;
 #[path = "kv/cluster.rs"]
@@ -15,6 +17,8 @@ mod cluster;
 mod compat;
 #[path = "etcd/etcdctl.rs"]
 mod etcdctl;
+#[path = "etcd/http_side.rs"]
+mod http_side;
 #[path = "kv/ports.rs"]
 #[allow(dead_code)]
 mod ports;
@@ -86,6 +90,53 @@ both_etcdctl!(
     etcdctl_elect_across_a_killed_leader,
     etcdctl::elect_across_a_killed_leader
 );
+
+both!(
+    http_version_health_and_metrics_beside_grpc,
+    http_side::version_health_metrics
+);
+
+/// `/health` false with 503 on the last of three members, on the store and on etcd 3.4.
+mod http_health_false_without_a_leader {
+    use super::*;
+
+    #[test]
+    fn store() {
+        if !http_side::available() {
+            return;
+        }
+        http_side::health_false_without_a_leader(&mut Target::store());
+    }
+
+    #[test]
+    fn etcd() {
+        if !http_side::available() || !reference::available() {
+            return;
+        }
+        http_side::health_false_without_a_leader(&mut Target::etcd());
+    }
+}
+
+both!(
+    every_authority_go_clients_send_gets_an_answer,
+    authority::every_form_answers
+);
+
+/// The control: with the `:authority` rewriting off, the URL forms etcd's Go clients send are
+/// refused (the stream reset as malformed), so the test above can fail.
+#[test]
+fn control_authority_as_sent_is_refused_by_the_http2_server() {
+    let t = Target::store_with(&["--unsafe-authority-as-sent"]);
+    let ep = &t.endpoints()[0];
+    assert_eq!(
+        authority::status_call(ep, Some(ep.as_str())),
+        authority::Answer::GrpcStatus("0".into())
+    );
+    for form in [format!("http://{ep}"), format!("#initially=[http://{ep}]")] {
+        let got = authority::status_call(ep, Some(&form));
+        assert_ne!(got, authority::Answer::GrpcStatus("0".into()), "{form}");
+    }
+}
 
 both!(kv_and_revisions, compat::kv_and_revisions);
 both!(transactions, compat::transactions);
@@ -215,6 +266,21 @@ fn the_etcd_api_over_tls_serves_and_forwards_at_every_node() {
             }
         }
     });
+    if !http_side::available() {
+        return;
+    }
+    // The HTTP side over TLS, as curl negotiates it by ALPN: HTTP/1.1 and HTTP/2.
+    let cacert = tls.join("ca.pem").display().to_string();
+    for id in 1..=3u64 {
+        let url = format!("https://127.0.0.1:{}/version", c.etcd_port(id));
+        for proto in ["--http1.1", "--http2"] {
+            let (code, body) = http_side::curl(&url, &["--cacert", &cacert, proto]);
+            assert!(
+                code == 200 && body.contains("\"etcdcluster\":\"3.4.0\""),
+                "node {id} {proto}: {code} {body}"
+            );
+        }
+    }
 }
 
 /// With follower read leases on, a follower serves linearizable ranges from its own state (no

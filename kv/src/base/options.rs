@@ -73,6 +73,9 @@ pub struct NodeOptions {
     /// A follower's linearizable etcd read does not wait to have the leader's revision (unsafe,
     /// the negative control for follower reads).
     pub unsafe_follower_read_unwaited: bool,
+    /// The etcd API's port does not rewrite HTTP/2 `:authority` values (the negative control
+    /// for etcd's Go clients' forms).
+    pub unsafe_authority_as_sent: bool,
     /// Snapshot and compact every this many applied entries.
     pub snapshot_every: u64,
     /// The engine for a new data dir's raft log; `None`: the dir's own (the default for a new

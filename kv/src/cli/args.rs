@@ -138,6 +138,10 @@ pub struct NodeArgs {
     /// etcd-API nemesis must find a stale read).
     #[arg(long, hide = true)]
     pub unsafe_follower_read_unwaited: bool,
+    /// NEGATIVE CONTROL (hidden): the etcd API's port hands each HTTP/2 `:authority` to the
+    /// server as the client sent it, so the forms etcd's Go clients send are refused.
+    #[arg(long, hide = true)]
+    pub unsafe_authority_as_sent: bool,
     /// Cut the raft log every this many applied entries (or after as many bytes of entries as
     /// the last cut's state held, 64 MiB at least, whichever comes first), up to what the state
     /// engine has made durable. A cut copies nothing: a follower behind the log gets a snapshot
@@ -329,6 +333,7 @@ impl NodeArgs {
             unsafe_cut_past_durable: self.unsafe_cut_past_durable,
             unsafe_watch_off_by_one: self.unsafe_watch_off_by_one,
             unsafe_follower_read_unwaited: self.unsafe_follower_read_unwaited,
+            unsafe_authority_as_sent: self.unsafe_authority_as_sent,
             snapshot_every: self.snapshot_every,
             log_engine: self.log_engine,
             join,

@@ -13,18 +13,24 @@ use std::task::{Context, Poll};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::etcd::authority::Rewriter;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// Open connections, by client address.
 pub struct Limits {
     max: usize,
     max_per_ip: usize,
+    /// Whether bytes pass through untouched (no [`Rewriter`]: a negative control).
+    as_sent: bool,
     open: Mutex<(usize, HashMap<IpAddr, usize>)>,
 }
 
 impl Limits {
     /// At most `max` connections, `max_per_ip` from one address.
-    pub fn new(max: usize, max_per_ip: usize) -> Arc<Limits> {
+    pub fn new(max: usize, max_per_ip: usize, as_sent: bool) -> Arc<Limits> {
         assert!(
             max > 0 && max_per_ip > 0,
             "limits need room for one connection"
@@ -32,6 +38,7 @@ impl Limits {
         Arc::new(Limits {
             max,
             max_per_ip,
+            as_sent,
             open: Mutex::default(),
         })
     }
@@ -48,19 +55,67 @@ impl Limits {
         *total += 1;
         *from_ip += 1;
         Some(Limited {
-            io,
+            io: Io::Plain(io),
             ip,
             limits: self.clone(),
+            rewriter: if self.as_sent {
+                Rewriter::passthrough()
+            } else {
+                Rewriter::default()
+            },
+            ready: Vec::new(),
+            ready_at: 0,
         })
     }
 }
 
-/// An admitted connection; dropping it frees its place.
+/// A client connection, plain or after its TLS handshake.
+enum Io {
+    /// Plaintext.
+    Plain(TcpStream),
+    /// TLS (ALPN `h2` or `http/1.1`).
+    Tls(Box<TlsStream<TcpStream>>),
+    /// Taken for a handshake that has not ended (never read or written).
+    Taken,
+}
+
+/// An admitted connection; dropping it frees its place. What the client sends reaches the
+/// server through a [`Rewriter`] (etcd's Go clients' `:authority` forms).
 pub struct Limited {
-    io: TcpStream,
+    io: Io,
     ip: IpAddr,
     limits: Arc<Limits>,
+    rewriter: Rewriter,
+    /// Rewritten bytes the server has not read yet, from `ready_at` on.
+    ready: Vec<u8>,
+    ready_at: usize,
 }
+
+impl Limited {
+    /// This connection after a TLS handshake with `acceptor`; it keeps its place meanwhile,
+    /// and frees it when the handshake fails.
+    pub async fn tls(mut self, acceptor: &TlsAcceptor) -> io::Result<Limited> {
+        let Io::Plain(tcp) = std::mem::replace(&mut self.io, Io::Taken) else {
+            panic!("a connection to the etcd API upgraded to TLS twice");
+        };
+        let tls = acceptor.accept(tcp).await?;
+        self.io = Io::Tls(Box::new(tls));
+        Ok(self)
+    }
+
+    /// The connection's stream, to read or write.
+    fn stream(&mut self) -> Pin<&mut (dyn AsyncReadWrite + Send)> {
+        match &mut self.io {
+            Io::Plain(tcp) => Pin::new(tcp),
+            Io::Tls(tls) => Pin::new(tls.as_mut()),
+            Io::Taken => panic!("a connection used during its TLS handshake"),
+        }
+    }
+}
+
+/// What a client stream does.
+trait AsyncReadWrite: AsyncRead + AsyncWrite + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncReadWrite for T {}
 
 impl Drop for Limited {
     fn drop(&mut self) {
@@ -81,7 +136,11 @@ impl Connected for Limited {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.io.connect_info()
+        match &self.io {
+            Io::Plain(tcp) => tcp.connect_info(),
+            Io::Tls(tls) => tls.get_ref().0.connect_info(),
+            Io::Taken => panic!("a connection served during its TLS handshake"),
+        }
     }
 }
 
@@ -91,7 +150,29 @@ impl AsyncRead for Limited {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        loop {
+            let me = &mut *self;
+            if me.ready_at < me.ready.len() {
+                let n = buf.remaining().min(me.ready.len() - me.ready_at);
+                buf.put_slice(&me.ready[me.ready_at..me.ready_at + n]);
+                me.ready_at += n;
+                return Poll::Ready(Ok(()));
+            }
+            me.ready.clear();
+            me.ready_at = 0;
+            let mut raw = [0u8; 16 * 1024];
+            let mut read = ReadBuf::new(&mut raw);
+            match me.stream().poll_read(cx, &mut read) {
+                Poll::Ready(Ok(())) if read.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => {
+                    let filled = read.filled();
+                    if let Err(e) = me.rewriter.feed(filled, &mut me.ready) {
+                        return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, e)));
+                    }
+                }
+                other => return other,
+            }
+        }
     }
 }
 
@@ -101,14 +182,14 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        self.stream().poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        self.stream().poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        self.stream().poll_shutdown(cx)
     }
 }

@@ -61,9 +61,9 @@ impl EtcdApi {
     }
 }
 
-/// The version `Status` reports: the etcd API version this store speaks, and what it is (tools
-/// gate features on the etcd version; the build metadata names the server).
-pub const VERSION: &str = concat!("3.4.0+raft-lease-kv.", env!("CARGO_PKG_VERSION"));
+/// The version `Status` reports: the etcd API version this store speaks, as plain `X.Y.Z`
+/// (tools gate features on it, and some parse every part as an integer).
+pub const VERSION: &str = crate::etcd::probes::ETCD_SERVER_VERSION;
 
 #[tonic::async_trait]
 impl PbMaintenanceService for EtcdApi {

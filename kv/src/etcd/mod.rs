@@ -10,6 +10,7 @@
 //! lease read, falling back to ReadIndex.
 
 pub mod api;
+pub mod authority;
 pub mod cluster;
 pub mod conns;
 pub mod errors;
@@ -17,5 +18,6 @@ pub mod forward;
 pub mod kv;
 pub mod lease;
 pub mod maintenance;
+pub mod probes;
 pub mod serve;
 pub mod watch;

@@ -154,8 +154,8 @@ impl Session {
     }
 
     /// Send every watcher what the history holds for it past its next revision, in passes of
-    /// at most [`EVENTS_PER_PASS`] events: the state's lock is held for one pass only (the raft
-    /// thread applies under it), and the answers of a pass are sent, waiting for the client to
+    /// at most [`EVENTS_PER_PASS`] events, each pass on one view of the state engine (the raft
+    /// thread never waits for it); the answers of a pass are sent, waiting for the client to
     /// take them, before the next pass reads more.
     async fn pump(&mut self) -> bool {
         loop {
@@ -177,7 +177,7 @@ impl Session {
         }
     }
 
-    /// One pass under the state's read lock: each watcher's next batch (watcher, events, the
+    /// One pass on one view of the keyspace: each watcher's next batch (watcher, events, the
     /// revision it is synced through, the compacted revision if it was canceled), and whether
     /// any watcher is still behind.
     fn pass(&mut self) -> (Vec<Batch>, bool) {

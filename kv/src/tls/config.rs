@@ -160,6 +160,25 @@ pub fn http_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// TLS for the etcd API's port, from PEM bytes: a server certificate and key, no client
+/// authentication, ALPN `h2` (gRPC, HTTP/2) and `http/1.1` (etcd's HTTP side).
+pub fn client_port_acceptor(cert_pem: &[u8], key_pem: &[u8]) -> Result<TlsAcceptor, TlsError> {
+    let bad = |what: &str, e: rustls::pki_types::pem::Error| TlsError::File {
+        path: what.into(),
+        why: e.to_string(),
+    };
+    let certs = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad("the etcd API's certificate", e))?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| bad("the etcd API's key", e))?;
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
 /// A client of the nodes' HTTPS that trusts the CA certificates in the PEM file `ca`.
 pub fn https_client(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
     let mut roots = RootCertStore::empty();

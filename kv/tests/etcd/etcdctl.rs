@@ -136,6 +136,24 @@ pub fn commands(t: &mut Target) {
         1,
         "exactly one leader: {status}"
     );
+    // With --cluster, etcdctl dials each member's advertised URL (`http://...`), and sends the
+    // URL as the HTTP/2 `:authority`.
+    let status = run(t, &["endpoint", "status", "--cluster"]);
+    assert_eq!(status.lines().count(), 3, "{}: {status}", t.name());
+    assert!(
+        status.lines().all(|l| l.starts_with("http://")),
+        "{}: {status}",
+        t.name()
+    );
+    let defrag = run(t, &["defrag", "--cluster"]);
+    assert_eq!(
+        defrag
+            .matches("Finished defragmenting etcd member[http://")
+            .count(),
+        3,
+        "{}: {defrag}",
+        t.name()
+    );
     let health = Command::new("etcdctl")
         .args([
             format!("--endpoints={}", t.endpoints().join(",")),

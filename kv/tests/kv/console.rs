@@ -591,3 +591,45 @@ fn with_https_the_banner_prints_https_urls_that_trust_the_cluster_ca() {
     let (code, _) = console.interrupt();
     assert_eq!(code, Some(0));
 }
+
+/// CPU time (user and system) of process `pid` so far, in clock ticks (`/proc/PID/stat`).
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').unwrap().1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are the 14th and 15th fields of the line, 12th and 13th after `)`.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// `kv cluster` run with its stdin closed (`&`, `nohup`, `</dev/null`, CI) keeps supervising
+/// without spinning: over two seconds its own process uses far less than a core (a loop that
+/// took the closed console for a quiet one used all of it), and it still stops on Ctrl-C.
+#[test]
+fn a_console_whose_stdin_is_closed_does_not_spin() {
+    let _serial = crate::cluster::serial();
+    let (base, _ports) = crate::ports::reserve_base(3);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("kv-data");
+    let (dir_s, base_s) = (dir.display().to_string(), base.to_string());
+    let mut c = Console::start(
+        tmp.path(),
+        "closed",
+        &["--data-dir", &dir_s, "--base-port", &base_s],
+    );
+    c.wait_printed("Ctrl-C stops every node", 30);
+    c.stdin = None; // closes the console's stdin
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = c.child.id();
+    let before = cpu_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_ticks(pid) - before;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    assert!(
+        used < hz / 2,
+        "the console used {used} ticks of CPU in 2 s ({hz} a second) with stdin closed"
+    );
+    let (code, printed) = c.interrupt();
+    assert_eq!(code, Some(0), "{printed}");
+}

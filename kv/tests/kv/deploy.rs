@@ -226,6 +226,7 @@ fn the_deploy_guide_runs_as_printed() {
     let read = until(&tls, &check[2], |v| v["value"].is_string(), &logs);
     assert_eq!(read["value"], "hello", "{read}");
     until(&tls, &check[3], |v| voters(v) == [1, 2, 3], &logs);
+    until(&tls, &check[4], |v| v["health"] == "true", &logs);
     // A fourth node joins over HTTPS.
     for line in block("deploy-add-certs") {
         sh(&admin, &line);

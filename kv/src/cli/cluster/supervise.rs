@@ -65,6 +65,29 @@ fn console() -> crossbeam_channel::Receiver<String> {
     rx
 }
 
+/// How long the supervisor waits for a console command between looks at the nodes.
+const CONSOLE_WAIT: Duration = Duration::from_millis(200);
+
+/// What the console gave within a wait.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// A command line.
+    Command(String),
+    /// Nothing within the wait.
+    Nothing,
+    /// Nothing ever again: stdin is closed (the answer comes at once, without waiting).
+    Closed,
+}
+
+/// The console's next command, waiting at most `wait`.
+fn next_command(commands: &crossbeam_channel::Receiver<String>, wait: Duration) -> Next {
+    match commands.recv_timeout(wait) {
+        Ok(cmd) => Next::Command(cmd),
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => Next::Nothing,
+        Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Next::Closed,
+    }
+}
+
 /// Start every node and supervise them until `stop`. The exit code: 0 after Ctrl-C, 1 if every
 /// node has died.
 pub fn run(plan: &Plan, stop: &AtomicBool, _temp: bool) -> i32 {
@@ -92,8 +115,12 @@ pub fn run(plan: &Plan, stop: &AtomicBool, _temp: bool) -> i32 {
             code = 1;
             break;
         }
-        if let Ok(cmd) = commands.recv_timeout(Duration::from_millis(200)) {
-            obey(plan, &mut nodes, &cmd);
+        match next_command(&commands, CONSOLE_WAIT) {
+            Next::Command(cmd) => obey(plan, &mut nodes, &cmd),
+            Next::Nothing => {}
+            // stdin closed (`&`, `nohup`, `</dev/null`): the loop still looks at the nodes,
+            // at the same pace, instead of spinning on a channel that answers at once.
+            Next::Closed => std::thread::sleep(CONSOLE_WAIT),
         }
     }
     shutdown(nodes.into_iter().flatten().collect());
@@ -128,5 +155,23 @@ fn reap(plan: &Plan, nodes: &mut [Option<Child>]) {
             );
             eprintln!("  {}", plan.command_line(id));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_console_is_told_from_a_quiet_one() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        tx.send("status".to_string()).unwrap();
+        assert_eq!(
+            next_command(&rx, Duration::ZERO),
+            Next::Command("status".into())
+        );
+        assert_eq!(next_command(&rx, Duration::ZERO), Next::Nothing);
+        drop(tx);
+        assert_eq!(next_command(&rx, Duration::ZERO), Next::Closed);
     }
 }
