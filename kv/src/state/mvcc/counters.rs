@@ -18,7 +18,7 @@ pub struct Counters {
     /// at or below `compacted` are removed from here up, a batch at a time; past `compacted`
     /// when done).
     pub swept: i64,
-    /// Bytes of every version kept, with [`VERSION_OVERHEAD_BYTES`] each.
+    /// Bytes of every version kept, with [`VERSION_OVERHEAD_BYTES`](crate::state::mvcc::VERSION_OVERHEAD_BYTES) each.
     pub bytes: u64,
     /// The last raft index applied to this generation.
     pub applied: u64,
