@@ -22,6 +22,8 @@ mod http_side;
 #[path = "kv/ports.rs"]
 #[allow(dead_code)]
 mod ports;
+#[path = "etcd/read_your_writes.rs"]
+mod read_your_writes;
 #[path = "etcd/reference.rs"]
 mod reference;
 #[path = "etcd/target.rs"]
@@ -136,6 +138,23 @@ fn control_authority_as_sent_is_refused_by_the_http2_server() {
         let got = authority::status_call(ep, Some(&form));
         assert_ne!(got, authority::Answer::GrpcStatus("0".into()), "{form}");
     }
+}
+
+both!(
+    a_follower_reads_its_own_writes,
+    read_your_writes::a_follower_reads_its_own_writes
+);
+
+/// The control: a member that answers a forwarded write before applying it
+/// (`--unsafe-forward-unwaited`) misses some of its own writes in serializable reads.
+#[test]
+fn control_a_follower_answering_before_it_applied_misses_its_own_writes() {
+    let t = Target::store_with(&["--unsafe-forward-unwaited"]);
+    let missed = compat::runtime().block_on(read_your_writes::misses_at_a_follower(&t, 2000));
+    assert!(
+        missed > 0,
+        "0 of 2000 serializable gets missed without the wait"
+    );
 }
 
 both!(kv_and_revisions, compat::kv_and_revisions);

@@ -76,6 +76,9 @@ pub struct NodeOptions {
     /// The etcd API's port does not rewrite HTTP/2 `:authority` values (the negative control
     /// for etcd's Go clients' forms).
     pub unsafe_authority_as_sent: bool,
+    /// A member answers a forwarded write without waiting to have applied it (the negative
+    /// control for read-your-writes at a follower).
+    pub unsafe_forward_unwaited: bool,
     /// Snapshot and compact every this many applied entries.
     pub snapshot_every: u64,
     /// The engine for a new data dir's raft log; `None`: the dir's own (the default for a new

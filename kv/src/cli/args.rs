@@ -142,6 +142,10 @@ pub struct NodeArgs {
     /// server as the client sent it, so the forms etcd's Go clients send are refused.
     #[arg(long, hide = true)]
     pub unsafe_authority_as_sent: bool,
+    /// NEGATIVE CONTROL (hidden): a member answers a write it forwarded as soon as the leader
+    /// answers, before it has applied the write itself (read-your-writes at that member breaks).
+    #[arg(long, hide = true)]
+    pub unsafe_forward_unwaited: bool,
     /// Cut the raft log every this many applied entries (or after as many bytes of entries as
     /// the last cut's state held, 64 MiB at least, whichever comes first), up to what the state
     /// engine has made durable. A cut copies nothing: a follower behind the log gets a snapshot
@@ -334,6 +338,7 @@ impl NodeArgs {
             unsafe_watch_off_by_one: self.unsafe_watch_off_by_one,
             unsafe_follower_read_unwaited: self.unsafe_follower_read_unwaited,
             unsafe_authority_as_sent: self.unsafe_authority_as_sent,
+            unsafe_forward_unwaited: self.unsafe_forward_unwaited,
             snapshot_every: self.snapshot_every,
             log_engine: self.log_engine,
             join,

@@ -23,6 +23,11 @@ use crate::state::mvcc::Pinned;
 /// How long a request waits for the raft thread.
 const WAIT: Duration = Duration::from_secs(5);
 
+/// How far behind a forwarded write's revision a member is taken to be rebuilding (from a
+/// snapshot, or after a long absence) rather than merely late: a follower in step is a few
+/// revisions behind the leader at most.
+pub const REBUILDING_REVISIONS: i64 = 1_000;
+
 /// What a write costs in the in-flight budget besides its bytes.
 const WRITE_OVERHEAD_BYTES: u64 = 2048;
 
@@ -169,29 +174,31 @@ impl EtcdApi {
 
     /// Read `f` of the state linearizably on this node: a view of the state is pinned under the
     /// lease (on the leader) or a follower read lease, else (on the leader) after a ReadIndex
-    /// round, and `f` reads it on a blocking thread, so that a long scan neither outlives the
-    /// lease it began under nor holds a worker the peer transport and other clients need.
-    /// `None`: this node cannot (it does not lead and holds no read lease): forward.
+    /// round, and `f` reads it, so that a long scan never outlives the lease it began under.
+    /// A `long` read (a scan of many rows) runs on a blocking thread, so that it holds no worker
+    /// the peer transport and other clients need; a short one (a key) runs here, as a thread
+    /// hop would cost it more than the read. `None`: this node cannot (it does not lead and
+    /// holds no read lease): forward.
     pub async fn read<T: Send + 'static>(
         &self,
+        long: bool,
         f: impl FnOnce(&Pinned) -> T + Send + 'static,
     ) -> Result<Option<T>, Status> {
         let Some(pinned) = self.pin_linearizable().await? else {
             return Ok(None);
         };
-        let done = tokio::task::spawn_blocking(move || f(&pinned)).await;
-        done.map(Some)
-            .map_err(|e| Status::internal(format!("a read's thread: {e}")))
+        run_read(long, pinned, f).await.map(Some)
     }
 
-    /// Read `f` of the state as this node has it now (serializable), on a blocking thread.
+    /// Read `f` of the state as this node has it now (serializable); `long` as for
+    /// [`EtcdApi::read`].
     pub async fn read_here<T: Send + 'static>(
         &self,
+        long: bool,
         f: impl FnOnce(&Pinned) -> T + Send + 'static,
     ) -> Result<T, Status> {
         let pinned = self.keyspace().pin().map_err(errors::mvcc)?;
-        let done = tokio::task::spawn_blocking(move || f(&pinned)).await;
-        done.map_err(|e| Status::internal(format!("a read's thread: {e}")))
+        run_read(long, pinned, f).await
     }
 
     /// A view of the state pinned at a linearizable point (see [`EtcdApi::read`]).
@@ -254,15 +261,40 @@ impl EtcdApi {
         let got: etcd_client::proto::PbRangeResponse =
             self.0.fwd.unary(&addr, path, probe).await.ok()?;
         let leader_rev = got.header?.revision;
-        let deadline = Instant::now() + WAIT;
         let unwaited = self.app().opts.unsafe_follower_read_unwaited;
-        while self.keyspace().rev() < leader_rev && !unwaited {
+        if !unwaited && !self.caught_up_to(leader_rev).await {
+            return None;
+        }
+        self.keyspace().pin().ok()
+    }
+
+    /// Whether this node's state reaches `revision` within [`WAIT`] (it polls every ms).
+    async fn caught_up_to(&self, revision: i64) -> bool {
+        let deadline = Instant::now() + WAIT;
+        while self.keyspace().rev() < revision {
             if Instant::now() >= deadline {
-                return None;
+                return false;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        self.keyspace().pin().ok()
+        true
+    }
+
+    /// A forwarded write's answer, as this member gives it: once this member has applied the
+    /// write (its header's revision), so that a serializable read here right after sees it, as
+    /// on etcd, whose members answer a write once they applied it; and with this member's
+    /// header (its id and term; the write's revision). If this member does not catch up within
+    /// [`WAIT`], the answer goes anyway: the write is committed, and only this member is late.
+    /// A member more than [`REBUILDING_REVISIONS`] behind (one being rebuilt from a snapshot)
+    /// answers at once: waiting would hold its clients for the whole rebuild, and its state is
+    /// not yet one a client reads its writes from.
+    pub async fn answered_here(&self, header: Option<ResponseHeader>) -> Option<ResponseHeader> {
+        let revision = header.as_ref().map_or(0, |h| h.revision);
+        let behind = revision.saturating_sub(self.keyspace().rev());
+        if !self.app().opts.unsafe_forward_unwaited && behind <= REBUILDING_REVISIONS {
+            self.caught_up_to(revision).await;
+        }
+        self.header(revision)
     }
 
     /// Whether a request of `bytes` fits the HTTP API's body limit (with room for its framing).
@@ -315,6 +347,19 @@ impl EtcdApi {
             None => Ok(Alarms::default()),
         }
     }
+}
+
+/// Run `f` on `pinned`: on a blocking thread if `long`, else here.
+async fn run_read<T: Send + 'static>(
+    long: bool,
+    pinned: Pinned,
+    f: impl FnOnce(&Pinned) -> T + Send + 'static,
+) -> Result<T, Status> {
+    if !long {
+        return Ok(f(&pinned));
+    }
+    let done = tokio::task::spawn_blocking(move || f(&pinned)).await;
+    done.map_err(|e| Status::internal(format!("a read's thread: {e}")))
 }
 
 /// What a request may hold besides a value of the body limit: keys and framing.

@@ -28,9 +28,10 @@ impl EtcdApi {
             let r = r.clone();
             move |p: &Pinned| p.read(|m| m.range(&r, m.rev()).map(|got| (got, m.rev())))
         };
+        let long = !r.range_end.is_empty();
         let got = match r.serializable {
-            true => Some(self.read_here(read).await?),
-            false => self.read(read).await?,
+            true => Some(self.read_here(long, read).await?),
+            false => self.read(long, read).await?,
         };
         let Some(got) = got else { return Ok(None) };
         let (got, rev) = got.map_err(errors::mvcc)?;
@@ -47,10 +48,12 @@ impl EtcdApi {
     async fn txn_here(&self, t: TxnRequest) -> Result<TxnDone, Status> {
         txn::check(&t).map_err(errors::mvcc)?;
         self.check_size(t.encoded_len())?;
-        let (puts, dels) = self
-            .keyspace()
-            .read(|m| m.growth_bytes(&t))
-            .map_err(errors::mvcc)?;
+        // A transaction that deletes nothing grows the state by its puts alone: no view needed.
+        let (puts, dels) = match Reader::deletes(&t) {
+            true => self.keyspace().read(|m| m.growth_bytes(&t)),
+            false => Reader::put_growth_bytes(&t).map(|p| (p, 0)),
+        }
+        .map_err(errors::mvcc)?;
         self.check_space(puts, dels).await?;
         match self.propose(Command::EtcdTxn {}, t.encode_to_vec()).await? {
             Outcome::Etcd(done) => done.map_err(errors::mvcc),
@@ -64,7 +67,7 @@ impl EtcdApi {
         txn::check(t).map_err(errors::mvcc)?;
         let t = t.clone();
         let read = move |p: &Pinned| p.read(|m| m.txn_read(&t));
-        let Some(done) = self.read(read).await? else {
+        let Some(done) = self.read(true, read).await? else {
             return Ok(None);
         };
         let done = done.map_err(errors::mvcc)?;
@@ -83,10 +86,13 @@ impl EtcdApi {
         }
         match self.route(&req)? {
             Route::Leader(addr) => {
-                self.0
+                let mut resp: TxnResponse = self
+                    .0
                     .fwd
                     .unary(&addr, "/etcdserverpb.KV/Txn", req.into_inner())
-                    .await
+                    .await?;
+                resp.header = self.answered_here(resp.header).await;
+                Ok(resp)
             }
             Route::Here => {
                 let done = self.txn_here(req.into_inner()).await?;
@@ -186,11 +192,12 @@ impl PbKvService for EtcdApi {
     async fn compact(&self, req: Request<CompactionRequest>) -> Reply<CompactionResponse> {
         match self.route(&req)? {
             Route::Leader(addr) => {
-                let resp = self
+                let mut resp: CompactionResponse = self
                     .0
                     .fwd
                     .unary(&addr, "/etcdserverpb.KV/Compact", req.into_inner())
                     .await?;
+                resp.header = self.answered_here(resp.header).await;
                 Ok(Response::new(resp))
             }
             Route::Here => {

@@ -181,11 +181,13 @@ impl PbLeaseService for EtcdApi {
             return Err(errors::lease_not_found());
         }
         if let Route::Leader(addr) = self.route(&req)? {
-            let resp = self
+            let mut resp: RevokeResponse = self
                 .0
                 .fwd
-                .unary(&addr, "/etcdserverpb.Lease/LeaseRevoke", req.into_inner());
-            return Ok(Response::new(resp.await?));
+                .unary(&addr, "/etcdserverpb.Lease/LeaseRevoke", req.into_inner())
+                .await?;
+            resp.header = self.answered_here(resp.header).await;
+            return Ok(Response::new(resp));
         }
         match self
             .propose(Command::SessionRevoke { id: id as u64 }, Vec::new())

@@ -16,7 +16,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::etcd::api::{EtcdApi, Route};
-use crate::etcd::errors::{self, permission_denied, unimplemented};
+use crate::etcd::errors::{self, unimplemented};
 use crate::state::alarms::{alarm_name, Alarms, ALARMS_ROW, CORRUPT};
 use crate::state::command::{Command, Outcome};
 
@@ -39,7 +39,7 @@ impl EtcdApi {
     /// on the leader when this node cannot.
     async fn alarm_get(&self, req: Request<PbAlarmRequest>) -> Reply<PbAlarmResponse> {
         let read = |p: &crate::state::mvcc::Pinned| p.read(|r| r.meta(ALARMS_ROW));
-        let row = match self.read(read).await? {
+        let row = match self.read(false, read).await? {
             Some(row) => row.map_err(errors::mvcc)?,
             None => match self.route(&req)? {
                 Route::Leader(addr) => {
@@ -64,6 +64,22 @@ impl EtcdApi {
 /// The version `Status` reports: the etcd API version this store speaks, as plain `X.Y.Z`
 /// (tools gate features on it, and some parse every part as an integer).
 pub const VERSION: &str = crate::etcd::probes::ETCD_SERVER_VERSION;
+
+impl EtcdApi {
+    /// The keyspace's hash at `rev` (0: now), the revision hashed and the compacted revision.
+    async fn hash_at(&self, rev: i64) -> Result<(u32, i64, i64), Status> {
+        let hashed = self
+            .read_here(true, move |p| {
+                p.read(|m| Ok((m.hash_at(rev)?, m.compacted())))
+            })
+            .await?;
+        let ((hash, rev), compacted) = hashed.map_err(errors::mvcc)?;
+        Ok((hash, rev, compacted))
+    }
+}
+
+/// How long `MoveLeader` waits for the transferee to lead.
+const MOVE_LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[tonic::async_trait]
 impl PbMaintenanceService for EtcdApi {
@@ -147,12 +163,26 @@ impl PbMaintenanceService for EtcdApi {
         }
     }
 
+    /// The hash of the keyspace now (etcd hashes its whole backend file; the store hashes
+    /// the keyspace as `HashKV` does).
     async fn hash(&self, _: Request<PbHashRequest>) -> Reply<PbHashResponse> {
-        Err(unimplemented("Hash is not served by this store"))
+        let (hash, rev, _) = self.hash_at(0).await?;
+        Ok(Response::new(PbHashResponse {
+            header: self.header(rev),
+            hash,
+        }))
     }
 
-    async fn hash_kv(&self, _: Request<PbHashKvRequest>) -> Reply<PbHashKvResponse> {
-        Err(unimplemented("HashKV is not served by this store"))
+    /// The hash of this member's keyspace at a revision (0: now), read on a thread of its own
+    /// from one view of the state: every member that applied as far gives the same hash.
+    async fn hash_kv(&self, req: Request<PbHashKvRequest>) -> Reply<PbHashKvResponse> {
+        let (hash, rev, compact_revision) = self.hash_at(req.get_ref().revision).await?;
+        Ok(Response::new(PbHashKvResponse {
+            header: self.header(rev),
+            hash,
+            compact_revision,
+            hash_revision: rev,
+        }))
     }
 
     type SnapshotStream = Pin<Box<dyn Stream<Item = Result<PbSnapshotResponse, Status>> + Send>>;
@@ -163,10 +193,43 @@ impl PbMaintenanceService for EtcdApi {
         ))
     }
 
-    async fn move_leader(&self, _: Request<PbMoveLeaderRequest>) -> Reply<PbMoveLeaderResponse> {
-        Err(permission_denied(
-            "leadership moves through the store's admin API: POST /admin/transfer with the admin token",
-        ))
+    /// Moves the leadership to a voter, as etcd 3.4: asked of the leader (elsewhere: "not
+    /// leader", and `etcdctl move-leader` finds the leader itself), answered once this node
+    /// knows the transferee leads, or "leader transfer took too long" after 5 s.
+    async fn move_leader(&self, req: Request<PbMoveLeaderRequest>) -> Reply<PbMoveLeaderResponse> {
+        let to = req.get_ref().target_id;
+        let app = self.app();
+        if !self.group().leadership.get().0 {
+            return Err(Status::failed_precondition("etcdserver: not leader"));
+        }
+        if to == app.opts.id {
+            return Ok(Response::new(PbMoveLeaderResponse {
+                header: self.header_now(),
+            }));
+        }
+        if !app.status().conf.voters.contains(&to) {
+            return Err(Status::failed_precondition(
+                "etcdserver: bad leader transferee",
+            ));
+        }
+        app.first()
+            .send(crate::raft::requests::Request::Transfer { to })
+            .map_err(|_| errors::too_many_requests())?;
+        let deadline = std::time::Instant::now() + MOVE_LEADER_WAIT;
+        loop {
+            let (leads, leader) = self.group().leadership.get();
+            if !leads && leader == Some(to) {
+                return Ok(Response::new(PbMoveLeaderResponse {
+                    header: self.header_now(),
+                }));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(Status::deadline_exceeded(
+                    "etcdserver: request timed out, leader transfer took too long",
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     async fn downgrade(&self, _: Request<PbDowngradeRequest>) -> Reply<PbDowngradeResponse> {

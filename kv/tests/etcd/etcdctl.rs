@@ -154,6 +154,17 @@ pub fn commands(t: &mut Target) {
         "{}: {defrag}",
         t.name()
     );
+    // Every member's keyspace hashes alike once each has applied the last write.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = run(t, &["endpoint", "hashkv", "--cluster"]);
+        let hashes: Vec<&str> = out.lines().filter_map(|l| l.rsplit(", ").next()).collect();
+        if hashes.len() == 3 && hashes.iter().all(|h| *h == hashes[0]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{}: hashkv {out}", t.name());
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let health = Command::new("etcdctl")
         .args([
             format!("--endpoints={}", t.endpoints().join(",")),
@@ -185,6 +196,29 @@ pub fn commands(t: &mut Target) {
     assert!(
         stderr.contains("required revision has been compacted"),
         "{}: {stderr}",
+        t.name()
+    );
+    move_leader(t);
+}
+
+/// `move-leader` to a member that does not lead: etcdctl finds the leader, and once it
+/// answers, `endpoint status` names the new leader.
+fn move_leader(t: &Target) {
+    // "127.0.0.1:P, <id hex>, 3.4.x, <size>, <is leader>, <is learner>, <term>, ..."
+    let status = run(t, &["endpoint", "status"]);
+    let rows: Vec<Vec<&str>> = status.lines().map(|l| l.split(", ").collect()).collect();
+    let to = rows.iter().find(|r| r[4] == "false").unwrap()[1].to_string();
+    let out = run(t, &["move-leader", &to]);
+    assert!(
+        out.starts_with("Leadership transferred from ") && out.trim_end().ends_with(&to),
+        "{}: {out}",
+        t.name()
+    );
+    let status = run(t, &["endpoint", "status"]);
+    let leader = status.lines().find(|l| l.contains(", true, false, "));
+    assert!(
+        leader.is_some_and(|l| l.contains(&format!(", {to}, "))),
+        "{}: {status}",
         t.name()
     );
 }

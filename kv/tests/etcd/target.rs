@@ -84,7 +84,7 @@ impl Target {
 }
 
 /// The index of the endpoint whose member leads, if one says it does.
-async fn leader_index(endpoints: &[String]) -> Option<usize> {
+pub async fn leader_index(endpoints: &[String]) -> Option<usize> {
     for (i, ep) in endpoints.iter().enumerate() {
         let Ok(mut c) = etcd_client::Client::connect([ep.as_str()], None).await else {
             continue;

@@ -18,6 +18,7 @@ pub mod compact;
 pub mod counters;
 pub mod errors;
 pub mod generation;
+pub mod hash;
 pub mod layout;
 pub mod range;
 pub mod reader;

@@ -129,6 +129,15 @@ impl Reader<'_> {
         rev: i64,
         visit: &mut dyn FnMut(&[u8], &Version) -> bool,
     ) -> Result<(), MvccError> {
+        if end.is_empty() {
+            // One key: a point read. A scan would also step over every superseded copy of the
+            // row the engine still holds, which for a key written often (a compare-and-swap
+            // loop) is most of what it reads.
+            if let Some(v) = self.version_at(key, rev)? {
+                visit(key, &v);
+            }
+            return Ok(());
+        }
         let (from, to) = self.latest_range(key, end);
         if rev >= self.rev {
             return self.scan_latest(&from, to.as_deref(), visit);

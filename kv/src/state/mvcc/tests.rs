@@ -4,7 +4,7 @@ use etcd_client::proto::{
 };
 
 use super::*;
-use crate::disk::state_engine::{EngineRead, StateEngine, Table};
+use crate::disk::state_engine::{EngineRead, EngineWrite, StateEngine, Table};
 use crate::state::mvcc::counters::COUNTERS;
 
 /// A group's keyspace in an engine of its own, applied to a batch at a time.
@@ -293,4 +293,73 @@ fn a_watch_behind_a_long_history_of_other_keys_is_read_in_bounded_passes() {
         passes >= 3,
         "{others} changes of other keys read in passes: {passes}"
     );
+}
+
+#[test]
+fn replicas_that_applied_the_same_hash_alike_and_an_altered_value_changes_the_hash() {
+    let no_leases = |_: i64| false;
+    let (mut a, mut b) = (Store::new(), Store::new());
+    for s in [&mut a, &mut b] {
+        for i in 0..50u8 {
+            s.txn(&one(put(&[b'k', i], &[i; 8])), &no_leases).unwrap();
+        }
+        s.txn(&one(put(b"k\x07", b"again")), &no_leases).unwrap();
+    }
+    let hash = |s: &Store, rev: i64| s.ks.read(|m| m.hash_at(rev)).unwrap();
+    assert_eq!(hash(&a, 0), hash(&b, 0));
+    assert_eq!(hash(&a, 20), hash(&b, 20));
+    assert_ne!(
+        hash(&a, 20).0,
+        hash(&a, 0).0,
+        "the hash is of the revision asked"
+    );
+    assert_eq!(hash(&a, 0).1, a.rev());
+    // One replica's value altered in its engine, as a damaged file would have it.
+    let mut found = None;
+    let view = a.ks.engine().view().unwrap();
+    view.scan(Table::Latest, &[], None, false, &mut |k, v| {
+        if k.ends_with(b"k\x03") {
+            found = Some((k.to_vec(), v.to_vec()));
+        }
+        found.is_none()
+    })
+    .unwrap();
+    let (key, row) = found.expect("the key's latest row");
+    let mut altered = row.clone();
+    *altered.last_mut().unwrap() ^= 1;
+    a.ks.engine()
+        .write(false, |w| w.put(Table::Latest, &key, &altered))
+        .unwrap();
+    assert_ne!(hash(&a, 0), hash(&b, 0));
+    assert!(matches!(
+        a.ks.read(|m| m.hash_at(a.rev() + 1)),
+        Err(MvccError::FutureRev)
+    ));
+}
+
+#[test]
+fn a_transaction_that_deletes_nothing_grows_by_its_puts_as_the_full_count_says() {
+    let mut s = Store::new();
+    s.txn(&one(put(b"a", b"1")), &|_| false).unwrap();
+    let nested = PbTxnRequest {
+        success: vec![put(b"b", b"22"), put(b"a", b"333")],
+        ..Default::default()
+    };
+    let t = PbTxnRequest {
+        success: vec![put(b"c", b"4444")],
+        failure: vec![PbTxnRequestOp {
+            request: Some(PbTxnOpRequest::RequestTxn(nested)),
+        }],
+        ..Default::default()
+    };
+    assert!(!Reader::deletes(&t));
+    let full = s.ks.read(|m| m.growth_bytes(&t)).unwrap();
+    assert_eq!((Reader::put_growth_bytes(&t).unwrap(), 0), full);
+    let deleting = one(PbTxnRequestOp {
+        request: Some(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
+            key: b"a".to_vec(),
+            ..Default::default()
+        })),
+    });
+    assert!(Reader::deletes(&deleting));
 }

@@ -291,6 +291,36 @@ impl Reader<'_> {
         Ok((puts, dels))
     }
 
+    /// What the puts of `t` may add to the byte count, both branches counted (for a
+    /// transaction that deletes nothing, all of [`Reader::growth_bytes`]).
+    pub fn put_growth_bytes(t: &TxnRequest) -> Result<u64, MvccError> {
+        let mut puts = 0u64;
+        for op in t.success.iter().chain(&t.failure) {
+            match &op.request {
+                Some(Op::RequestPut(p)) => {
+                    puts += (p.key.len() + p.value.len()) as u64
+                        + crate::state::mvcc::VERSION_OVERHEAD_BYTES
+                }
+                Some(Op::RequestTxn(n)) => puts += Reader::put_growth_bytes(n)?,
+                _ => {}
+            }
+        }
+        Ok(puts)
+    }
+
+    /// Whether `t` deletes anything (in either branch, nested ones included): only then does
+    /// [`Reader::growth_bytes`] need to read the state.
+    pub fn deletes(t: &TxnRequest) -> bool {
+        t.success
+            .iter()
+            .chain(&t.failure)
+            .any(|op| match &op.request {
+                Some(Op::RequestDeleteRange(_)) => true,
+                Some(Op::RequestTxn(n)) => Reader::deletes(n),
+                _ => false,
+            })
+    }
+
     /// Whether `t` only reads (no put or delete in either branch, nested ones included): it
     /// needs no raft entry, and is served as a read.
     pub fn read_only(t: &TxnRequest) -> bool {
