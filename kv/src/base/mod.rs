@@ -2,7 +2,6 @@
 //! the choice of log engine, and the node's checked options. It imports nothing from the rest of the crate.
 
 pub mod admin_token;
-pub mod background;
 pub mod budget;
 pub mod clock;
 pub mod conns;

@@ -123,7 +123,6 @@ impl SnapshotInbox {
         let broken_w = broken.clone();
         let max_bytes = self.max_stream_bytes;
         std::thread::spawn(move || {
-            crate::base::background::lower_this_thread();
             let started = Instant::now();
             let mut received = 0u64;
             let outcome = (|| {

@@ -141,7 +141,6 @@ pub fn stream_snapshot(
         return report_lost(&reports, &metrics, &last);
     };
     std::thread::spawn(move || {
-        crate::base::background::lower_this_thread();
         let failures = conn.failures.load(Ordering::Acquire);
         let lane = Lane {
             queue,
