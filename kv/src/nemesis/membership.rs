@@ -141,7 +141,12 @@ impl Nemesis {
             self.procs.lock().peer(new),
             self.addrs[new as usize].clone(),
         );
-        let change = json!([{"op": "add_voter", "id": new, "peer": peer, "http": http}, {"op": "remove", "id": old}]);
+        let mut add = json!({"op": "add_voter", "id": new, "peer": peer, "http": http});
+        // The other members forward etcd calls to it: its etcd API address goes in the book.
+        if self.procs.lock().serves_etcd() {
+            add["etcd"] = self.procs.lock().etcd(new).into();
+        }
+        let change = json!([add, {"op": "remove", "id": old}]);
         if let Err(e) = self.change(change) {
             return (vec![old, new], format!("replace: {e}"));
         }

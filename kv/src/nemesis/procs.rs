@@ -130,6 +130,11 @@ impl Procs {
         format!("{}:{}", self.plan.host(id), self.plan.layout.http_port(id))
     }
 
+    /// Whether the nodes serve etcd's API (`--etcd-listen`).
+    pub fn serves_etcd(&self) -> bool {
+        self.plan.node_args(1).iter().any(|a| a == "--etcd-listen")
+    }
+
     /// Node `id`'s etcd API address.
     pub fn etcd(&self, id: u64) -> String {
         format!("{}:{}", self.plan.host(id), self.plan.layout.etcd_port(id))
