@@ -92,19 +92,11 @@ impl Procs {
         let (base_port, ports) = reserve_base(seed)?;
         let layout = Layout::new(MAX_IDS, base_port);
         let args = ClusterArgs {
-            nodes: Some(MAX_IDS),
-            data_dir: dir.to_path_buf(),
-            temp: false,
-            base_port: Some(base_port),
-            http_base_port: None,
-            etcd_base_port: None,
-            groups: None,
-            peer_delay_ms: 0,
             fault_injection: true,
             unsafe_lease_based: flags.unsafe_lease_based,
             follower_leases_ms: flags.follower_leases_ms,
-            insecure_peers: false,
             node_args: flags.node_args,
+            ..ClusterArgs::local(MAX_IDS, dir, base_port)
         };
         let mut plan = Plan::new(&args, dir, layout)?;
         if let Some(h) = &hosts {

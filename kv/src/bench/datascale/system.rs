@@ -134,19 +134,8 @@ impl System {
     /// out), with `node_args` added to every node's flags.
     pub fn start_store(dir: &Path, base_port: u16, node_args: &[String]) -> Result<System, String> {
         let cluster = ClusterArgs {
-            nodes: Some(MEMBERS as u64),
-            data_dir: dir.to_path_buf(),
-            temp: false,
-            base_port: Some(base_port),
-            http_base_port: None,
-            etcd_base_port: None,
-            groups: None,
-            peer_delay_ms: 0,
-            fault_injection: false,
-            unsafe_lease_based: false,
-            follower_leases_ms: None,
-            insecure_peers: false,
             node_args: node_args.to_vec(),
+            ..ClusterArgs::local(MEMBERS as u64, dir, base_port)
         };
         let layout = Layout::new(MEMBERS as u64, base_port);
         layout.check()?;

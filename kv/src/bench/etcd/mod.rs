@@ -112,19 +112,8 @@ fn find_etcd(args: &VsEtcd) -> Result<Option<(PathBuf, String)>, (i32, String)> 
 /// The store's cluster, as `kv cluster` makes it (mutual TLS between peers, etcd's API plain).
 fn store_plan(args: &VsEtcd, dir: &Path) -> Result<(Plan, Layout), (i32, String)> {
     let cluster = ClusterArgs {
-        nodes: Some(3),
-        data_dir: dir.to_path_buf(),
-        temp: false,
-        base_port: Some(args.base_port),
-        http_base_port: None,
-        etcd_base_port: None,
-        groups: None,
-        peer_delay_ms: 0,
-        fault_injection: false,
-        unsafe_lease_based: false,
-        follower_leases_ms: None,
-        insecure_peers: false,
         node_args: args.node_args.clone(),
+        ..ClusterArgs::local(3, dir, args.base_port)
     };
     let layout = Layout::new(3, args.base_port);
     let plan = layout

@@ -50,3 +50,25 @@ pub struct ClusterArgs {
     #[arg(last = true)]
     pub node_args: Vec<String>,
 }
+
+impl ClusterArgs {
+    /// A cluster of `nodes` on loopback in `data_dir`, ports from `base_port`, every other
+    /// option at `kv cluster`'s default (the benches and the nemesis start from this).
+    pub fn local(nodes: u64, data_dir: &std::path::Path, base_port: u16) -> ClusterArgs {
+        ClusterArgs {
+            nodes: Some(nodes),
+            data_dir: data_dir.to_path_buf(),
+            temp: false,
+            base_port: Some(base_port),
+            http_base_port: None,
+            etcd_base_port: None,
+            groups: None,
+            peer_delay_ms: 0,
+            fault_injection: false,
+            unsafe_lease_based: false,
+            follower_leases_ms: None,
+            insecure_peers: false,
+            node_args: Vec::new(),
+        }
+    }
+}
