@@ -168,7 +168,10 @@ fn a_node_killed_right_after_cutting_its_log_comes_back_with_every_write() {
 
 #[test]
 fn control_a_log_cut_past_the_durable_state_leaves_a_node_that_cannot_start() {
-    let (came_back, _) = crash_right_after_a_log_cut(true);
+    // The kill lands at the cut, but the state may have been made durable (its journal is
+    // synced every 100 ms) just before it: then there is nothing to lose. Up to three
+    // clusters; with the safe cut none of them would lose anything.
+    let came_back = (0..3).all(|_| crash_right_after_a_log_cut(true).0);
     assert!(
         !came_back,
         "a cut past the durable state lost nothing: the kill at the cut found no state to lose"
